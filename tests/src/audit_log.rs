@@ -1,0 +1,94 @@
+//! Reading the apiserver's audit log, to count what clients really sent.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+/// One `ResponseComplete` audit event, reduced to what tests count by.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    pub stage: String,
+    pub verb: String,
+    #[serde(default)]
+    pub object_ref: Option<ObjectRef>,
+    pub user: AuditUser,
+    #[serde(default)]
+    pub response_status: Option<ResponseStatus>,
+    #[serde(default)]
+    pub user_agent: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    #[serde(default)]
+    pub resource: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub subresource: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct AuditUser {
+    pub username: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct ResponseStatus {
+    #[serde(default)]
+    pub code: u16,
+}
+
+impl AuditEvent {
+    /// True when this is a `verb` on `resource` (no subresource) in `namespace`.
+    pub fn is(&self, verb: &str, resource: &str, namespace: &str) -> bool {
+        self.verb == verb
+            && self.object_ref.as_ref().is_some_and(|o| {
+                o.resource == resource && o.namespace == namespace && o.subresource.is_empty()
+            })
+    }
+
+    pub fn name(&self) -> &str {
+        self.object_ref
+            .as_ref()
+            .map(|o| o.name.as_str())
+            .unwrap_or("")
+    }
+}
+
+/// The audit log file of a [`crate::TestBed`] started with `audit: true`.
+pub struct AuditLog {
+    path: PathBuf,
+}
+
+impl AuditLog {
+    pub fn new(path: PathBuf) -> Self {
+        Self { path }
+    }
+
+    /// Every completed request so far.
+    pub fn events(&self) -> Result<Vec<AuditEvent>> {
+        let text = std::fs::read_to_string(&self.path)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        let mut out = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let ev: AuditEvent = serde_json::from_str(line).with_context(|| {
+                format!("parsing an audit line of {}: {line}", self.path.display())
+            })?;
+            if ev.stage == "ResponseComplete" {
+                out.push(ev);
+            }
+        }
+        Ok(out)
+    }
+
+    /// How many completed requests match `pred`.
+    pub fn count(&self, pred: impl Fn(&AuditEvent) -> bool) -> Result<usize> {
+        Ok(self.events()?.iter().filter(|e| pred(e)).count())
+    }
+}

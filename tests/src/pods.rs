@@ -1,0 +1,91 @@
+//! Pods as an executor would create them, and what the API server answers.
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::Api;
+
+/// The fake node the simulated kubelet serves.
+pub const NODE: &str = "node-1";
+
+/// A task pod named `name`, already bound to [`NODE`] (so it stays Terminating
+/// after a graceful delete until the simulated kubelet confirms it), with
+/// `grace` seconds of termination grace.
+pub fn task_pod(name: &str, grace: i64) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("app".to_string(), "task".to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(NODE.into()),
+            termination_grace_period_seconds: Some(grace),
+            restart_policy: Some("Never".into()),
+            containers: vec![Container {
+                name: "main".into(),
+                image: Some("busybox:1.36".into()),
+                command: Some(vec!["sleep".into(), "3600".into()]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// How the API server answered one Create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CreateOutcome {
+    Created,
+    /// HTTP status code, reason and message of a refusal.
+    Refused {
+        code: u16,
+        reason: String,
+        message: String,
+    },
+}
+
+impl CreateOutcome {
+    /// What client-go's `IsAlreadyExists` says.
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, Self::Refused { reason, .. } if reason == "AlreadyExists")
+    }
+
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, Self::Refused { code: 403, .. })
+    }
+
+    pub fn code(&self) -> u16 {
+        match self {
+            Self::Created => 201,
+            Self::Refused { code, .. } => *code,
+        }
+    }
+}
+
+/// Creates `pod`; a refusal by the API server is an outcome, not an error.
+pub async fn create(api: &Api<Pod>, pod: &Pod) -> anyhow::Result<CreateOutcome> {
+    match api.create(&PostParams::default(), pod).await {
+        Ok(_) => Ok(CreateOutcome::Created),
+        Err(kube::Error::Api(s)) => Ok(CreateOutcome::Refused {
+            code: s.code,
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A graceful delete, as `kubectl delete pod` or a drain sends it.
+pub async fn delete_gracefully(
+    api: &Api<Pod>,
+    name: &str,
+    grace: Option<u32>,
+) -> anyhow::Result<()> {
+    let dp = DeleteParams {
+        grace_period_seconds: grace,
+        ..Default::default()
+    };
+    api.delete(name, &dp).await?;
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! Child processes that cannot outlive the test that started them.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+/// A child process with its output in a log file. It is stopped when dropped,
+/// and the kernel kills it if the test process dies first (`PR_SET_PDEATHSIG`),
+/// so no etcd or kube-apiserver is ever left behind.
+pub struct Managed {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Managed {
+    /// Starts `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Self> {
+        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name} ({:?})", cmd.get_program()))?;
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// Fails with the log's tail if the process has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            anyhow::bail!(
+                "{} exited ({status}); last lines of {}:\n{}",
+                self.name,
+                self.log.display(),
+                tail(&self.log, 25)
+            );
+        }
+        Ok(())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would end it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: sending a signal to our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Managed {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(3));
+    }
+}
+
+/// The last `n` lines of a file, for error messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; the OS does not hand it
+/// out again soon).
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
+    Ok(l.local_addr()?.port())
+}

@@ -1,0 +1,88 @@
+//! The graceful-delete collision, replayed the way a looping executor does it.
+//!
+//! A running task pod is deleted gracefully; while it is Terminating, the
+//! executor creates the same name again and again. Each Create is charged to
+//! ResourceQuota before the name check fails it (kubernetes/kubernetes#70563),
+//! so every lap leaks one pod of quota. `scripts/demo` and the tests run this
+//! same code, with and without graceguard in front of the API server.
+
+use anyhow::{ensure, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+use serde::Serialize;
+
+use crate::pods::{self, CreateOutcome};
+use crate::quota;
+
+/// Name of the pod the scenario collides on.
+pub const POD: &str = "train-a0-0";
+
+/// What one run of the scenario did, as `scripts/demo --json` prints it.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct CollisionReport {
+    pub scenario: &'static str,
+    pub mode: String,
+    /// Colliding Creates issued while the pod was Terminating.
+    pub creates: u32,
+    pub already_exists: u32,
+    pub forbidden: u32,
+    /// Answers that were neither (should be none).
+    pub other: u32,
+    /// Growth of quota `status.used.pods` caused by the colliding Creates.
+    pub leaked_quota_charges: i64,
+    /// HTTP code and message of the first colliding Create's answer.
+    pub first_answer_code: u16,
+    pub first_answer: String,
+}
+
+/// Runs the scenario in `ns` (quota `pods` with `hard` pods, none used):
+/// creates [`POD`] (grace 60 s), deletes it gracefully, then issues `creates`
+/// colliding Creates while it is Terminating. The pod is left Terminating.
+pub async fn graceful_delete_collision(
+    client: &Client,
+    ns: &str,
+    mode: &str,
+    creates: u32,
+    hard: u32,
+) -> Result<CollisionReport> {
+    quota::set_pods_quota(client, ns, hard, 0).await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = pods::task_pod(POD, 60);
+    let first = pods::create(&api, &pod).await?;
+    ensure!(
+        first == CreateOutcome::Created,
+        "creating {ns}/{POD} failed: {first:?}"
+    );
+    pods::delete_gracefully(&api, POD, None).await?;
+    let stored = api.get(POD).await?;
+    ensure!(
+        stored.metadata.deletion_timestamp.is_some(),
+        "{ns}/{POD} is not Terminating after a graceful delete; is it bound to a node?"
+    );
+
+    let before = quota::used_pods(client, ns).await?;
+    let mut r = CollisionReport {
+        scenario: "graceful-delete-collision",
+        mode: mode.into(),
+        ..Default::default()
+    };
+    for i in 0..creates {
+        let out = pods::create(&api, &pod).await?;
+        if i == 0 {
+            r.first_answer_code = out.code();
+            if let CreateOutcome::Refused { message, .. } = &out {
+                r.first_answer = message.clone();
+            }
+        }
+        r.creates += 1;
+        if out.is_already_exists() {
+            r.already_exists += 1;
+        } else if out.is_forbidden() {
+            r.forbidden += 1;
+        } else {
+            r.other += 1;
+        }
+    }
+    r.leaked_quota_charges = quota::used_pods(client, ns).await? - before;
+    Ok(r)
+}
