@@ -1,1 +1,33 @@
+//! graceguard's admission webhook.
+//!
+//! A Create whose pod name is already held, by a live pod or by one still in its
+//! graceful deletion, is charged to ResourceQuota before the API server finds
+//! the name taken, and the charge is not rolled back. Validating webhooks run
+//! before the ResourceQuota plugin, so denying that Create here, with the same
+//! 409 AlreadyExists the server would answer, keeps the quota intact while
+//! clients behave as before. The same server tags pods that carry a
+//! `DisruptionTarget` condition and audits every pod deletion.
+//!
+//! Where each rule lives:
+//! * [`collision`]: the collision guard's decision, pure.
+//! * [`pod_index`] and [`meta_index`]: the watch-fed index of pod names.
+//! * [`confirm`]: the live GET that confirms an index hit, cached briefly.
+//! * [`mode`]: conflict or retry, install-wide and per namespace.
+//! * [`livelock`]: naming a client that loops on a taken name.
+//! * [`review`]: AdmissionReview parsing and the error answers.
+//! * [`audit`]: the audit record written for every decision.
+//! * [`server`]: HTTPS and health listeners, routing, graceful shutdown.
 
+pub mod audit;
+pub mod cli;
+pub mod collision;
+pub mod confirm;
+pub mod handlers;
+pub mod livelock;
+pub mod logging;
+pub mod meta_index;
+pub mod metrics;
+pub mod mode;
+pub mod pod_index;
+pub mod review;
+pub mod server;

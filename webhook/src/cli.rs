@@ -1,0 +1,239 @@
+//! `graceguard-webhook`: the command line.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use graceguard_certs::{Ca, ReloadingResolver};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::net::TcpListener;
+
+use crate::confirm::Confirmer;
+use crate::handlers::App;
+use crate::livelock::LivelockDetector;
+use crate::meta_index::MetaIndex;
+use crate::metrics::Metrics;
+use crate::mode::Mode;
+use crate::{logging, pod_index, server};
+
+#[derive(Parser)]
+#[command(name = "graceguard-webhook", version, about = "graceguard's admission webhook")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the admission endpoints (HTTPS) and health/metrics (HTTP).
+    Serve(ServeArgs),
+    /// Write a CA and a serving certificate (ca.crt, tls.crt, tls.key) for local use.
+    Certs(CertsArgs),
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 1s, 2m)"))
+}
+
+/// Every flag can also be set by the environment variable named after it.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// HTTPS address for admission reviews.
+    #[arg(long, env = "GRACEGUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// PEM serving certificate (reloaded when the file changes).
+    #[arg(long, env = "GRACEGUARD_TLS_CERT")]
+    pub tls_cert: PathBuf,
+    /// PEM private key of the serving certificate.
+    #[arg(long, env = "GRACEGUARD_TLS_KEY")]
+    pub tls_key: PathBuf,
+    /// Plain-HTTP address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "GRACEGUARD_HEALTH_LISTEN", default_value = "0.0.0.0:8080")]
+    pub health_listen: SocketAddr,
+    /// kubeconfig to reach the API server; in-cluster config when absent.
+    #[arg(long, env = "GRACEGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// How denials are answered: 409 AlreadyExists, or 429 with retryAfterSeconds.
+    #[arg(long, env = "GRACEGUARD_MODE", value_enum, default_value_t = Mode::Conflict)]
+    pub mode: Mode,
+    /// How long a confirmation GET's answer is reused for the same name.
+    #[arg(long, env = "GRACEGUARD_CONFIRM_CACHE_TTL", default_value = "1s", value_parser = duration)]
+    pub confirm_cache_ttl: Duration,
+    /// How long a confirmation GET may take before the Create is allowed.
+    #[arg(long, env = "GRACEGUARD_CONFIRM_TIMEOUT", default_value = "1s", value_parser = duration)]
+    pub confirm_timeout: Duration,
+    /// Denials of one name by one user within the window that name it a livelock.
+    #[arg(long, env = "GRACEGUARD_LIVELOCK_THRESHOLD", default_value_t = 5)]
+    pub livelock_threshold: usize,
+    /// The livelock detector's sliding window.
+    #[arg(long, env = "GRACEGUARD_LIVELOCK_WINDOW", default_value = "10s", value_parser = duration)]
+    pub livelock_window: Duration,
+    /// Largest admission request body accepted.
+    #[arg(long, env = "GRACEGUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// How often the certificate files are checked for changes.
+    #[arg(long, env = "GRACEGUARD_CERT_RELOAD_INTERVAL", default_value = "5s", value_parser = duration)]
+    pub cert_reload_interval: Duration,
+    /// How long in-flight reviews may take to finish after SIGTERM.
+    #[arg(long, env = "GRACEGUARD_SHUTDOWN_GRACE", default_value = "20s", value_parser = duration)]
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Args, Debug)]
+struct CertsArgs {
+    /// Directory to write ca.crt, tls.crt and tls.key into.
+    #[arg(long)]
+    out: PathBuf,
+    /// DNS names for the serving certificate (repeatable).
+    #[arg(long = "dns")]
+    dns: Vec<String>,
+    /// IP addresses for the serving certificate (repeatable).
+    #[arg(long = "ip")]
+    ip: Vec<IpAddr>,
+}
+
+/// A failure that ends the process, with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad configuration: exit 2.
+    #[error("{0}")]
+    Config(String),
+    /// Failure while running: exit 1.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    logging::init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("graceguard-webhook: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let res = rt.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve(args).await,
+            Command::Certs(args) => certs(args),
+        }
+    });
+    match res {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %e, "graceguard-webhook failed");
+            eprintln!("graceguard-webhook: {e}");
+            match e {
+                CliError::Config(_) => 2,
+                CliError::Runtime(_) => 1,
+            }
+        }
+    }
+}
+
+fn certs(args: CertsArgs) -> Result<(), CliError> {
+    if args.dns.is_empty() && args.ip.is_empty() {
+        return Err(CliError::Config("give at least one --dns NAME or --ip ADDRESS for the serving certificate".into()));
+    }
+    let cfg = |e: graceguard_certs::CertError| CliError::Config(e.to_string());
+    let ca = Ca::new("graceguard-ca").map_err(cfg)?;
+    let pair = ca.issue_server(&args.dns, &args.ip).map_err(cfg)?;
+    ca.write_files(&pair, &args.out).map_err(cfg)?;
+    println!("wrote {0}/ca.crt, {0}/tls.crt and {0}/tls.key", args.out.display());
+    Ok(())
+}
+
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| CliError::Config(format!("cannot read kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| CliError::Config(format!("kubeconfig {} is not usable: {e}", path.display())))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            CliError::Config(format!(
+                "no cluster configuration found ({e}); pass --kubeconfig FILE, or run in a pod with a service account"
+            ))
+        })?,
+    };
+    kube::Client::try_from(config).map_err(|e| CliError::Config(format!("cannot build a Kubernetes client: {e}")))
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, CliError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::Config(format!("cannot listen on {addr} ({what}): {e}; choose a free address")))
+}
+
+/// Runs the webhook until SIGTERM or SIGINT.
+pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
+    graceguard_certs::install_crypto_provider();
+    let resolver = ReloadingResolver::from_files(&args.tls_cert, &args.tls_key)
+        .map_err(|e| CliError::Config(format!("serving certificate: {e}")))?;
+    let tls = graceguard_certs::server_config(resolver.clone()).map_err(|e| CliError::Config(e.to_string()))?;
+    let client = kube_client(args.kubeconfig.as_ref()).await?;
+
+    let (metrics, registry) = Metrics::new();
+    let app = Arc::new(App {
+        pods: Arc::new(MetaIndex::new("pods")),
+        namespaces: Arc::new(MetaIndex::new("namespaces")),
+        confirmer: Confirmer::live(client.clone(), args.confirm_timeout, args.confirm_cache_ttl, metrics.clone()),
+        livelock: LivelockDetector::new(args.livelock_window, args.livelock_threshold),
+        metrics: metrics.clone(),
+        mode: args.mode,
+        shutting_down: AtomicBool::new(false),
+    });
+    pod_index::spawn_watchers(client, Arc::clone(&app.pods), Arc::clone(&app.namespaces), metrics);
+
+    let tls_listener = bind(args.listen, "--listen").await?;
+    let health_listener = bind(args.health_listen, "--health-listen").await?;
+    let _poller = resolver.spawn_poller(args.cert_reload_interval);
+    tracing::info!(
+        listen = %args.listen,
+        health_listen = %args.health_listen,
+        mode = args.mode.as_str(),
+        "graceguard-webhook serving"
+    );
+
+    let (stop_tls, stop_tls_rx) = tokio::sync::watch::channel(false);
+    let (stop_health, stop_health_rx) = tokio::sync::watch::channel(false);
+    let health = tokio::spawn(server::serve_plain(
+        health_listener,
+        server::health_router(Arc::clone(&app), registry),
+        stop_health_rx,
+    ));
+    let admission = tokio::spawn(server::serve_tls(
+        tls_listener,
+        Arc::new(tls),
+        server::admission_router(Arc::clone(&app), args.max_body_bytes),
+        stop_tls_rx,
+        args.shutdown_grace,
+    ));
+
+    wait_for_signal().await?;
+    tracing::info!("shutdown requested");
+    app.shutting_down.store(true, Ordering::Release);
+    let _ = stop_tls.send(true);
+    let _ = admission.await;
+    let _ = stop_health.send(true);
+    let _ = health.await;
+    tracing::info!("graceguard-webhook stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<(), CliError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| CliError::Runtime(format!("cannot watch SIGTERM: {e}")))?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
+}

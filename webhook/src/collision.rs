@@ -1,0 +1,212 @@
+//! The collision guard's decision, free of I/O.
+//!
+//! A pod Create whose name is free in the index is allowed at once. A hit is
+//! confirmed by a live read (see [`crate::confirm`]): only a confirmed holder
+//! denies, so a stale index never denies a legitimate Create, and a failed read
+//! allows, so graceguard never makes things worse than no webhook.
+
+use kube::core::response::StatusDetails;
+use kube::core::Status;
+
+use crate::mode::Mode;
+use crate::pod_index::HeldPod;
+
+/// What the live read said about the name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Confirmation {
+    Held(HeldPod),
+    Free,
+    /// The read failed; the text says why.
+    Failed(String),
+}
+
+/// Why a Create was allowed (the audit record's `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllowReason {
+    /// Not a pod Create (another kind, operation or subresource).
+    NotPodCreate,
+    /// No name to collide on yet.
+    NoName,
+    NameFree,
+    /// The index said held, the live read said free.
+    StaleIndex,
+    /// The live read failed: fail open.
+    ConfirmFailed,
+}
+
+impl AllowReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllowReason::NotPodCreate => "not_a_pod_create",
+            AllowReason::NoName => "no_name",
+            AllowReason::NameFree => "name_free",
+            AllowReason::StaleIndex => "stale_index",
+            AllowReason::ConfirmFailed => "confirm_failed",
+        }
+    }
+}
+
+/// A denial, ready to send.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Denial {
+    pub status: Status,
+    /// `terminating` or `exists`: the audit record's `reason`.
+    pub reason: &'static str,
+    pub grace_left_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    Allow(AllowReason),
+    Deny(Box<Denial>),
+}
+
+/// The verdict once the live read has answered.
+pub fn decide(confirmation: &Confirmation, name: &str, mode: Mode, now_unix: i64) -> Verdict {
+    match confirmation {
+        Confirmation::Free => Verdict::Allow(AllowReason::StaleIndex),
+        Confirmation::Failed(_) => Verdict::Allow(AllowReason::ConfirmFailed),
+        Confirmation::Held(pod) => Verdict::Deny(Box::new(denial(name, pod, mode, now_unix))),
+    }
+}
+
+fn rfc3339(unix: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(unix)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|_| unix.to_string())
+}
+
+const NO_CHARGE: &str = "graceguard denied this Create before ResourceQuota admission, so no quota was charged";
+
+/// The denial for a Create of `name`, held by `pod`.
+///
+/// `conflict`: 409 AlreadyExists, as the API server answers. `retry`: 429 with
+/// `retryAfterSeconds` = grace left (at least 1) when the holder is
+/// terminating; a live holder will not go away by waiting, so it gets the
+/// conflict answer in both modes.
+pub fn denial(name: &str, pod: &HeldPod, mode: Mode, now_unix: i64) -> Denial {
+    let mut details = StatusDetails {
+        name: name.to_string(),
+        group: String::new(),
+        kind: "pods".into(),
+        uid: String::new(),
+        causes: Vec::new(),
+        retry_after_seconds: 0,
+    };
+    let (message, reason, left) = match pod.deletion {
+        Some(d) => {
+            let left = d.seconds_left(now_unix);
+            (
+                format!(
+                    "pods \"{name}\" already exists and is terminating (deletion requested at {}, {left} s of its {} s grace period left); {NO_CHARGE}. Create it again once it is gone, or use a new name",
+                    rfc3339(d.requested_unix()),
+                    d.grace_seconds
+                ),
+                "terminating",
+                Some(left),
+            )
+        }
+        None => (
+            format!("pods \"{name}\" already exists; {NO_CHARGE}"),
+            "exists",
+            None,
+        ),
+    };
+    let status = match (mode, left) {
+        (Mode::Retry, Some(left)) => {
+            details.retry_after_seconds = u32::try_from(left.max(1)).unwrap_or(u32::MAX);
+            Status::failure(&message, "TooManyRequests")
+                .with_code(429)
+                .with_details(details)
+        }
+        _ => Status::failure(&message, "AlreadyExists")
+            .with_code(409)
+            .with_details(details),
+    };
+    Denial {
+        status,
+        reason,
+        grace_left_seconds: left,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod_index::Deletion;
+
+    const NOW: i64 = 1_700_000_000;
+
+    fn live() -> HeldPod {
+        HeldPod {
+            uid: "u1".into(),
+            deletion: None,
+        }
+    }
+
+    fn terminating(left: i64, grace: i64) -> HeldPod {
+        HeldPod {
+            uid: "u1".into(),
+            deletion: Some(Deletion {
+                at_unix: NOW + left,
+                grace_seconds: grace,
+            }),
+        }
+    }
+
+    fn deny(v: Verdict) -> Denial {
+        match v {
+            Verdict::Deny(d) => *d,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        // (confirmation, mode, expected: Ok(allow reason) | Err((code, reason, retry_after)))
+        type Want = Result<AllowReason, (u16, &'static str, u32)>;
+        let cases: Vec<(&str, Confirmation, Mode, Want)> = vec![
+            ("stale index", Confirmation::Free, Mode::Conflict, Ok(AllowReason::StaleIndex)),
+            ("stale index, retry", Confirmation::Free, Mode::Retry, Ok(AllowReason::StaleIndex)),
+            ("GET error", Confirmation::Failed("timeout".into()), Mode::Conflict, Ok(AllowReason::ConfirmFailed)),
+            ("held, live", Confirmation::Held(live()), Mode::Conflict, Err((409, "AlreadyExists", 0))),
+            ("held, live, retry", Confirmation::Held(live()), Mode::Retry, Err((409, "AlreadyExists", 0))),
+            ("terminating", Confirmation::Held(terminating(40, 60)), Mode::Conflict, Err((409, "AlreadyExists", 0))),
+            ("terminating, retry", Confirmation::Held(terminating(40, 60)), Mode::Retry, Err((429, "TooManyRequests", 40))),
+            ("grace over, retry", Confirmation::Held(terminating(-5, 30)), Mode::Retry, Err((429, "TooManyRequests", 1))),
+        ];
+        for (what, c, mode, want) in cases {
+            let got = decide(&c, "train-0", mode, NOW);
+            match (got, want) {
+                (Verdict::Allow(r), Ok(w)) => assert_eq!(r, w, "{what}"),
+                (Verdict::Deny(d), Err((code, reason, retry))) => {
+                    assert_eq!(d.status.code, code, "{what}");
+                    assert_eq!(d.status.reason, reason, "{what}");
+                    let det = d.status.details.clone().expect("details");
+                    assert_eq!(det.name, "train-0", "{what}");
+                    assert_eq!(det.kind, "pods", "{what}");
+                    assert_eq!(det.retry_after_seconds, retry, "{what}");
+                    assert!(d.status.message.contains("no quota was charged"), "{what}");
+                }
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn terminating_message_says_since_when_and_how_long_is_left() {
+        let d = deny(decide(&Confirmation::Held(terminating(40, 60)), "train-0", Mode::Conflict, NOW));
+        let requested = rfc3339(NOW - 20);
+        assert!(d.status.message.contains(&requested), "{}", d.status.message);
+        assert!(d.status.message.contains("40 s of its 60 s grace period left"), "{}", d.status.message);
+        assert_eq!(d.reason, "terminating");
+        assert_eq!(d.grace_left_seconds, Some(40));
+    }
+
+    #[test]
+    fn live_holder_message_says_it_exists() {
+        let d = deny(decide(&Confirmation::Held(live()), "x", Mode::Conflict, NOW));
+        assert!(d.status.message.starts_with("pods \"x\" already exists;"), "{}", d.status.message);
+        assert_eq!(d.reason, "exists");
+    }
+}

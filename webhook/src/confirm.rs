@@ -1,0 +1,119 @@
+//! The live read that confirms an index hit, cached briefly.
+//!
+//! The index can lag the API server, so a held name is confirmed with one
+//! metadata GET before a Create is denied. A client looping on one name would
+//! otherwise cost one GET per request: answers are cached for about a second,
+//! and concurrent requests for the same name share one GET. Failed reads are
+//! not cached.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+use moka::future::Cache;
+
+use crate::collision::Confirmation;
+use crate::metrics::Metrics;
+use crate::pod_index::HeldPod;
+
+/// Reads who holds `namespace/name` now: `Ok(None)` when nobody does.
+pub type Fetch = Arc<dyn Fn(String, String) -> BoxFuture<'static, Result<Option<HeldPod>, String>> + Send + Sync>;
+
+/// See the module docs.
+#[derive(Clone)]
+pub struct Confirmer {
+    cache: Cache<(String, String), Option<HeldPod>>,
+    fetch: Fetch,
+    metrics: Metrics,
+}
+
+impl Confirmer {
+    /// Confirms with `fetch`, caching answers for `ttl` (at most `capacity` names).
+    pub fn new(fetch: Fetch, ttl: Duration, capacity: u64, metrics: Metrics) -> Self {
+        Self {
+            cache: Cache::builder().time_to_live(ttl).max_capacity(capacity).build(),
+            fetch,
+            metrics,
+        }
+    }
+
+    /// Confirms with a metadata-only GET through `client`, bounded by `timeout`.
+    pub fn live(client: Client, timeout: Duration, ttl: Duration, metrics: Metrics) -> Self {
+        let fetch: Fetch = Arc::new(move |ns: String, name: String| {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            Box::pin(async move {
+                match tokio::time::timeout(timeout, api.get_metadata_opt(&name)).await {
+                    Ok(Ok(found)) => Ok(found.map(|p| HeldPod::from_meta(&p.metadata))),
+                    Ok(Err(e)) => Err(format!("GET pod {ns}/{name}: {e}")),
+                    Err(_) => Err(format!("GET pod {ns}/{name}: no answer within {timeout:?}")),
+                }
+            })
+        });
+        Self::new(fetch, ttl, 100_000, metrics)
+    }
+
+    /// Who holds `namespace/name`, from the cache or one live read.
+    pub async fn confirm(&self, namespace: &str, name: &str) -> Confirmation {
+        let key = (namespace.to_string(), name.to_string());
+        let fetch = Arc::clone(&self.fetch);
+        let metrics = self.metrics.clone();
+        let (ns, n) = key.clone();
+        let res = self
+            .cache
+            .try_get_with(key, async move {
+                metrics.confirmation_gets.inc();
+                fetch(ns, n).await
+            })
+            .await;
+        match res {
+            Ok(Some(pod)) => Confirmation::Held(pod),
+            Ok(None) => Confirmation::Free,
+            Err(e) => {
+                self.metrics.confirmation_errors.inc();
+                Confirmation::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn counting(answer: Result<Option<HeldPod>, String>) -> (Fetch, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = Arc::clone(&calls);
+        let f: Fetch = Arc::new(move |_, _| {
+            c.fetch_add(1, Ordering::SeqCst);
+            let a = answer.clone();
+            Box::pin(async move { a })
+        });
+        (f, calls)
+    }
+
+    #[tokio::test]
+    async fn a_looping_client_costs_one_read_per_ttl() {
+        let held = HeldPod { uid: "u".into(), deletion: None };
+        let (f, calls) = counting(Ok(Some(held.clone())));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        for _ in 0..50 {
+            assert_eq!(c.confirm("ns", "p").await, Confirmation::Held(held.clone()));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Another name is another read.
+        c.confirm("ns", "q").await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn failures_are_not_cached() {
+        let (f, calls) = counting(Err("boom".into()));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        assert!(matches!(c.confirm("ns", "p").await, Confirmation::Failed(m) if m.contains("boom")));
+        c.confirm("ns", "p").await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+}

@@ -1,0 +1,183 @@
+//! The admission endpoints: each reads a review, decides, answers, and writes
+//! one audit record and its metrics.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::Response;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::DynamicObject;
+
+use crate::audit::AuditRecord;
+use crate::collision::{self, AllowReason, Verdict};
+use crate::confirm::Confirmer;
+use crate::livelock::LivelockDetector;
+use crate::metrics::{Endpoint, EndpointLabels, Metrics, ReviewLabels};
+use crate::mode::Mode;
+use crate::pod_index::{NamespaceModes, PodIndex};
+use crate::review;
+
+/// Everything a review needs, shared by all requests.
+pub struct App {
+    pub pods: Arc<PodIndex>,
+    pub namespaces: Arc<NamespaceModes>,
+    pub confirmer: Confirmer,
+    pub livelock: LivelockDetector,
+    pub metrics: Metrics,
+    /// The install-wide mode; a namespace label overrides it.
+    pub mode: Mode,
+    /// Set on SIGTERM: readiness goes false while in-flight reviews finish.
+    pub shutting_down: AtomicBool,
+}
+
+impl App {
+    /// True when the indexes are synced and the server is not shutting down.
+    pub fn is_ready(&self) -> bool {
+        self.pods.is_ready() && self.namespaces.is_ready() && !self.shutting_down.load(Ordering::Acquire)
+    }
+
+    fn mode_for(&self, namespace: &str) -> Mode {
+        self.namespaces.get("", namespace).unwrap_or(self.mode)
+    }
+}
+
+/// `POST /validate/pods`: the collision guard.
+pub async fn validate_pods(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    handle(&app, Endpoint::collision_guard, &body).await
+}
+
+async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
+    let start = Instant::now();
+    let req = match review::parse(body) {
+        Ok(r) => r,
+        Err(e) => {
+            app.metrics.bad_requests.inc();
+            tracing::warn!(endpoint = endpoint.as_str(), error = %e, "unreadable admission request");
+            return review::bad_request(&e);
+        }
+    };
+    let (response, mut rec) = match endpoint {
+        Endpoint::collision_guard => collision_guard(app, &req).await,
+        Endpoint::disruption_tagger | Endpoint::deletion_audit => {
+            (AdmissionResponse::from(&req), AuditRecord { reason: "not_implemented".into(), ..Default::default() })
+        }
+    };
+    let elapsed = start.elapsed();
+    let (user, groups) = review::user_of(&req);
+    rec.event = "admission";
+    rec.endpoint = endpoint.as_str();
+    rec.decision = if response.allowed { "allow" } else { "deny" };
+    rec.request_uid.clone_from(&req.uid);
+    rec.user = user;
+    rec.groups = groups;
+    rec.dry_run = req.dry_run;
+    if rec.namespace.is_empty() {
+        rec.namespace = req.namespace.clone().unwrap_or_default();
+    }
+    if rec.name.is_empty() {
+        rec.name.clone_from(&req.name);
+    }
+    rec.latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+    app.metrics
+        .reviews
+        .get_or_create(&ReviewLabels { endpoint, decision: rec.decision })
+        .inc();
+    app.metrics
+        .review_seconds
+        .get_or_create(&EndpointLabels { endpoint })
+        .observe(elapsed.as_secs_f64());
+    rec.emit();
+    review::answer(response)
+}
+
+/// The pod name a Create will use: by admission time a `generateName` has
+/// been resolved into `metadata.name`.
+fn object_name(req: &AdmissionRequest<DynamicObject>) -> String {
+    req.object
+        .as_ref()
+        .and_then(|o| o.metadata.name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| req.name.clone())
+}
+
+fn is_pod_create(req: &AdmissionRequest<DynamicObject>) -> bool {
+    req.operation == Operation::Create
+        && req.resource.group.is_empty()
+        && req.resource.resource == "pods"
+        && req.sub_resource.as_deref().unwrap_or("").is_empty()
+}
+
+async fn collision_guard(app: &App, req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, AuditRecord) {
+    let mut response = AdmissionResponse::from(req);
+    let allow = |reason: AllowReason| AuditRecord {
+        reason: reason.as_str().into(),
+        ..Default::default()
+    };
+    if !is_pod_create(req) {
+        return (response, allow(AllowReason::NotPodCreate));
+    }
+    let name = object_name(req);
+    let namespace = req.namespace.clone().unwrap_or_default();
+    let mut rec = AuditRecord {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        ..allow(AllowReason::NameFree)
+    };
+    if name.is_empty() {
+        rec.reason = AllowReason::NoName.as_str().into();
+        return (response, rec);
+    }
+    if app.pods.get(&namespace, &name).is_none() {
+        return (response, rec);
+    }
+    let confirmation = app.confirmer.confirm(&namespace, &name).await;
+    if let collision::Confirmation::Failed(e) = &confirmation {
+        tracing::warn!(namespace = %namespace, name = %name, error = %e, "could not confirm an index hit; allowing the Create");
+    }
+    let mode = app.mode_for(&namespace);
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    match collision::decide(&confirmation, &name, mode, now) {
+        Verdict::Allow(reason) => rec.reason = reason.as_str().into(),
+        Verdict::Deny(d) => {
+            response.allowed = false;
+            rec.reason = d.reason.into();
+            rec.mode = Some(mode.as_str());
+            rec.code = Some(d.status.code);
+            rec.message = Some(d.status.message.clone());
+            rec.grace_left_seconds = d.grace_left_seconds;
+            if let collision::Confirmation::Held(p) = &confirmation {
+                rec.uid = Some(p.uid.clone());
+            }
+            response.result = d.status;
+            if !req.dry_run {
+                app.metrics.quota_charges_prevented.inc();
+                let user = req.user_info.username.as_deref().unwrap_or("");
+                if let Some(count) = app.livelock.record(&namespace, &name, user) {
+                    app.metrics.livelock_suspected.inc();
+                    AuditRecord {
+                        event: "livelock_suspected",
+                        endpoint: Endpoint::collision_guard.as_str(),
+                        decision: "deny",
+                        reason: "livelock_suspected".into(),
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        user: user.to_string(),
+                        request_uid: req.uid.clone(),
+                        message: Some(format!(
+                            "client {user:?} re-created pods \"{name}\" {count} times in {} s while the name was taken; it is probably looping on AlreadyExists",
+                            app.livelock.window().as_secs()
+                        )),
+                        denials_in_window: Some(count as u64),
+                        window_seconds: Some(app.livelock.window().as_secs()),
+                        ..Default::default()
+                    }
+                    .emit();
+                }
+            }
+        }
+    }
+    (response, rec)
+}

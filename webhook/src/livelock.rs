@@ -1,0 +1,131 @@
+//! Naming the client that loops on a taken name.
+//!
+//! A client re-creating a taken name is the livelock of flyteorg/flyte#8066.
+//! graceguard's denials stop the quota leak, but the loop itself is a bug in
+//! that client, so denials are counted per namespace/name/user in a sliding
+//! window; the first time a key reaches the threshold the audit log gets one
+//! `livelock_suspected` record. It reports again only after the key has been
+//! quiet (below the threshold) in between.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use moka::sync::Cache;
+
+/// Denials of one key within the window.
+#[derive(Debug, Default)]
+pub struct Window {
+    hits: VecDeque<Instant>,
+    reported: bool,
+}
+
+impl Window {
+    /// Records a denial at `now`; true exactly when this one should be reported.
+    pub fn record(&mut self, now: Instant, window: Duration, threshold: usize) -> bool {
+        while self.hits.front().is_some_and(|t| now.duration_since(*t) > window) {
+            self.hits.pop_front();
+        }
+        if self.hits.len() < threshold.saturating_sub(1) {
+            self.reported = false;
+        }
+        // Never keep more than the threshold: that is all the decision needs.
+        if self.hits.len() >= threshold {
+            self.hits.pop_front();
+        }
+        self.hits.push_back(now);
+        if self.hits.len() >= threshold && !self.reported {
+            self.reported = true;
+            return true;
+        }
+        false
+    }
+
+    /// Denials counted in the window.
+    pub fn len(&self) -> usize {
+        self.hits.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hits.is_empty()
+    }
+}
+
+type Key = (String, String, String);
+
+/// Per-key windows that expire when a key goes quiet.
+#[derive(Clone)]
+pub struct LivelockDetector {
+    windows: Cache<Key, Arc<Mutex<Window>>>,
+    window: Duration,
+    threshold: usize,
+}
+
+impl LivelockDetector {
+    pub fn new(window: Duration, threshold: usize) -> Self {
+        Self {
+            windows: Cache::builder()
+                .time_to_idle(window)
+                .max_capacity(100_000)
+                .build(),
+            window,
+            threshold: threshold.max(1),
+        }
+    }
+
+    /// Records a denial; `Some(count)` when the client should be named now.
+    pub fn record(&self, namespace: &str, name: &str, user: &str) -> Option<usize> {
+        let key = (namespace.to_string(), name.to_string(), user.to_string());
+        let w = self.windows.get_with(key, || Arc::new(Mutex::new(Window::default())));
+        let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+        w.record(Instant::now(), self.window, self.threshold)
+            .then(|| w.len())
+    }
+
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_once_per_episode() {
+        let t0 = Instant::now();
+        let win = Duration::from_secs(10);
+        let mut w = Window::default();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // 12/s for 5 s: 60 denials, one report at the 5th.
+        let reports: Vec<usize> = (0..60u64)
+            .filter(|i| w.record(ms(i * 83), win, 5))
+            .map(|i| i as usize)
+            .collect();
+        assert_eq!(reports, vec![4]);
+        // Quiet for longer than the window, then a new loop: reported again.
+        let later = 60 * 83 + 11_000;
+        let again: Vec<u64> = (0..10u64).filter(|i| w.record(ms(later + i * 83), win, 5)).collect();
+        assert_eq!(again, vec![4]);
+    }
+
+    #[test]
+    fn slow_retries_are_not_a_livelock() {
+        let t0 = Instant::now();
+        let mut w = Window::default();
+        // One denial every 3 s stays under 5 in 10 s forever.
+        for i in 0..100u64 {
+            assert!(!w.record(t0 + Duration::from_secs(i * 3), Duration::from_secs(10), 5));
+        }
+    }
+
+    #[test]
+    fn keys_are_counted_apart() {
+        let d = LivelockDetector::new(Duration::from_secs(10), 3);
+        assert_eq!(d.record("ns", "p", "alice"), None);
+        assert_eq!(d.record("ns", "p", "bob"), None);
+        assert_eq!(d.record("ns", "p", "alice"), None);
+        assert_eq!(d.record("ns", "p", "alice"), Some(3));
+        assert_eq!(d.record("ns", "p", "alice"), None);
+    }
+}

@@ -1,0 +1,275 @@
+//! A watch-fed, in-memory index of object metadata.
+//!
+//! kube-rs's reflector keeps whole objects (for metadata, `managedFields`
+//! included); the webhook needs a few fields per object on the admission hot
+//! path, so this keeps only a projection `V` per namespace/name, looked up
+//! without allocating. It is ready once the initial list has been applied and
+//! not ready while the watch is broken; during a re-list the previous contents
+//! keep answering (a stale hit is confirmed by a live GET before anyone is
+//! denied, and a stale miss allows, as no webhook would).
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use futures::StreamExt;
+use kube::api::PartialObjectMeta;
+use kube::core::ObjectMeta;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{watcher as watch, WatchStreamExt};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+
+type Map<V> = HashMap<String, HashMap<String, V>>;
+
+struct State<V> {
+    live: Map<V>,
+    len: usize,
+    /// Filled during a (re-)list, swapped in when it completes.
+    building: Option<(Map<V>, usize)>,
+}
+
+/// See the module docs. `V` is what is kept per object.
+pub struct MetaIndex<V> {
+    what: &'static str,
+    state: RwLock<State<V>>,
+    synced: AtomicBool,
+    ready: AtomicBool,
+}
+
+fn insert<V>(map: &mut Map<V>, ns: &str, name: &str, v: V) -> bool {
+    map.entry(ns.to_string())
+        .or_default()
+        .insert(name.to_string(), v)
+        .is_none()
+}
+
+fn remove<V>(map: &mut Map<V>, ns: &str, name: &str) -> bool {
+    let Some(inner) = map.get_mut(ns) else {
+        return false;
+    };
+    let removed = inner.remove(name).is_some();
+    if inner.is_empty() {
+        map.remove(ns);
+    }
+    removed
+}
+
+impl<V: Clone> MetaIndex<V> {
+    /// An empty, not-ready index; `what` names it in logs.
+    pub fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            state: RwLock::new(State {
+                live: HashMap::new(),
+                len: 0,
+                building: None,
+            }),
+            synced: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State<V>> {
+        // A panic while holding the lock cannot leave the maps half-updated in a
+        // way lookups care about, so a poisoned lock is still used.
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State<V>> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entry for `namespace/name` (cluster-scoped objects: namespace "").
+    pub fn get(&self, namespace: &str, name: &str) -> Option<V> {
+        self.read().live.get(namespace)?.get(name).cloned()
+    }
+
+    /// Objects indexed now.
+    pub fn len(&self) -> usize {
+        self.read().len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True once the initial list is applied, while the watch is healthy.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Applies one watcher event; `project` gives the value to keep, or `None`
+    /// to keep nothing for that object.
+    pub fn apply(&self, event: Event<&ObjectMeta>, project: impl Fn(&ObjectMeta) -> Option<V>) {
+        let key = |m: &ObjectMeta| {
+            (
+                m.namespace.clone().unwrap_or_default(),
+                m.name.clone().unwrap_or_default(),
+            )
+        };
+        let mut st = self.write();
+        match event {
+            Event::Init => st.building = Some((HashMap::new(), 0)),
+            Event::InitApply(m) => {
+                let (ns, name) = key(m);
+                if let (Some(v), Some((map, len))) = (project(m), st.building.as_mut()) {
+                    if insert(map, &ns, &name, v) {
+                        *len += 1;
+                    }
+                }
+            }
+            Event::InitDone => {
+                if let Some((map, len)) = st.building.take() {
+                    st.live = map;
+                    st.len = len;
+                }
+                self.synced.store(true, Ordering::Release);
+                self.ready.store(true, Ordering::Release);
+            }
+            Event::Apply(m) => {
+                let (ns, name) = key(m);
+                match project(m) {
+                    Some(v) => {
+                        if insert(&mut st.live, &ns, &name, v) {
+                            st.len += 1;
+                        }
+                    }
+                    None => {
+                        if remove(&mut st.live, &ns, &name) {
+                            st.len -= 1;
+                        }
+                    }
+                }
+                self.mark_healthy();
+            }
+            Event::Delete(m) => {
+                let (ns, name) = key(m);
+                if remove(&mut st.live, &ns, &name) {
+                    st.len -= 1;
+                }
+                self.mark_healthy();
+            }
+        }
+    }
+
+    fn mark_healthy(&self) {
+        if self.synced.load(Ordering::Acquire) {
+            self.ready.store(true, Ordering::Release);
+        }
+    }
+
+    /// Marks the watch broken: not ready until it delivers again.
+    pub fn mark_broken(&self) {
+        self.ready.store(false, Ordering::Release);
+    }
+
+    /// Feeds the index from a metadata-only watch of `api` until the stream
+    /// ends (it does not: the watcher restarts itself with kube-rs's default
+    /// backoff). `on_change` runs after each event (for metrics).
+    pub async fn run<K>(
+        &self,
+        api: Api<PartialObjectMeta<K>>,
+        project: impl Fn(&ObjectMeta) -> Option<V>,
+        on_change: impl Fn(&Self),
+    ) where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
+        let stream = watch(api, watcher::Config::default()).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(ev) => {
+                    let ev: Event<PartialObjectMeta<K>> = ev;
+                    match &ev {
+                        Event::Init => self.apply(Event::Init, &project),
+                        Event::InitDone => {
+                            self.apply(Event::InitDone, &project);
+                            tracing::info!(index = self.what, objects = self.len(), "index synced");
+                        }
+                        Event::InitApply(o) => self.apply(Event::InitApply(&o.metadata), &project),
+                        Event::Apply(o) => self.apply(Event::Apply(&o.metadata), &project),
+                        Event::Delete(o) => self.apply(Event::Delete(&o.metadata), &project),
+                    }
+                    on_change(self);
+                }
+                Err(e) => {
+                    if self.is_ready() {
+                        tracing::warn!(index = self.what, error = %e, "watch broken; not ready until it recovers (retrying with backoff)");
+                    }
+                    self.mark_broken();
+                    on_change(self);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(ns: &str, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        }
+    }
+
+    fn uid(m: &ObjectMeta) -> Option<String> {
+        m.uid.clone()
+    }
+
+    #[test]
+    fn ready_only_after_the_initial_list_and_not_while_broken() {
+        let idx = MetaIndex::new("test");
+        assert!(!idx.is_ready());
+        idx.apply(Event::Init, uid);
+        idx.apply(Event::InitApply(&meta("a", "p")), uid);
+        assert!(!idx.is_ready());
+        assert_eq!(idx.get("a", "p"), None, "a list in progress is not served yet");
+        idx.apply(Event::InitDone, uid);
+        assert!(idx.is_ready());
+        assert_eq!(idx.get("a", "p").as_deref(), Some("uid-p"));
+        idx.mark_broken();
+        assert!(!idx.is_ready());
+        idx.apply(Event::Apply(&meta("a", "q")), uid);
+        assert!(idx.is_ready());
+        assert_eq!(idx.len(), 2);
+    }
+
+    #[test]
+    fn relist_replaces_contents_and_counts_stay_right() {
+        let idx = MetaIndex::new("test");
+        idx.apply(Event::Init, uid);
+        idx.apply(Event::InitApply(&meta("a", "p")), uid);
+        idx.apply(Event::InitApply(&meta("b", "p")), uid);
+        idx.apply(Event::InitDone, uid);
+        idx.apply(Event::Apply(&meta("a", "p")), uid);
+        assert_eq!(idx.len(), 2, "re-applying an indexed object does not count it twice");
+        idx.apply(Event::Delete(&meta("a", "p")), uid);
+        idx.apply(Event::Delete(&meta("a", "p")), uid);
+        assert_eq!(idx.len(), 1);
+        // A re-list after a watch error: old contents answer until it completes.
+        idx.apply(Event::Init, uid);
+        idx.apply(Event::InitApply(&meta("c", "r")), uid);
+        assert!(idx.get("b", "p").is_some());
+        idx.apply(Event::InitDone, uid);
+        assert!(idx.get("b", "p").is_none());
+        assert!(idx.get("c", "r").is_some());
+        assert_eq!(idx.len(), 1);
+    }
+
+    #[test]
+    fn a_projection_of_none_keeps_nothing() {
+        let idx: MetaIndex<String> = MetaIndex::new("test");
+        idx.apply(Event::Init, uid);
+        idx.apply(Event::InitDone, uid);
+        idx.apply(Event::Apply(&meta("", "ns1")), |m| m.labels.as_ref().map(|_| "x".into()));
+        assert!(idx.is_empty());
+    }
+}

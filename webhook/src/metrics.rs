@@ -1,0 +1,119 @@
+//! Prometheus metrics, served as text on the health port's `/metrics`.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// The three admission endpoints.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Endpoint {
+    collision_guard,
+    disruption_tagger,
+    deletion_audit,
+}
+
+impl Endpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::collision_guard => "collision_guard",
+            Endpoint::disruption_tagger => "disruption_tagger",
+            Endpoint::deletion_audit => "deletion_audit",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    pub endpoint: Endpoint,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: Endpoint,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExplainedLabels {
+    pub explained: &'static str,
+}
+
+/// Every metric the webhook exports. Cheap to clone (each is an `Arc`).
+#[derive(Clone)]
+pub struct Metrics {
+    pub reviews: Family<ReviewLabels, Counter>,
+    pub review_seconds: Family<EndpointLabels, Histogram>,
+    pub bad_requests: Counter,
+    pub index_pods: Gauge,
+    pub index_ready: Gauge,
+    pub confirmation_gets: Counter,
+    pub confirmation_errors: Counter,
+    pub quota_charges_prevented: Counter,
+    pub livelock_suspected: Counter,
+    pub disruption_tags: Family<ReasonLabels, Counter>,
+    pub deletions_audited: Family<ExplainedLabels, Counter>,
+}
+
+impl Metrics {
+    /// The metrics and the registry that exports them.
+    pub fn new() -> (Self, Arc<Registry>) {
+        let m = Self {
+            reviews: Family::default(),
+            review_seconds: Family::new_with_constructor(|| {
+                // 10 µs .. ~0.33 s: the decision is an index lookup, a
+                // confirmation a GET; the apiserver's own buckets start at 5 ms.
+                Histogram::new(exponential_buckets(0.000_01, 2.0, 16))
+            }),
+            bad_requests: Counter::default(),
+            index_pods: Gauge::default(),
+            index_ready: Gauge::default(),
+            confirmation_gets: Counter::default(),
+            confirmation_errors: Counter::default(),
+            quota_charges_prevented: Counter::default(),
+            livelock_suspected: Counter::default(),
+            disruption_tags: Family::default(),
+            deletions_audited: Family::default(),
+        };
+        let mut r = Registry::with_prefix("graceguard");
+        r.register("admission_reviews", "Admission reviews answered, by endpoint and decision", m.reviews.clone());
+        r.register("admission_review_seconds", "Time to answer an admission review, by endpoint", m.review_seconds.clone());
+        r.register("bad_requests", "Requests that were not a readable AdmissionReview", m.bad_requests.clone());
+        r.register("index_pods", "Pods in the name index", m.index_pods.clone());
+        r.register("index_ready", "1 when the pod index is synced and its watch healthy", m.index_ready.clone());
+        r.register("confirmation_gets", "Live GETs issued to confirm an index hit", m.confirmation_gets.clone());
+        r.register("confirmation_errors", "Confirmations that failed (the Create was allowed)", m.confirmation_errors.clone());
+        r.register(
+            "quota_charges_prevented",
+            "Colliding pod Creates denied before ResourceQuota admission (dry runs excluded)",
+            m.quota_charges_prevented.clone(),
+        );
+        r.register("livelock_suspected", "Clients named for looping on a taken pod name", m.livelock_suspected.clone());
+        r.register("disruption_tags", "Pods tagged with their DisruptionTarget reason, by reason", m.disruption_tags.clone());
+        r.register(
+            "deletions_audited",
+            "Pod deletions audited, by whether a DisruptionTarget condition explains them",
+            m.deletions_audited.clone(),
+        );
+        (m, Arc::new(r))
+    }
+}
+
+/// The registry in Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        tracing::warn!(error = %e, "encoding metrics failed");
+    }
+    out
+}

@@ -1,0 +1,90 @@
+//! What the webhook keeps per pod: who holds a name, and whether that pod is
+//! in its graceful deletion. Names and these few fields only, never specs.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::PartialObjectMeta;
+use kube::core::ObjectMeta;
+use kube::{Api, Client};
+
+use crate::meta_index::MetaIndex;
+use crate::metrics::Metrics;
+use crate::mode::{Mode, MODE_LABEL};
+
+/// A graceful deletion in progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deletion {
+    /// `metadata.deletionTimestamp` (unix seconds): when the grace period ends.
+    pub at_unix: i64,
+    /// `metadata.deletionGracePeriodSeconds`.
+    pub grace_seconds: i64,
+}
+
+impl Deletion {
+    /// When the deletion was requested: the end of grace minus the grace.
+    pub fn requested_unix(&self) -> i64 {
+        self.at_unix - self.grace_seconds
+    }
+
+    /// Seconds of grace left at `now_unix` (never negative).
+    pub fn seconds_left(&self, now_unix: i64) -> i64 {
+        (self.at_unix - now_unix).max(0)
+    }
+}
+
+/// The pod holding a name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldPod {
+    pub uid: String,
+    pub deletion: Option<Deletion>,
+}
+
+impl HeldPod {
+    /// Projects pod metadata (from the watch or from a live GET).
+    pub fn from_meta(m: &ObjectMeta) -> Self {
+        Self {
+            uid: m.uid.clone().unwrap_or_default(),
+            deletion: m.deletion_timestamp.as_ref().map(|t| Deletion {
+                at_unix: t.0.as_second(),
+                grace_seconds: m.deletion_grace_period_seconds.unwrap_or(0),
+            }),
+        }
+    }
+}
+
+/// Pod names, by namespace.
+pub type PodIndex = MetaIndex<HeldPod>;
+
+/// Namespaces that carry a valid `graceguard.io/mode` label.
+pub type NamespaceModes = MetaIndex<Mode>;
+
+fn namespace_mode(m: &ObjectMeta) -> Option<Mode> {
+    let value = m.labels.as_ref()?.get(MODE_LABEL)?;
+    match value.parse() {
+        Ok(mode) => Some(mode),
+        Err(e) => {
+            tracing::warn!(namespace = m.name.as_deref().unwrap_or(""), label = MODE_LABEL, error = %e, "ignoring namespace mode label");
+            None
+        }
+    }
+}
+
+/// Starts the metadata watches that feed both indexes.
+pub fn spawn_watchers(client: Client, pods: Arc<PodIndex>, namespaces: Arc<NamespaceModes>, metrics: Metrics) {
+    let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
+    let m = metrics.clone();
+    tokio::spawn(async move {
+        pods.run(
+            pod_api,
+            |meta| Some(HeldPod::from_meta(meta)),
+            |idx| {
+                m.index_pods.set(idx.len() as i64);
+                m.index_ready.set(i64::from(idx.is_ready()));
+            },
+        )
+        .await
+    });
+    let ns_api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
+    tokio::spawn(async move { namespaces.run(ns_api, namespace_mode, |_| {}).await });
+}

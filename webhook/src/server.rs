@@ -1,0 +1,141 @@
+//! The HTTPS admission listener and the plain-HTTP health listener.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use crate::handlers::{self, App};
+
+/// How long a client may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The admission routes, with a request body limit (pods can be large).
+pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/validate/pods", post(handlers::validate_pods))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(app)
+}
+
+#[derive(Clone)]
+struct Health {
+    app: Arc<App>,
+    registry: Arc<Registry>,
+}
+
+/// `/healthz`, `/readyz` and `/metrics`.
+pub fn health_router(app: Arc<App>, registry: Arc<Registry>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(Health { app, registry })
+}
+
+async fn readyz(State(h): State<Health>) -> impl IntoResponse {
+    let app = &h.app;
+    if app.is_ready() {
+        return (StatusCode::OK, "ok".to_string());
+    }
+    let mut why = Vec::new();
+    if !app.pods.is_ready() {
+        why.push("pod index not synced or its watch is broken");
+    }
+    if !app.namespaces.is_ready() {
+        why.push("namespace index not synced or its watch is broken");
+    }
+    if app.shutting_down.load(Ordering::Acquire) {
+        why.push("shutting down");
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}", why.join("; ")))
+}
+
+async fn metrics(State(h): State<Health>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        crate::metrics::render(&h.registry),
+    )
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` turns true, then
+/// stops accepting and lets in-flight requests finish (at most `drain`).
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Typically out of file descriptors: back off a little.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let service = TowerToHyperService::new(router.clone());
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let conn = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .into_owned();
+                    if let Err(e) = watcher.watch(conn).await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(connections = graceful.count(), "stopped accepting; finishing in-flight reviews");
+    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+        tracing::warn!(after = ?drain, "connections still open at the end of the drain period; closing them");
+    }
+}
+
+/// Serves `router` over plain HTTP until `shutdown` turns true.
+pub async fn serve_plain(listener: TcpListener, router: Router, mut shutdown: watch::Receiver<bool>) {
+    let res = axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.changed().await;
+        })
+        .await;
+    if let Err(e) = res {
+        tracing::error!(error = %e, "health listener failed");
+    }
+}
