@@ -19,7 +19,8 @@ use crate::process::{free_port, tail, Managed};
 /// Users the bed's API server knows, by bearer token. All are cluster admins
 /// (`system:masters`), so tests can tell requests apart by user in audit records
 /// without setting up RBAC.
-pub const USERS: &[&str] = &["admin", "alice", "bob"];
+/// `graceguard` is the identity the webhook runs as.
+pub const USERS: &[&str] = &["admin", "alice", "bob", "graceguard"];
 
 /// How to start a [`TestBed`].
 #[derive(Clone, Debug, Default)]
@@ -294,6 +295,9 @@ fn write_kubeconfig(path: &Path, url: &str, ca: &Path, user: &str) -> Result<()>
 pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
-    let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    let mut cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    // Tests assert on the API server's raw answers: kube-rs would otherwise
+    // re-send a 429 after its Retry-After by itself (as retry mode intends).
+    cfg.default_retry = false;
     Ok(Client::try_from(cfg)?)
 }

@@ -42,6 +42,8 @@ pub enum CreateOutcome {
         code: u16,
         reason: String,
         message: String,
+        /// `details.retryAfterSeconds`, 0 when absent.
+        retry_after_seconds: u32,
     },
 }
 
@@ -71,6 +73,7 @@ pub async fn create(api: &Api<Pod>, pod: &Pod) -> anyhow::Result<CreateOutcome> 
             code: s.code,
             reason: s.reason.clone(),
             message: s.message.clone(),
+            retry_after_seconds: s.details.as_ref().map_or(0, |d| d.retry_after_seconds),
         }),
         Err(e) => Err(e.into()),
     }

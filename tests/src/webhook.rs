@@ -1,1 +1,292 @@
-//! Running the real `graceguard-webhook` against the bed (filled in with the webhook).
+//! Running the real `graceguard-webhook` binary against the bed, registered
+//! with the API server by URL, as an operator would without the chart.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::ByteString;
+use kube::api::{ObjectMeta, PostParams};
+use kube::Api;
+use serde_json::Value;
+
+use crate::binaries;
+use crate::control_plane::TestBed;
+use crate::process::{free_port, tail, Managed};
+
+/// The three admission endpoints graceguard serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// Validating, pods CREATE.
+    CollisionGuard,
+    /// Mutating, pods/status UPDATE.
+    DisruptionTagger,
+    /// Validating, pods DELETE.
+    DeletionAudit,
+}
+
+impl Hook {
+    fn path(self) -> &'static str {
+        match self {
+            Hook::CollisionGuard => "/validate/pods",
+            Hook::DisruptionTagger => "/mutate/pods-status",
+            Hook::DeletionAudit => "/validate/pods-delete",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Hook::CollisionGuard => "collision-guard.graceguard.io",
+            Hook::DisruptionTagger => "disruption-tagger.graceguard.io",
+            Hook::DeletionAudit => "deletion-audit.graceguard.io",
+        }
+    }
+
+    fn rule(self) -> RuleWithOperations {
+        let (op, resource) = match self {
+            Hook::CollisionGuard => ("CREATE", "pods"),
+            Hook::DisruptionTagger => ("UPDATE", "pods/status"),
+            Hook::DeletionAudit => ("DELETE", "pods"),
+        };
+        RuleWithOperations {
+            api_groups: Some(vec![String::new()]),
+            api_versions: Some(vec!["v1".into()]),
+            operations: Some(vec![op.into()]),
+            resources: Some(vec![resource.into()]),
+            scope: Some("Namespaced".into()),
+        }
+    }
+}
+
+/// A running `graceguard-webhook serve`; killed when dropped.
+pub struct WebhookProcess {
+    proc: Managed,
+    /// https://127.0.0.1:PORT
+    pub url: String,
+    /// http://127.0.0.1:PORT (health, readiness, metrics)
+    pub health: String,
+    pub ca_pem: String,
+    pub log: PathBuf,
+}
+
+impl WebhookProcess {
+    /// Starts the webhook as user `graceguard` with extra `args` (e.g.
+    /// `["--mode", "retry"]`) and waits until `/readyz` answers 200.
+    pub async fn start(bed: &TestBed, args: &[&str]) -> Result<Self> {
+        let bin = binaries::workspace_bin("graceguard-webhook", "GRACEGUARD_WEBHOOK_BIN")?;
+        let (port, health_port) = (free_port()?, free_port()?);
+        let dir = bed.dir().join(format!("webhook-{port}"));
+        let ca = graceguard_certs::Ca::new("graceguard-webhook-test-ca")?;
+        let pair = ca.issue_server(&["localhost".into()], &["127.0.0.1".parse()?])?;
+        ca.write_files(&pair, &dir)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("serve")
+            .arg(format!("--listen=127.0.0.1:{port}"))
+            .arg(format!("--health-listen=127.0.0.1:{health_port}"))
+            .arg(format!("--tls-cert={}", dir.join("tls.crt").display()))
+            .arg(format!("--tls-key={}", dir.join("tls.key").display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                bed.kubeconfig_for("graceguard")?.display()
+            ))
+            .args(args);
+        let log = dir.join("webhook.log");
+        let proc = Managed::spawn("graceguard-webhook", cmd, &log)?;
+        let mut w = Self {
+            proc,
+            url: format!("https://127.0.0.1:{port}"),
+            health: format!("127.0.0.1:{health_port}"),
+            ca_pem: ca.cert_pem(),
+            log,
+        };
+        w.wait_ready().await?;
+        Ok(w)
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.proc.check_running()?;
+            if matches!(self.http_get("/readyz"), Ok((200, _))) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "graceguard-webhook was not ready in 30 s; its log ends:\n{}",
+                    tail(&self.log, 20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// GET `path` on the health port: (status code, body).
+    pub fn http_get(&self, path: &str) -> Result<(u16, String)> {
+        let mut s = TcpStream::connect(&self.health)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.health)?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp)?;
+        let code = resp
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .with_context(|| format!("not an HTTP answer: {resp:?}"))?;
+        let body = resp
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    }
+
+    /// The value of an unlabelled metric sample (`name value`), if exported.
+    pub fn metric(&self, name: &str) -> Result<Option<f64>> {
+        let (_, body) = self.http_get("/metrics")?;
+        Ok(body.lines().find_map(|l| {
+            let (n, v) = l.split_once(' ')?;
+            (n == name).then(|| v.trim().parse().ok()).flatten()
+        }))
+    }
+
+    /// Registers `hooks` with the bed's API server (failurePolicy Ignore) and
+    /// waits until the collision guard or deletion audit demonstrably sees
+    /// requests in `probe_namespace`.
+    pub async fn register(
+        &self,
+        bed: &TestBed,
+        hooks: &[Hook],
+        probe_namespace: &str,
+    ) -> Result<()> {
+        let client_config = |hook: Hook| WebhookClientConfig {
+            url: Some(format!("{}{}", self.url, hook.path())),
+            ca_bundle: Some(ByteString(self.ca_pem.clone().into_bytes())),
+            service: None,
+        };
+        let validating: Vec<ValidatingWebhook> = hooks
+            .iter()
+            .filter(|h| **h != Hook::DisruptionTagger)
+            .map(|h| ValidatingWebhook {
+                name: h.name().into(),
+                client_config: client_config(*h),
+                rules: Some(vec![h.rule()]),
+                failure_policy: Some("Ignore".into()),
+                side_effects: "None".into(),
+                admission_review_versions: vec!["v1".into()],
+                timeout_seconds: Some(2),
+                match_policy: Some("Equivalent".into()),
+                ..Default::default()
+            })
+            .collect();
+        let mutating: Vec<MutatingWebhook> = hooks
+            .iter()
+            .filter(|h| **h == Hook::DisruptionTagger)
+            .map(|h| MutatingWebhook {
+                name: h.name().into(),
+                client_config: client_config(*h),
+                rules: Some(vec![h.rule()]),
+                failure_policy: Some("Ignore".into()),
+                side_effects: "None".into(),
+                admission_review_versions: vec!["v1".into()],
+                timeout_seconds: Some(2),
+                match_policy: Some("Equivalent".into()),
+                reinvocation_policy: Some("Never".into()),
+                ..Default::default()
+            })
+            .collect();
+        let meta = ObjectMeta {
+            name: Some("graceguard".into()),
+            ..Default::default()
+        };
+        if !validating.is_empty() {
+            let cfg = ValidatingWebhookConfiguration {
+                metadata: meta.clone(),
+                webhooks: Some(validating),
+            };
+            Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
+                .create(&PostParams::default(), &cfg)
+                .await
+                .context("registering the validating webhooks")?;
+        }
+        if !mutating.is_empty() {
+            let cfg = MutatingWebhookConfiguration {
+                metadata: meta,
+                webhooks: Some(mutating),
+            };
+            Api::<MutatingWebhookConfiguration>::all(bed.client.clone())
+                .create(&PostParams::default(), &cfg)
+                .await
+                .context("registering the mutating webhook")?;
+        }
+        if hooks.contains(&Hook::CollisionGuard) {
+            self.wait_effective(bed, probe_namespace).await?;
+        }
+        Ok(())
+    }
+
+    /// The API server picks up webhook configurations asynchronously: dry-run
+    /// Creates are sent until one reaches the webhook (seen in its audit log).
+    async fn wait_effective(&self, bed: &TestBed, ns: &str) -> Result<()> {
+        let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let pp = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        for i in 0.. {
+            let name = format!("graceguard-registration-probe-{i}");
+            api.create(&pp, &crate::pods::task_pod(&name, 1)).await?;
+            if self
+                .audit_records()?
+                .iter()
+                .any(|r| r["name"] == name.as_str())
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the API server did not call the webhook within 30 s of registering it");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Every audit record the webhook has written so far (its stdout, parsed).
+    pub fn audit_records(&self) -> Result<Vec<Value>> {
+        let text = std::fs::read_to_string(&self.log)
+            .with_context(|| format!("reading {}", self.log.display()))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["target"] == "graceguard::audit")
+            .collect())
+    }
+
+    /// The webhook's audit records about `namespace/name` for `endpoint`.
+    pub fn records_for(&self, endpoint: &str, namespace: &str, name: &str) -> Result<Vec<Value>> {
+        Ok(self
+            .audit_records()?
+            .into_iter()
+            .filter(|r| {
+                r["endpoint"] == endpoint && r["namespace"] == namespace && r["name"] == name
+            })
+            .collect())
+    }
+
+    /// Kills the process (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Stops it with SIGTERM, as Kubernetes does.
+    pub fn terminate(&mut self) {
+        self.proc.stop(Duration::from_secs(25));
+    }
+}

@@ -20,7 +20,11 @@ use crate::mode::Mode;
 use crate::{logging, pod_index, server};
 
 #[derive(Parser)]
-#[command(name = "graceguard-webhook", version, about = "graceguard's admission webhook")]
+#[command(
+    name = "graceguard-webhook",
+    version,
+    about = "graceguard's admission webhook"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -110,7 +114,10 @@ pub enum CliError {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     logging::init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("graceguard-webhook: cannot start the async runtime: {e}");
@@ -138,13 +145,18 @@ pub fn main() -> i32 {
 
 fn certs(args: CertsArgs) -> Result<(), CliError> {
     if args.dns.is_empty() && args.ip.is_empty() {
-        return Err(CliError::Config("give at least one --dns NAME or --ip ADDRESS for the serving certificate".into()));
+        return Err(CliError::Config(
+            "give at least one --dns NAME or --ip ADDRESS for the serving certificate".into(),
+        ));
     }
     let cfg = |e: graceguard_certs::CertError| CliError::Config(e.to_string());
     let ca = Ca::new("graceguard-ca").map_err(cfg)?;
     let pair = ca.issue_server(&args.dns, &args.ip).map_err(cfg)?;
     ca.write_files(&pair, &args.out).map_err(cfg)?;
-    println!("wrote {0}/ca.crt, {0}/tls.crt and {0}/tls.key", args.out.display());
+    println!(
+        "wrote {0}/ca.crt, {0}/tls.crt and {0}/tls.key",
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -163,13 +175,16 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliEr
             ))
         })?,
     };
-    kube::Client::try_from(config).map_err(|e| CliError::Config(format!("cannot build a Kubernetes client: {e}")))
+    kube::Client::try_from(config)
+        .map_err(|e| CliError::Config(format!("cannot build a Kubernetes client: {e}")))
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, CliError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| CliError::Config(format!("cannot listen on {addr} ({what}): {e}; choose a free address")))
+    TcpListener::bind(addr).await.map_err(|e| {
+        CliError::Config(format!(
+            "cannot listen on {addr} ({what}): {e}; choose a free address"
+        ))
+    })
 }
 
 /// Runs the webhook until SIGTERM or SIGINT.
@@ -177,20 +192,31 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
     graceguard_certs::install_crypto_provider();
     let resolver = ReloadingResolver::from_files(&args.tls_cert, &args.tls_key)
         .map_err(|e| CliError::Config(format!("serving certificate: {e}")))?;
-    let tls = graceguard_certs::server_config(resolver.clone()).map_err(|e| CliError::Config(e.to_string()))?;
+    let tls = graceguard_certs::server_config(resolver.clone())
+        .map_err(|e| CliError::Config(e.to_string()))?;
     let client = kube_client(args.kubeconfig.as_ref()).await?;
 
     let (metrics, registry) = Metrics::new();
     let app = Arc::new(App {
         pods: Arc::new(MetaIndex::new("pods")),
         namespaces: Arc::new(MetaIndex::new("namespaces")),
-        confirmer: Confirmer::live(client.clone(), args.confirm_timeout, args.confirm_cache_ttl, metrics.clone()),
+        confirmer: Confirmer::live(
+            client.clone(),
+            args.confirm_timeout,
+            args.confirm_cache_ttl,
+            metrics.clone(),
+        ),
         livelock: LivelockDetector::new(args.livelock_window, args.livelock_threshold),
         metrics: metrics.clone(),
         mode: args.mode,
         shutting_down: AtomicBool::new(false),
     });
-    pod_index::spawn_watchers(client, Arc::clone(&app.pods), Arc::clone(&app.namespaces), metrics);
+    pod_index::spawn_watchers(
+        client,
+        Arc::clone(&app.pods),
+        Arc::clone(&app.namespaces),
+        metrics,
+    );
 
     let tls_listener = bind(args.listen, "--listen").await?;
     let health_listener = bind(args.health_listen, "--health-listen").await?;
@@ -230,7 +256,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
 
 async fn wait_for_signal() -> Result<(), CliError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| CliError::Runtime(format!("cannot watch SIGTERM: {e}")))?;
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| CliError::Runtime(format!("cannot watch SIGTERM: {e}")))?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -76,7 +76,8 @@ fn rfc3339(unix: i64) -> String {
         .unwrap_or_else(|_| unix.to_string())
 }
 
-const NO_CHARGE: &str = "graceguard denied this Create before ResourceQuota admission, so no quota was charged";
+const NO_CHARGE: &str =
+    "graceguard denied this Create before ResourceQuota admission, so no quota was charged";
 
 /// The denial for a Create of `name`, held by `pod`.
 ///
@@ -166,14 +167,54 @@ mod tests {
         // (confirmation, mode, expected: Ok(allow reason) | Err((code, reason, retry_after)))
         type Want = Result<AllowReason, (u16, &'static str, u32)>;
         let cases: Vec<(&str, Confirmation, Mode, Want)> = vec![
-            ("stale index", Confirmation::Free, Mode::Conflict, Ok(AllowReason::StaleIndex)),
-            ("stale index, retry", Confirmation::Free, Mode::Retry, Ok(AllowReason::StaleIndex)),
-            ("GET error", Confirmation::Failed("timeout".into()), Mode::Conflict, Ok(AllowReason::ConfirmFailed)),
-            ("held, live", Confirmation::Held(live()), Mode::Conflict, Err((409, "AlreadyExists", 0))),
-            ("held, live, retry", Confirmation::Held(live()), Mode::Retry, Err((409, "AlreadyExists", 0))),
-            ("terminating", Confirmation::Held(terminating(40, 60)), Mode::Conflict, Err((409, "AlreadyExists", 0))),
-            ("terminating, retry", Confirmation::Held(terminating(40, 60)), Mode::Retry, Err((429, "TooManyRequests", 40))),
-            ("grace over, retry", Confirmation::Held(terminating(-5, 30)), Mode::Retry, Err((429, "TooManyRequests", 1))),
+            (
+                "stale index",
+                Confirmation::Free,
+                Mode::Conflict,
+                Ok(AllowReason::StaleIndex),
+            ),
+            (
+                "stale index, retry",
+                Confirmation::Free,
+                Mode::Retry,
+                Ok(AllowReason::StaleIndex),
+            ),
+            (
+                "GET error",
+                Confirmation::Failed("timeout".into()),
+                Mode::Conflict,
+                Ok(AllowReason::ConfirmFailed),
+            ),
+            (
+                "held, live",
+                Confirmation::Held(live()),
+                Mode::Conflict,
+                Err((409, "AlreadyExists", 0)),
+            ),
+            (
+                "held, live, retry",
+                Confirmation::Held(live()),
+                Mode::Retry,
+                Err((409, "AlreadyExists", 0)),
+            ),
+            (
+                "terminating",
+                Confirmation::Held(terminating(40, 60)),
+                Mode::Conflict,
+                Err((409, "AlreadyExists", 0)),
+            ),
+            (
+                "terminating, retry",
+                Confirmation::Held(terminating(40, 60)),
+                Mode::Retry,
+                Err((429, "TooManyRequests", 40)),
+            ),
+            (
+                "grace over, retry",
+                Confirmation::Held(terminating(-5, 30)),
+                Mode::Retry,
+                Err((429, "TooManyRequests", 1)),
+            ),
         ];
         for (what, c, mode, want) in cases {
             let got = decide(&c, "train-0", mode, NOW);
@@ -195,18 +236,42 @@ mod tests {
 
     #[test]
     fn terminating_message_says_since_when_and_how_long_is_left() {
-        let d = deny(decide(&Confirmation::Held(terminating(40, 60)), "train-0", Mode::Conflict, NOW));
+        let d = deny(decide(
+            &Confirmation::Held(terminating(40, 60)),
+            "train-0",
+            Mode::Conflict,
+            NOW,
+        ));
         let requested = rfc3339(NOW - 20);
-        assert!(d.status.message.contains(&requested), "{}", d.status.message);
-        assert!(d.status.message.contains("40 s of its 60 s grace period left"), "{}", d.status.message);
+        assert!(
+            d.status.message.contains(&requested),
+            "{}",
+            d.status.message
+        );
+        assert!(
+            d.status
+                .message
+                .contains("40 s of its 60 s grace period left"),
+            "{}",
+            d.status.message
+        );
         assert_eq!(d.reason, "terminating");
         assert_eq!(d.grace_left_seconds, Some(40));
     }
 
     #[test]
     fn live_holder_message_says_it_exists() {
-        let d = deny(decide(&Confirmation::Held(live()), "x", Mode::Conflict, NOW));
-        assert!(d.status.message.starts_with("pods \"x\" already exists;"), "{}", d.status.message);
+        let d = deny(decide(
+            &Confirmation::Held(live()),
+            "x",
+            Mode::Conflict,
+            NOW,
+        ));
+        assert!(
+            d.status.message.starts_with("pods \"x\" already exists;"),
+            "{}",
+            d.status.message
+        );
         assert_eq!(d.reason, "exists");
     }
 }

@@ -19,7 +19,9 @@ use crate::metrics::Metrics;
 use crate::pod_index::HeldPod;
 
 /// Reads who holds `namespace/name` now: `Ok(None)` when nobody does.
-pub type Fetch = Arc<dyn Fn(String, String) -> BoxFuture<'static, Result<Option<HeldPod>, String>> + Send + Sync>;
+pub type Fetch = Arc<
+    dyn Fn(String, String) -> BoxFuture<'static, Result<Option<HeldPod>, String>> + Send + Sync,
+>;
 
 /// See the module docs.
 #[derive(Clone)]
@@ -33,7 +35,10 @@ impl Confirmer {
     /// Confirms with `fetch`, caching answers for `ttl` (at most `capacity` names).
     pub fn new(fetch: Fetch, ttl: Duration, capacity: u64, metrics: Metrics) -> Self {
         Self {
-            cache: Cache::builder().time_to_live(ttl).max_capacity(capacity).build(),
+            cache: Cache::builder()
+                .time_to_live(ttl)
+                .max_capacity(capacity)
+                .build(),
             fetch,
             metrics,
         }
@@ -96,7 +101,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_looping_client_costs_one_read_per_ttl() {
-        let held = HeldPod { uid: "u".into(), deletion: None };
+        let held = HeldPod {
+            uid: "u".into(),
+            deletion: None,
+        };
         let (f, calls) = counting(Ok(Some(held.clone())));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
         for _ in 0..50 {
@@ -112,7 +120,9 @@ mod tests {
     async fn failures_are_not_cached() {
         let (f, calls) = counting(Err("boom".into()));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
-        assert!(matches!(c.confirm("ns", "p").await, Confirmation::Failed(m) if m.contains("boom")));
+        assert!(
+            matches!(c.confirm("ns", "p").await, Confirmation::Failed(m) if m.contains("boom"))
+        );
         c.confirm("ns", "p").await;
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }

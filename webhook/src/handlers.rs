@@ -36,7 +36,9 @@ pub struct App {
 impl App {
     /// True when the indexes are synced and the server is not shutting down.
     pub fn is_ready(&self) -> bool {
-        self.pods.is_ready() && self.namespaces.is_ready() && !self.shutting_down.load(Ordering::Acquire)
+        self.pods.is_ready()
+            && self.namespaces.is_ready()
+            && !self.shutting_down.load(Ordering::Acquire)
     }
 
     fn mode_for(&self, namespace: &str) -> Mode {
@@ -61,9 +63,13 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
     };
     let (response, mut rec) = match endpoint {
         Endpoint::collision_guard => collision_guard(app, &req).await,
-        Endpoint::disruption_tagger | Endpoint::deletion_audit => {
-            (AdmissionResponse::from(&req), AuditRecord { reason: "not_implemented".into(), ..Default::default() })
-        }
+        Endpoint::disruption_tagger | Endpoint::deletion_audit => (
+            AdmissionResponse::from(&req),
+            AuditRecord {
+                reason: "not_implemented".into(),
+                ..Default::default()
+            },
+        ),
     };
     let elapsed = start.elapsed();
     let (user, groups) = review::user_of(&req);
@@ -83,7 +89,10 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
     rec.latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
     app.metrics
         .reviews
-        .get_or_create(&ReviewLabels { endpoint, decision: rec.decision })
+        .get_or_create(&ReviewLabels {
+            endpoint,
+            decision: rec.decision,
+        })
         .inc();
     app.metrics
         .review_seconds
@@ -110,7 +119,10 @@ fn is_pod_create(req: &AdmissionRequest<DynamicObject>) -> bool {
         && req.sub_resource.as_deref().unwrap_or("").is_empty()
 }
 
-async fn collision_guard(app: &App, req: &AdmissionRequest<DynamicObject>) -> (AdmissionResponse, AuditRecord) {
+async fn collision_guard(
+    app: &App,
+    req: &AdmissionRequest<DynamicObject>,
+) -> (AdmissionResponse, AuditRecord) {
     let mut response = AdmissionResponse::from(req);
     let allow = |reason: AllowReason| AuditRecord {
         reason: reason.as_str().into(),

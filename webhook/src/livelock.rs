@@ -23,7 +23,11 @@ pub struct Window {
 impl Window {
     /// Records a denial at `now`; true exactly when this one should be reported.
     pub fn record(&mut self, now: Instant, window: Duration, threshold: usize) -> bool {
-        while self.hits.front().is_some_and(|t| now.duration_since(*t) > window) {
+        while self
+            .hits
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > window)
+        {
             self.hits.pop_front();
         }
         if self.hits.len() < threshold.saturating_sub(1) {
@@ -76,7 +80,9 @@ impl LivelockDetector {
     /// Records a denial; `Some(count)` when the client should be named now.
     pub fn record(&self, namespace: &str, name: &str, user: &str) -> Option<usize> {
         let key = (namespace.to_string(), name.to_string(), user.to_string());
-        let w = self.windows.get_with(key, || Arc::new(Mutex::new(Window::default())));
+        let w = self
+            .windows
+            .get_with(key, || Arc::new(Mutex::new(Window::default())));
         let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
         w.record(Instant::now(), self.window, self.threshold)
             .then(|| w.len())
@@ -105,7 +111,9 @@ mod tests {
         assert_eq!(reports, vec![4]);
         // Quiet for longer than the window, then a new loop: reported again.
         let later = 60 * 83 + 11_000;
-        let again: Vec<u64> = (0..10u64).filter(|i| w.record(ms(later + i * 83), win, 5)).collect();
+        let again: Vec<u64> = (0..10u64)
+            .filter(|i| w.record(ms(later + i * 83), win, 5))
+            .collect();
         assert_eq!(again, vec![4]);
     }
 

@@ -231,7 +231,11 @@ mod tests {
         idx.apply(Event::Init, uid);
         idx.apply(Event::InitApply(&meta("a", "p")), uid);
         assert!(!idx.is_ready());
-        assert_eq!(idx.get("a", "p"), None, "a list in progress is not served yet");
+        assert_eq!(
+            idx.get("a", "p"),
+            None,
+            "a list in progress is not served yet"
+        );
         idx.apply(Event::InitDone, uid);
         assert!(idx.is_ready());
         assert_eq!(idx.get("a", "p").as_deref(), Some("uid-p"));
@@ -250,7 +254,11 @@ mod tests {
         idx.apply(Event::InitApply(&meta("b", "p")), uid);
         idx.apply(Event::InitDone, uid);
         idx.apply(Event::Apply(&meta("a", "p")), uid);
-        assert_eq!(idx.len(), 2, "re-applying an indexed object does not count it twice");
+        assert_eq!(
+            idx.len(),
+            2,
+            "re-applying an indexed object does not count it twice"
+        );
         idx.apply(Event::Delete(&meta("a", "p")), uid);
         idx.apply(Event::Delete(&meta("a", "p")), uid);
         assert_eq!(idx.len(), 1);
@@ -269,7 +277,9 @@ mod tests {
         let idx: MetaIndex<String> = MetaIndex::new("test");
         idx.apply(Event::Init, uid);
         idx.apply(Event::InitDone, uid);
-        idx.apply(Event::Apply(&meta("", "ns1")), |m| m.labels.as_ref().map(|_| "x".into()));
+        idx.apply(Event::Apply(&meta("", "ns1")), |m| {
+            m.labels.as_ref().map(|_| "x".into())
+        });
         assert!(idx.is_empty());
     }
 }

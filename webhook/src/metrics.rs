@@ -86,20 +86,52 @@ impl Metrics {
             deletions_audited: Family::default(),
         };
         let mut r = Registry::with_prefix("graceguard");
-        r.register("admission_reviews", "Admission reviews answered, by endpoint and decision", m.reviews.clone());
-        r.register("admission_review_seconds", "Time to answer an admission review, by endpoint", m.review_seconds.clone());
-        r.register("bad_requests", "Requests that were not a readable AdmissionReview", m.bad_requests.clone());
+        r.register(
+            "admission_reviews",
+            "Admission reviews answered, by endpoint and decision",
+            m.reviews.clone(),
+        );
+        r.register(
+            "admission_review_seconds",
+            "Time to answer an admission review, by endpoint",
+            m.review_seconds.clone(),
+        );
+        r.register(
+            "bad_requests",
+            "Requests that were not a readable AdmissionReview",
+            m.bad_requests.clone(),
+        );
         r.register("index_pods", "Pods in the name index", m.index_pods.clone());
-        r.register("index_ready", "1 when the pod index is synced and its watch healthy", m.index_ready.clone());
-        r.register("confirmation_gets", "Live GETs issued to confirm an index hit", m.confirmation_gets.clone());
-        r.register("confirmation_errors", "Confirmations that failed (the Create was allowed)", m.confirmation_errors.clone());
+        r.register(
+            "index_ready",
+            "1 when the pod index is synced and its watch healthy",
+            m.index_ready.clone(),
+        );
+        r.register(
+            "confirmation_gets",
+            "Live GETs issued to confirm an index hit",
+            m.confirmation_gets.clone(),
+        );
+        r.register(
+            "confirmation_errors",
+            "Confirmations that failed (the Create was allowed)",
+            m.confirmation_errors.clone(),
+        );
         r.register(
             "quota_charges_prevented",
             "Colliding pod Creates denied before ResourceQuota admission (dry runs excluded)",
             m.quota_charges_prevented.clone(),
         );
-        r.register("livelock_suspected", "Clients named for looping on a taken pod name", m.livelock_suspected.clone());
-        r.register("disruption_tags", "Pods tagged with their DisruptionTarget reason, by reason", m.disruption_tags.clone());
+        r.register(
+            "livelock_suspected",
+            "Clients named for looping on a taken pod name",
+            m.livelock_suspected.clone(),
+        );
+        r.register(
+            "disruption_tags",
+            "Pods tagged with their DisruptionTarget reason, by reason",
+            m.disruption_tags.clone(),
+        );
         r.register(
             "deletions_audited",
             "Pod deletions audited, by whether a DisruptionTarget condition explains them",

@@ -71,7 +71,12 @@ fn namespace_mode(m: &ObjectMeta) -> Option<Mode> {
 }
 
 /// Starts the metadata watches that feed both indexes.
-pub fn spawn_watchers(client: Client, pods: Arc<PodIndex>, namespaces: Arc<NamespaceModes>, metrics: Metrics) {
+pub fn spawn_watchers(
+    client: Client,
+    pods: Arc<PodIndex>,
+    namespaces: Arc<NamespaceModes>,
+    metrics: Metrics,
+) {
     let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
     let m = metrics.clone();
     tokio::spawn(async move {

@@ -17,7 +17,8 @@ pub enum ReviewError {
 
 /// Parses an `admission.k8s.io/v1` AdmissionReview.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ReviewError> {
-    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body).map_err(ReviewError::Json)?;
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_slice(body).map_err(ReviewError::Json)?;
     review.try_into().map_err(|_| ReviewError::NoRequest)
 }
 

@@ -61,12 +61,18 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     if app.shutting_down.load(Ordering::Acquire) {
         why.push("shutting down");
     }
-    (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}", why.join("; ")))
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("not ready: {}", why.join("; ")),
+    )
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         crate::metrics::render(&h.registry),
     )
 }
@@ -122,14 +128,24 @@ pub async fn serve_tls(
         }
     }
     drop(listener);
-    tracing::info!(connections = graceful.count(), "stopped accepting; finishing in-flight reviews");
-    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+    tracing::info!(
+        connections = graceful.count(),
+        "stopped accepting; finishing in-flight reviews"
+    );
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!(after = ?drain, "connections still open at the end of the drain period; closing them");
     }
 }
 
 /// Serves `router` over plain HTTP until `shutdown` turns true.
-pub async fn serve_plain(listener: TcpListener, router: Router, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve_plain(
+    listener: TcpListener,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let res = axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             let _ = shutdown.changed().await;

@@ -4,6 +4,7 @@
 use anyhow::Result;
 use clap::Parser;
 use testbed::scenario::{graceful_delete_collision, CollisionReport};
+use testbed::webhook::{Hook, WebhookProcess};
 use testbed::TestBed;
 
 #[derive(Parser)]
@@ -37,6 +38,15 @@ async fn run(args: &Args) -> Result<()> {
         args.creates
     );
     reports.push(graceful_delete_collision(&bed.client, &ns, "bare", args.creates, 100).await?);
+
+    let ns = bed.namespace("demo-graceguard").await?;
+    eprintln!(
+        "mode graceguard: the same, with graceguard-webhook registered in front of the API server"
+    );
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard], &ns).await?;
+    reports
+        .push(graceful_delete_collision(&bed.client, &ns, "graceguard", args.creates, 100).await?);
 
     if args.json {
         for r in &reports {

@@ -1,0 +1,219 @@
+//! The collision guard against a real kube-apiserver: the webhook runs as its
+//! own process on loopback, registered by URL with failurePolicy Ignore.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, ResourceExt};
+use testbed::kubelet::{Kubelet, KubeletOptions};
+use testbed::pods::{self, CreateOutcome};
+use testbed::scenario::{graceful_delete_collision, POD};
+use testbed::webhook::{Hook, WebhookProcess};
+use testbed::{quota, TestBed, TestBedOptions};
+
+type R = anyhow::Result<()>;
+
+async fn bed_with_webhook(
+    args: &[&str],
+    audit: bool,
+) -> anyhow::Result<(TestBed, WebhookProcess, String)> {
+    let bed = TestBed::start_with(TestBedOptions { audit }).await?;
+    let ns = bed.namespace("guard").await?;
+    let webhook = WebhookProcess::start(&bed, args).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard], &ns).await?;
+    Ok((bed, webhook, ns))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colliding_creates_are_already_exists_and_charge_no_quota() -> R {
+    let (bed, webhook, ns) = bed_with_webhook(&[], false).await?;
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 50, 100).await?;
+    assert_eq!(r.already_exists, 50, "{r:?}");
+    assert_eq!(r.first_answer_code, 409, "{r:?}");
+    assert!(r.first_answer.contains("no quota was charged"), "{r:?}");
+    assert!(r.first_answer.contains("is terminating"), "{r:?}");
+    assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
+
+    // A Create of another name in the same namespace goes through and is charged once.
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let before = quota::used_pods(&bed.client, &ns).await?;
+    assert_eq!(
+        pods::create(&api, &pods::task_pod("other", 30)).await?,
+        CreateOutcome::Created
+    );
+    assert_eq!(quota::used_pods(&bed.client, &ns).await?, before + 1);
+
+    // Once the deletion finishes, the original name is free again.
+    let uid = api.get(POD).await?.uid().unwrap_or_default();
+    kubelet.finish_deletion(&ns, POD).await?;
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        await_condition(api.clone(), POD, conditions::is_deleted(&uid)),
+    )
+    .await??;
+    let again = retry_create(&api, POD).await?;
+    assert_eq!(again, CreateOutcome::Created);
+
+    // Every denial was audited with the fields the README documents.
+    let denials: Vec<_> = webhook
+        .records_for("collision_guard", &ns, POD)?
+        .into_iter()
+        .filter(|r| r["event"] == "admission" && r["decision"] == "deny")
+        .collect();
+    assert_eq!(denials.len(), 50);
+    let d = &denials[0];
+    assert_eq!(d["reason"], "terminating");
+    assert_eq!(d["user"], "admin");
+    assert_eq!(d["dry_run"], false);
+    assert_eq!(d["code"], 409);
+    assert!(d["latency_us"].as_u64().is_some(), "{d}");
+    assert_eq!(
+        webhook.metric("graceguard_quota_charges_prevented_total")?,
+        Some(50.0)
+    );
+    Ok(())
+}
+
+/// The index learns of the deletion through its watch; a Create right after
+/// it may still be confirmed against the (already deleted) pod's cache entry
+/// for up to the confirmation TTL, so allow a couple of seconds.
+async fn retry_create(api: &Api<Pod>, name: &str) -> anyhow::Result<CreateOutcome> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = pods::create(api, &pods::task_pod(name, 60)).await?;
+        if out == CreateOutcome::Created || Instant::now() > deadline {
+            return Ok(out);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_quota_full_the_colliding_create_is_409_not_403() -> R {
+    let (bed, _webhook, ns) = bed_with_webhook(&[], false).await?;
+    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 3, 1).await?;
+    assert_eq!(r.already_exists, 3, "{r:?}");
+    assert_eq!(r.forbidden, 0, "{r:?}");
+    assert_eq!(r.first_answer_code, 409, "{r:?}");
+    Ok(())
+}
+
+fn assert_retry(out: &CreateOutcome, max_left: u32) {
+    match out {
+        CreateOutcome::Refused {
+            code,
+            reason,
+            retry_after_seconds,
+            ..
+        } => {
+            assert_eq!(*code, 429, "{out:?}");
+            assert_eq!(reason, "TooManyRequests", "{out:?}");
+            assert!((1..=max_left).contains(retry_after_seconds), "{out:?}");
+        }
+        other => panic!("expected 429, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_mode_answers_429_with_the_grace_time_left() -> R {
+    let (bed, _webhook, ns) = bed_with_webhook(&["--mode", "retry"], false).await?;
+    let r = graceful_delete_collision(&bed.client, &ns, "graceguard-retry", 1, 100).await?;
+    assert_eq!(r.first_answer_code, 429, "{r:?}");
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    // The pod was deleted with its 60 s grace: at most 60 s are left.
+    assert_retry(&pods::create(&api, &pods::task_pod(POD, 60)).await?, 60);
+    assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_label_overrides_the_install_wide_mode() -> R {
+    let (bed, _webhook, ns) = bed_with_webhook(&[], false).await?;
+    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 1, 100).await?;
+    assert_eq!(r.first_answer_code, 409, "{r:?}");
+    let label = serde_json::json!({"metadata": {"labels": {"graceguard.io/mode": "retry"}}});
+    Api::<Namespace>::all(bed.client.clone())
+        .patch(&ns, &PatchParams::default(), &Patch::Merge(&label))
+        .await?;
+    // The webhook learns labels through its namespace watch: wait for it.
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = pods::create(&api, &pods::task_pod(POD, 60)).await?;
+        if out.code() == 429 || Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_retry(&out, 60);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_webhook_fails_open() -> R {
+    let (bed, mut webhook, ns) = bed_with_webhook(&[], false).await?;
+    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 1, 100).await?;
+    assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
+    webhook.kill();
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    // New names are still created...
+    for i in 0..3 {
+        assert_eq!(
+            pods::create(&api, &pods::task_pod(&format!("after-{i}"), 30)).await?,
+            CreateOutcome::Created
+        );
+    }
+    // ...and a colliding Create gets the API server's own answer (and its quota charge).
+    let before = quota::used_pods(&bed.client, &ns).await?;
+    let out = pods::create(&api, &pods::task_pod(POD, 60)).await?;
+    assert!(out.is_already_exists(), "{out:?}");
+    assert!(!format!("{out:?}").contains("graceguard"), "{out:?}");
+    assert_eq!(quota::used_pods(&bed.client, &ns).await?, before + 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets() -> R {
+    let (bed, webhook, ns) = bed_with_webhook(&[], true).await?;
+    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 1, 100).await?;
+    assert_eq!(r.already_exists, 1, "{r:?}");
+    let alice = bed.client_as("alice").await?;
+    let api: Api<Pod> = Api::namespaced(alice, &ns);
+    // Create -> AlreadyExists -> Create ... at ~12/s for 5 s, as flyteorg/flyte#8066 does.
+    let start = Instant::now();
+    let mut sent = 0;
+    while start.elapsed() < Duration::from_secs(5) {
+        let out = pods::create(&api, &pods::task_pod(POD, 60)).await?;
+        assert!(out.is_already_exists(), "{out:?}");
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(83)).await;
+    }
+    assert!(sent >= 40, "only {sent} creates were sent");
+    let suspects: Vec<_> = webhook
+        .audit_records()?
+        .into_iter()
+        .filter(|r| r["event"] == "livelock_suspected")
+        .collect();
+    assert_eq!(suspects.len(), 1, "{suspects:?}");
+    assert_eq!(suspects[0]["user"], "alice");
+    assert_eq!(suspects[0]["name"], POD);
+    assert_eq!(
+        webhook.metric("graceguard_livelock_suspected_total")?,
+        Some(1.0)
+    );
+
+    // Confirmation GETs, counted by the API server: about one per second (the
+    // cache TTL), not one per denial.
+    let gets = bed.audit_log()?.count(|e| {
+        e.is("get", "pods", &ns) && e.name() == POD && e.user.username == "graceguard"
+    })?;
+    assert!(
+        (1..=8).contains(&gets),
+        "{gets} confirmation GETs for {} denials",
+        sent + 1
+    );
+    Ok(())
+}
