@@ -36,6 +36,18 @@ enum Command {
     Serve(ServeArgs),
     /// Write a CA and a serving certificate (ca.crt, tls.crt, tls.key) for local use.
     Certs(CertsArgs),
+    /// GET a plain-HTTP URL (e.g. http://graceguard:8080/readyz); exit 0 on 200.
+    Probe(ProbeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ProbeArgs {
+    /// The URL to GET.
+    #[arg(long)]
+    url: String,
+    /// How long to wait for the answer.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    timeout: Duration,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -128,6 +140,13 @@ pub fn main() -> i32 {
         match cli.command {
             Command::Serve(args) => serve(args).await,
             Command::Certs(args) => certs(args),
+            Command::Probe(args) => {
+                crate::probe::probe(&args.url, args.timeout)
+                    .await
+                    .map(|body| {
+                        println!("{}: {}", args.url, body.trim());
+                    })
+            }
         }
     });
     match res {

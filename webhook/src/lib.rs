@@ -29,5 +29,6 @@ pub mod meta_index;
 pub mod metrics;
 pub mod mode;
 pub mod pod_index;
+pub mod probe;
 pub mod review;
 pub mod server;

@@ -1,0 +1,262 @@
+//! The admission endpoints in-process, fed AdmissionReview bodies exactly as a
+//! real kube-apiserver v1.20.2 sent them (tests/fixtures), plus malformed ones.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::Router;
+use graceguard_webhook::confirm::{Confirmer, Fetch};
+use graceguard_webhook::handlers::App;
+use graceguard_webhook::livelock::LivelockDetector;
+use graceguard_webhook::meta_index::MetaIndex;
+use graceguard_webhook::metrics::Metrics;
+use graceguard_webhook::mode::Mode;
+use graceguard_webhook::pod_index::{Deletion, HeldPod};
+use graceguard_webhook::server::admission_router;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use kube::core::ObjectMeta;
+use kube::runtime::watcher::Event;
+use serde_json::Value;
+use tower::ServiceExt;
+
+const MAX_BODY: usize = 64 * 1024;
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+struct Harness {
+    router: Router,
+    gets: Arc<AtomicUsize>,
+}
+
+/// An app whose index holds `held` (namespace, name) and whose live read
+/// answers `live` for every name.
+fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: Mode) -> Harness {
+    let pods = Arc::new(MetaIndex::new("pods"));
+    pods.apply(Event::Init, |_| None);
+    for (ns, name) in held {
+        let m = ObjectMeta {
+            namespace: Some((*ns).into()),
+            name: Some((*name).into()),
+            uid: Some("uid-1".into()),
+            ..Default::default()
+        };
+        pods.apply(Event::InitApply(&m), |m| Some(HeldPod::from_meta(m)));
+    }
+    pods.apply(Event::InitDone, |_| None);
+    let namespaces = Arc::new(MetaIndex::new("namespaces"));
+    namespaces.apply(Event::Init, |_| None);
+    namespaces.apply(Event::InitDone, |_| None);
+    let gets = Arc::new(AtomicUsize::new(0));
+    let g = Arc::clone(&gets);
+    let fetch: Fetch = Arc::new(move |_, _| {
+        g.fetch_add(1, Ordering::SeqCst);
+        let answer = live.clone();
+        Box::pin(async move { answer })
+    });
+    let (metrics, _) = Metrics::new();
+    let app = Arc::new(App {
+        pods,
+        namespaces,
+        confirmer: Confirmer::new(fetch, Duration::from_secs(1), 100, metrics.clone()),
+        livelock: LivelockDetector::new(Duration::from_secs(10), 5),
+        metrics,
+        mode,
+        shutting_down: AtomicBool::new(false),
+    });
+    Harness {
+        router: admission_router(app, MAX_BODY),
+        gets,
+    }
+}
+
+fn terminating() -> HeldPod {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    HeldPod {
+        uid: "uid-1".into(),
+        deletion: Some(Deletion {
+            at_unix: now + 30,
+            grace_seconds: 45,
+        }),
+    }
+}
+
+async fn post(router: &Router, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .expect("request");
+    let resp = router.clone().oneshot(req).await.expect("infallible");
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, v)
+}
+
+fn request_uid(fixture_name: &str) -> String {
+    let v: Value = serde_json::from_slice(&fixture(fixture_name)).expect("fixture json");
+    v["request"]["uid"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn a_free_name_is_allowed_without_an_api_call() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let (status, v) = post(&h.router, "/validate/pods", fixture("01-create-pods.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(v["kind"], "AdmissionReview");
+    assert_eq!(
+        v["response"]["uid"],
+        request_uid("01-create-pods.json").as_str()
+    );
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(h.gets.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_create_on_a_terminating_name_is_denied_409() {
+    let h = harness(
+        &[("team-a", "train-a0-0")],
+        Ok(Some(terminating())),
+        Mode::Conflict,
+    );
+    let (status, v) = post(&h.router, "/validate/pods", fixture("04-create-pods.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = &v["response"];
+    assert_eq!(r["uid"], request_uid("04-create-pods.json").as_str());
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 409);
+    assert_eq!(r["status"]["reason"], "AlreadyExists");
+    assert_eq!(r["status"]["details"]["name"], "train-a0-0");
+    assert_eq!(r["status"]["details"]["kind"], "pods");
+    let msg = r["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("terminating") && msg.contains("no quota was charged"),
+        "{msg}"
+    );
+    assert_eq!(h.gets.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn retry_mode_answers_429_with_retry_after() {
+    let h = harness(
+        &[("team-a", "train-a0-0")],
+        Ok(Some(terminating())),
+        Mode::Retry,
+    );
+    let (_, v) = post(&h.router, "/validate/pods", fixture("04-create-pods.json")).await;
+    let s = &v["response"]["status"];
+    assert_eq!(s["code"], 429);
+    assert_eq!(s["reason"], "TooManyRequests");
+    let after = s["details"]["retryAfterSeconds"].as_u64().unwrap_or(0);
+    assert!((29..=30).contains(&after), "{s}");
+}
+
+#[tokio::test]
+async fn a_stale_index_never_denies() {
+    let h = harness(&[("team-a", "train-a0-0")], Ok(None), Mode::Conflict);
+    let (_, v) = post(&h.router, "/validate/pods", fixture("04-create-pods.json")).await;
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(h.gets.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_failed_confirmation_allows() {
+    let h = harness(
+        &[("team-a", "train-a0-0")],
+        Err("connection refused".into()),
+        Mode::Conflict,
+    );
+    let (_, v) = post(&h.router, "/validate/pods", fixture("04-create-pods.json")).await;
+    assert_eq!(v["response"]["allowed"], true);
+}
+
+#[tokio::test]
+async fn a_dry_run_generate_name_create_is_checked_by_its_generated_name() {
+    // Free: allowed.
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let (_, v) = post(&h.router, "/validate/pods", fixture("05-create-pods.json")).await;
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(
+        v["response"]["uid"],
+        request_uid("05-create-pods.json").as_str()
+    );
+    // Held (the generated name collides): denied like the API server would, dry run or not.
+    let held = HeldPod {
+        uid: "u".into(),
+        deletion: None,
+    };
+    let h = harness(
+        &[("team-a", "worker-l5gl6")],
+        Ok(Some(held)),
+        Mode::Conflict,
+    );
+    let (_, v) = post(&h.router, "/validate/pods", fixture("05-create-pods.json")).await;
+    assert_eq!(v["response"]["allowed"], false);
+    assert_eq!(v["response"]["status"]["code"], 409);
+}
+
+#[tokio::test]
+async fn other_operations_and_subresources_are_allowed_with_their_uid() {
+    let h = harness(
+        &[("team-a", "train-a0-0")],
+        Ok(Some(terminating())),
+        Mode::Conflict,
+    );
+    for f in ["02-update-pods-status.json", "03-delete-pods.json"] {
+        let (status, v) = post(&h.router, "/validate/pods", fixture(f)).await;
+        assert_eq!(status, StatusCode::OK, "{f}");
+        assert_eq!(v["response"]["allowed"], true, "{f}");
+        assert_eq!(v["response"]["uid"], request_uid(f).as_str(), "{f}");
+    }
+    // Another kind with a held name: not a pod, not our business.
+    let mut cm: Value = serde_json::from_slice(&fixture("04-create-pods.json")).expect("json");
+    cm["request"]["kind"] = serde_json::json!({"group": "", "version": "v1", "kind": "ConfigMap"});
+    cm["request"]["resource"] =
+        serde_json::json!({"group": "", "version": "v1", "resource": "configmaps"});
+    let (_, v) = post(
+        &h.router,
+        "/validate/pods",
+        serde_json::to_vec(&cm).expect("json"),
+    )
+    .await;
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(h.gets.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_a_clear_400() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("not json", b"{not json".to_vec()),
+        ("empty", Vec::new()),
+        (
+            "no request",
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+        ),
+        (
+            "wrong shape",
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":5}}"#
+                .to_vec(),
+        ),
+    ];
+    for (what, body) in cases {
+        let (status, v) = post(&h.router, "/validate/pods", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {v}");
+        let err = v["error"].as_str().unwrap_or_default();
+        assert!(err.contains("AdmissionReview"), "{what}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_refused_not_buffered() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let (status, _) = post(&h.router, "/validate/pods", vec![b' '; MAX_BODY + 1]).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}

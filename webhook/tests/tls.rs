@@ -1,0 +1,183 @@
+//! The HTTPS listener: TLS versions, certificate rotation without dropping
+//! live connections, and graceful shutdown that finishes in-flight requests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use graceguard_certs::{Ca, ReloadingResolver};
+use graceguard_webhook::server::serve_tls;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::RootCertStore;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio_rustls::TlsConnector;
+
+struct Server {
+    addr: std::net::SocketAddr,
+    resolver: Arc<ReloadingResolver>,
+    dir: tempfile::TempDir,
+    ca: Ca,
+    stop: watch::Sender<bool>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+fn write_pair(ca: &Ca, dir: &std::path::Path) {
+    let pair = ca
+        .issue_server(&["localhost".into()], &["127.0.0.1".parse().expect("ip")])
+        .expect("pair");
+    ca.write_files(&pair, dir).expect("write");
+}
+
+async fn start() -> Server {
+    graceguard_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new("tls-test-ca").expect("ca");
+    write_pair(&ca, dir.path());
+    let resolver =
+        ReloadingResolver::from_files(&dir.path().join("tls.crt"), &dir.path().join("tls.key"))
+            .expect("load");
+    let cfg = graceguard_certs::server_config(resolver.clone()).expect("config");
+    let router = Router::new()
+        .route("/fast", get(|| async { "fast" }))
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                "slow"
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, rx) = watch::channel(false);
+    let done = tokio::spawn(serve_tls(
+        listener,
+        Arc::new(cfg),
+        router,
+        rx,
+        Duration::from_secs(5),
+    ));
+    Server {
+        addr,
+        resolver,
+        dir,
+        ca,
+        stop,
+        done,
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+/// Connects with only `version` enabled, trusting `ca_pem`; returns the
+/// sender, the negotiated version and the server's leaf certificate.
+async fn connect(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> (Sender, rustls::ProtocolVersion, CertificateDer<'static>) {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).expect("ca pem"))
+        .expect("root");
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[version])
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let tls = TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("handshake");
+    let (_, conn) = tls.get_ref();
+    let negotiated = conn.protocol_version().expect("version");
+    let leaf = conn.peer_certificates().expect("certs")[0]
+        .clone()
+        .into_owned();
+    let (sender, c) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("http");
+    tokio::spawn(c);
+    (sender, negotiated, leaf)
+}
+
+async fn get_path(sender: &mut Sender, path: &str) -> Result<String, hyper::Error> {
+    let req = http::Request::get(path)
+        .header("host", "localhost")
+        .body(Empty::new())
+        .expect("request");
+    let resp = sender.send_request(req).await?;
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speaks_tls_1_2_and_1_3() {
+    let s = start().await;
+    for (v, want) in [
+        (&rustls::version::TLS13, rustls::ProtocolVersion::TLSv1_3),
+        (&rustls::version::TLS12, rustls::ProtocolVersion::TLSv1_2),
+    ] {
+        let (mut sender, got, _) = connect(s.addr, &s.ca.cert_pem(), v).await;
+        assert_eq!(got, want);
+        assert_eq!(get_path(&mut sender, "/fast").await.expect("get"), "fast");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_keeps_live_connections_and_serves_the_new_pair_to_new_ones() {
+    let s = start().await;
+    let (mut old_conn, _, old_leaf) =
+        connect(s.addr, &s.ca.cert_pem(), &rustls::version::TLS13).await;
+    assert_eq!(get_path(&mut old_conn, "/fast").await.expect("get"), "fast");
+
+    write_pair(&s.ca, s.dir.path());
+    s.resolver.reload().expect("reload");
+
+    // The live connection keeps working...
+    assert_eq!(get_path(&mut old_conn, "/fast").await.expect("get"), "fast");
+    // ...and a new one is served the new certificate.
+    let (mut new_conn, _, new_leaf) =
+        connect(s.addr, &s.ca.cert_pem(), &rustls::version::TLS13).await;
+    assert_ne!(old_leaf, new_leaf);
+    assert_eq!(get_path(&mut new_conn, "/fast").await.expect("get"), "fast");
+
+    // A broken pair is refused and the current one keeps serving.
+    std::fs::write(s.dir.path().join("tls.key"), "garbage").expect("write");
+    assert!(s.resolver.reload().is_err());
+    let (_, _, still) = connect(s.addr, &s.ca.cert_pem(), &rustls::version::TLS13).await;
+    assert_eq!(still, new_leaf);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_in_flight_requests_and_stops_accepting() {
+    let s = start().await;
+    let (mut sender, _, _) = connect(s.addr, &s.ca.cert_pem(), &rustls::version::TLS13).await;
+    let in_flight = tokio::spawn(async move { get_path(&mut sender, "/slow").await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    s.stop.send(true).expect("stop");
+    let body = in_flight
+        .await
+        .expect("join")
+        .expect("the in-flight request completes");
+    assert_eq!(body, "slow");
+    tokio::time::timeout(Duration::from_secs(5), s.done)
+        .await
+        .expect("server stops after draining")
+        .expect("join");
+    assert!(
+        TcpStream::connect(s.addr).await.is_err(),
+        "no longer accepting"
+    );
+}
