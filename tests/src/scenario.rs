@@ -86,3 +86,103 @@ pub async fn graceful_delete_collision(
     r.leaked_quota_charges = quota::used_pods(client, ns).await? - before;
     Ok(r)
 }
+
+/// What the preemption scenario shows an operator.
+#[derive(Clone, Debug, Serialize)]
+pub struct PreemptionReport {
+    pub scenario: &'static str,
+    pub mode: &'static str,
+    pub pod: String,
+    /// The `graceguard.io/disruption` label on the stored pod.
+    pub disruption_label: Option<String>,
+    pub disruption_message: Option<String>,
+    /// `kubectl get pods -L graceguard.io/disruption`, as printed.
+    pub kubectl_get: String,
+    /// The webhook's deletion audit record for the pod.
+    pub deletion_audit: serde_json::Value,
+}
+
+/// A running pod is marked `DisruptionTarget=True/PreemptionByScheduler` the
+/// way kube-scheduler does, then deleted by user `alice` with kubectl
+/// (`--grace-period=45`). Needs the tagger and deletion audit registered and
+/// a simulated kubelet running.
+pub async fn preemption(
+    bed: &crate::TestBed,
+    kubelet: &crate::kubelet::Kubelet,
+    webhook: &crate::webhook::WebhookProcess,
+    ns: &str,
+) -> Result<PreemptionReport> {
+    use std::time::Duration;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let name = "train-b0-0";
+    let out = pods::create(&api, &pods::task_pod(name, 60)).await?;
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating {ns}/{name} failed: {out:?}"
+    );
+    let running = kube::runtime::wait::await_condition(api.clone(), name, |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
+    });
+    tokio::time::timeout(Duration::from_secs(20), running).await??;
+    kubelet
+        .mark_disruption_target(
+            ns,
+            name,
+            "PreemptionByScheduler",
+            "Preempted by a higher-priority pod on node node-1",
+        )
+        .await?;
+    let pod = api.get(name).await?;
+    let label = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("graceguard.io/disruption").cloned());
+    let message = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("graceguard.io/disruption-message").cloned());
+    let (ok, get, err) = bed.kubectl(
+        "admin",
+        &["get", "pods", "-n", ns, "-L", "graceguard.io/disruption"],
+    )?;
+    ensure!(ok, "kubectl get pods failed: {err}");
+    let (ok, _, err) = bed.kubectl(
+        "alice",
+        &[
+            "delete",
+            "pod",
+            name,
+            "-n",
+            ns,
+            "--grace-period=45",
+            "--wait=false",
+        ],
+    )?;
+    ensure!(ok, "kubectl delete failed: {err}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let record = loop {
+        if let Some(r) = webhook
+            .records_for("deletion_audit", ns, name)?
+            .into_iter()
+            .next()
+        {
+            break r;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no deletion audit record for {ns}/{name}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    Ok(PreemptionReport {
+        scenario: "preemption",
+        mode: "graceguard",
+        pod: name.into(),
+        disruption_label: label,
+        disruption_message: message,
+        kubectl_get: get,
+        deletion_audit: record,
+    })
+}

@@ -12,9 +12,9 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
     ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::ByteString;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::Value;
 
@@ -47,6 +47,15 @@ impl Hook {
             Hook::CollisionGuard => "collision-guard.graceguard.io",
             Hook::DisruptionTagger => "disruption-tagger.graceguard.io",
             Hook::DeletionAudit => "deletion-audit.graceguard.io",
+        }
+    }
+
+    /// The `endpoint` field of its audit records.
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Hook::CollisionGuard => "collision_guard",
+            Hook::DisruptionTagger => "disruption_tagger",
+            Hook::DeletionAudit => "deletion_audit",
         }
     }
 
@@ -157,14 +166,8 @@ impl WebhookProcess {
     }
 
     /// Registers `hooks` with the bed's API server (failurePolicy Ignore) and
-    /// waits until the collision guard or deletion audit demonstrably sees
-    /// requests in `probe_namespace`.
-    pub async fn register(
-        &self,
-        bed: &TestBed,
-        hooks: &[Hook],
-        probe_namespace: &str,
-    ) -> Result<()> {
+    /// waits until the API server demonstrably calls each of them.
+    pub async fn register(&self, bed: &TestBed, hooks: &[Hook]) -> Result<()> {
         let client_config = |hook: Hook| WebhookClientConfig {
             url: Some(format!("{}{}", self.url, hook.path())),
             ca_bundle: Some(ByteString(self.ca_pem.clone().into_bytes())),
@@ -225,33 +228,68 @@ impl WebhookProcess {
                 .await
                 .context("registering the mutating webhook")?;
         }
-        if hooks.contains(&Hook::CollisionGuard) {
-            self.wait_effective(bed, probe_namespace).await?;
-        }
-        Ok(())
+        self.wait_effective(bed, hooks).await
     }
 
-    /// The API server picks up webhook configurations asynchronously: dry-run
-    /// Creates are sent until one reaches the webhook (seen in its audit log).
-    async fn wait_effective(&self, bed: &TestBed, ns: &str) -> Result<()> {
-        let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let pp = PostParams {
+    /// The API server picks up webhook configurations asynchronously. Probe
+    /// requests (in namespace `graceguard-probe`, dry-run where possible) are
+    /// sent until the webhook has logged one for each hook.
+    async fn wait_effective(&self, bed: &TestBed, hooks: &[Hook]) -> Result<()> {
+        const NS: &str = "graceguard-probe";
+        const POD: &str = "registration-probe";
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(NS.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let _ = Api::<Namespace>::all(bed.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await;
+        let api: Api<Pod> = Api::namespaced(bed.client.clone(), NS);
+        if api.get_opt(POD).await?.is_none() {
+            api.create(&PostParams::default(), &crate::pods::task_pod(POD, 1))
+                .await?;
+        }
+        let dry = PostParams {
             dry_run: true,
             ..Default::default()
         };
-        for i in 0.. {
-            let name = format!("graceguard-registration-probe-{i}");
-            api.create(&pp, &crate::pods::task_pod(&name, 1)).await?;
-            if self
-                .audit_records()?
-                .iter()
-                .any(|r| r["name"] == name.as_str())
-            {
-                return Ok(());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut pending: Vec<Hook> = hooks.to_vec();
+        let mut n = 0;
+        while !pending.is_empty() {
+            n += 1;
+            for hook in &pending {
+                match hook {
+                    Hook::CollisionGuard => {
+                        api.create(&dry, &crate::pods::task_pod(&format!("probe-{n}"), 1))
+                            .await?;
+                    }
+                    Hook::DisruptionTagger => {
+                        let status =
+                            serde_json::json!({"status": {"message": format!("probe {n}")}});
+                        api.patch_status(POD, &PatchParams::default(), &Patch::Merge(&status))
+                            .await?;
+                    }
+                    Hook::DeletionAudit => {
+                        let dp = DeleteParams {
+                            dry_run: true,
+                            ..Default::default()
+                        };
+                        api.delete(POD, &dp).await?;
+                    }
+                }
             }
+            let records = self.audit_records()?;
+            pending.retain(|h| {
+                !records
+                    .iter()
+                    .any(|r| r["endpoint"] == h.endpoint() && r["namespace"] == NS)
+            });
             if Instant::now() > deadline {
-                bail!("the API server did not call the webhook within 30 s of registering it");
+                bail!("the API server did not call {pending:?} within 30 s of registering them");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

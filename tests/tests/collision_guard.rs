@@ -22,7 +22,7 @@ async fn bed_with_webhook(
     let bed = TestBed::start_with(TestBedOptions { audit }).await?;
     let ns = bed.namespace("guard").await?;
     let webhook = WebhookProcess::start(&bed, args).await?;
-    webhook.register(&bed, &[Hook::CollisionGuard], &ns).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
     Ok((bed, webhook, ns))
 }
 

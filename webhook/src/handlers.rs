@@ -15,10 +15,12 @@ use crate::audit::AuditRecord;
 use crate::collision::{self, AllowReason, Verdict};
 use crate::confirm::Confirmer;
 use crate::livelock::LivelockDetector;
-use crate::metrics::{Endpoint, EndpointLabels, Metrics, ReviewLabels};
+use crate::metrics::{
+    Endpoint, EndpointLabels, ExplainedLabels, Metrics, ReasonLabels, ReviewLabels,
+};
 use crate::mode::Mode;
 use crate::pod_index::{NamespaceModes, PodIndex};
-use crate::review;
+use crate::{deletion_audit, disruption, review, tagger};
 
 /// Everything a review needs, shared by all requests.
 pub struct App {
@@ -51,6 +53,16 @@ pub async fn validate_pods(State(app): State<Arc<App>>, body: Bytes) -> Response
     handle(&app, Endpoint::collision_guard, &body).await
 }
 
+/// `POST /mutate/pods-status`: the disruption tagger.
+pub async fn mutate_pods_status(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    handle(&app, Endpoint::disruption_tagger, &body).await
+}
+
+/// `POST /validate/pods-delete`: the deletion audit.
+pub async fn validate_pods_delete(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    handle(&app, Endpoint::deletion_audit, &body).await
+}
+
 async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
     let start = Instant::now();
     let req = match review::parse(body) {
@@ -63,13 +75,8 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
     };
     let (response, mut rec) = match endpoint {
         Endpoint::collision_guard => collision_guard(app, &req).await,
-        Endpoint::disruption_tagger | Endpoint::deletion_audit => (
-            AdmissionResponse::from(&req),
-            AuditRecord {
-                reason: "not_implemented".into(),
-                ..Default::default()
-            },
-        ),
+        Endpoint::disruption_tagger => disruption_tagger(app, &req),
+        Endpoint::deletion_audit => deletion_audit(app, &req),
     };
     let elapsed = start.elapsed();
     let (user, groups) = review::user_of(&req);
@@ -112,11 +119,86 @@ fn object_name(req: &AdmissionRequest<DynamicObject>) -> String {
         .unwrap_or_else(|| req.name.clone())
 }
 
-fn is_pod_create(req: &AdmissionRequest<DynamicObject>) -> bool {
-    req.operation == Operation::Create
+/// True for `operation` on core `pods` (with `subresource`, "" for none).
+fn is_pods(req: &AdmissionRequest<DynamicObject>, operation: Operation, subresource: &str) -> bool {
+    req.operation == operation
         && req.resource.group.is_empty()
         && req.resource.resource == "pods"
-        && req.sub_resource.as_deref().unwrap_or("").is_empty()
+        && req.sub_resource.as_deref().unwrap_or("") == subresource
+}
+
+fn disruption_tagger(
+    app: &App,
+    req: &AdmissionRequest<DynamicObject>,
+) -> (AdmissionResponse, AuditRecord) {
+    let response = AdmissionResponse::from(req);
+    let mut rec = AuditRecord {
+        reason: "not_a_status_update".into(),
+        ..Default::default()
+    };
+    let Some(pod) = req
+        .object
+        .as_ref()
+        .filter(|_| is_pods(req, Operation::Update, "status"))
+    else {
+        return (response, rec);
+    };
+    rec.uid.clone_from(&pod.metadata.uid);
+    let Some(d) = disruption::of_pod(&pod.data) else {
+        rec.reason = "no_disruption_target".into();
+        return (response, rec);
+    };
+    rec.disruption_reason = Some(d.reason.clone());
+    let Some(patch) = tagger::patch_for(&pod.metadata, &d) else {
+        rec.reason = "already_tagged".into();
+        rec.patched = Some(false);
+        return (response, rec);
+    };
+    match response.clone().with_patch(patch) {
+        Ok(patched) => {
+            app.metrics
+                .disruption_tags
+                .get_or_create(&ReasonLabels {
+                    reason: tagger::label_value(&d.reason),
+                })
+                .inc();
+            rec.reason = "tagged".into();
+            rec.patched = Some(true);
+            (patched, rec)
+        }
+        Err(e) => {
+            // Cannot happen for a patch of strings, but never deny over it.
+            tracing::warn!(error = %e, "could not serialize the tag patch; allowing the update untagged");
+            rec.reason = "patch_error".into();
+            rec.patched = Some(false);
+            (response, rec)
+        }
+    }
+}
+
+fn deletion_audit(
+    app: &App,
+    req: &AdmissionRequest<DynamicObject>,
+) -> (AdmissionResponse, AuditRecord) {
+    let response = AdmissionResponse::from(req);
+    if !is_pods(req, Operation::Delete, "") {
+        let rec = AuditRecord {
+            reason: "not_a_pod_delete".into(),
+            ..Default::default()
+        };
+        return (response, rec);
+    }
+    let rec = deletion_audit::record(req);
+    let explained = if rec.disruption_reason.is_some() {
+        "yes"
+    } else {
+        "no"
+    };
+    app.metrics
+        .deletions_audited
+        .get_or_create(&ExplainedLabels { explained })
+        .inc();
+    (response, rec)
 }
 
 async fn collision_guard(
@@ -128,7 +210,7 @@ async fn collision_guard(
         reason: reason.as_str().into(),
         ..Default::default()
     };
-    if !is_pod_create(req) {
+    if !is_pods(req, Operation::Create, "") {
         return (response, allow(AllowReason::NotPodCreate));
     }
     let name = object_name(req);

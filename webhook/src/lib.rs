@@ -16,12 +16,16 @@
 //! * [`livelock`]: naming a client that loops on a taken name.
 //! * [`review`]: AdmissionReview parsing and the error answers.
 //! * [`audit`]: the audit record written for every decision.
+//! * [`tagger`] and [`disruption`]: tagging pods with their DisruptionTarget reason.
+//! * [`deletion_audit`]: who deleted a pod, and whether a disruption explains it.
 //! * [`server`]: HTTPS and health listeners, routing, graceful shutdown.
 
 pub mod audit;
 pub mod cli;
 pub mod collision;
 pub mod confirm;
+pub mod deletion_audit;
+pub mod disruption;
 pub mod handlers;
 pub mod livelock;
 pub mod logging;
@@ -32,3 +36,4 @@ pub mod pod_index;
 pub mod probe;
 pub mod review;
 pub mod server;
+pub mod tagger;

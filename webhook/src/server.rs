@@ -27,6 +27,11 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/validate/pods", post(handlers::validate_pods))
+        .route("/mutate/pods-status", post(handlers::mutate_pods_status))
+        .route(
+            "/validate/pods-delete",
+            post(handlers::validate_pods_delete),
+        )
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(app)
 }

@@ -260,3 +260,120 @@ async fn an_oversized_body_is_refused_not_buffered() {
     let (status, _) = post(&h.router, "/validate/pods", vec![b' '; MAX_BODY + 1]).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
+
+fn patch_ops(v: &Value) -> Value {
+    let bytes: Vec<u8> = serde_json::from_value(v["response"]["patch"].clone()).unwrap_or_default();
+    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn the_tagger_patches_a_status_update_that_adds_disruption_target() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let (status, v) = post(
+        &h.router,
+        "/mutate/pods-status",
+        fixture("02-update-pods-status.json"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(
+        v["response"]["uid"],
+        request_uid("02-update-pods-status.json").as_str()
+    );
+    assert_eq!(v["response"]["patchType"], "JSONPatch");
+    let ops = patch_ops(&v);
+    assert_eq!(
+        ops[0],
+        serde_json::json!({"op": "add", "path": "/metadata/labels/graceguard.io~1disruption", "value": "PreemptionByScheduler"})
+    );
+    assert_eq!(
+        ops[1]["value"]["graceguard.io/disruption-message"],
+        "Preempted by a pod on node node-1"
+    );
+    assert_eq!(
+        ops[1]["value"]["graceguard.io/disruption-time"],
+        "2026-11-30T11:30:00Z"
+    );
+
+    // The same update of a pod that already carries the tags: no patch.
+    let mut tagged: Value =
+        serde_json::from_slice(&fixture("02-update-pods-status.json")).expect("json");
+    tagged["request"]["object"]["metadata"]["labels"]["graceguard.io/disruption"] =
+        "PreemptionByScheduler".into();
+    tagged["request"]["object"]["metadata"]["annotations"] = serde_json::json!({
+        "graceguard.io/disruption-message": "Preempted by a pod on node node-1",
+        "graceguard.io/disruption-time": "2026-11-30T11:30:00Z",
+    });
+    let (_, v) = post(
+        &h.router,
+        "/mutate/pods-status",
+        serde_json::to_vec(&tagged).expect("json"),
+    )
+    .await;
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(v["response"].get("patch").is_none(), "{v}");
+}
+
+#[tokio::test]
+async fn the_tagger_leaves_everything_else_alone() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    // A pod create, a delete, and a status update whose condition is False.
+    let mut not_true: Value =
+        serde_json::from_slice(&fixture("02-update-pods-status.json")).expect("json");
+    not_true["request"]["object"]["status"]["conditions"][0]["status"] = "False".into();
+    let bodies = vec![
+        fixture("01-create-pods.json"),
+        fixture("03-delete-pods.json"),
+        serde_json::to_vec(&not_true).expect("json"),
+    ];
+    for body in bodies {
+        let (status, v) = post(&h.router, "/mutate/pods-status", body).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(v["response"]["allowed"], true);
+        assert!(v["response"].get("patch").is_none(), "{v}");
+    }
+}
+
+#[tokio::test]
+async fn the_deletion_audit_allows_and_reads_who_grace_and_disruption() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let (status, v) = post(
+        &h.router,
+        "/validate/pods-delete",
+        fixture("03-delete-pods.json"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(
+        v["response"]["uid"],
+        request_uid("03-delete-pods.json").as_str()
+    );
+
+    let req = graceguard_webhook::review::parse(&fixture("03-delete-pods.json")).expect("parse");
+    let rec = graceguard_webhook::deletion_audit::record(&req);
+    assert_eq!(
+        rec.grace_period_seconds,
+        Some(45),
+        "from options.gracePeriodSeconds"
+    );
+    assert_eq!(
+        rec.disruption_reason.as_deref(),
+        Some("PreemptionByScheduler")
+    );
+    assert_eq!(rec.already_terminating, Some(false));
+    assert_eq!(rec.phase.as_deref(), Some("Pending"));
+    assert_eq!(rec.reason, "disruption");
+
+    // Without options, the pod's own grace period is what applies.
+    let mut no_opts: Value = serde_json::from_slice(&fixture("03-delete-pods.json")).expect("json");
+    no_opts["request"]["options"] = Value::Null;
+    no_opts["request"]["oldObject"]["status"]["conditions"] = serde_json::json!([]);
+    let req = graceguard_webhook::review::parse(&serde_json::to_vec(&no_opts).expect("json"))
+        .expect("parse");
+    let rec = graceguard_webhook::deletion_audit::record(&req);
+    assert_eq!(rec.grace_period_seconds, Some(60));
+    assert_eq!(rec.disruption_reason, None);
+    assert_eq!(rec.reason, "unexplained");
+}

@@ -3,7 +3,8 @@
 
 use anyhow::Result;
 use clap::Parser;
-use testbed::scenario::{graceful_delete_collision, CollisionReport};
+use testbed::kubelet::{Kubelet, KubeletOptions};
+use testbed::scenario::{graceful_delete_collision, preemption, CollisionReport, PreemptionReport};
 use testbed::webhook::{Hook, WebhookProcess};
 use testbed::TestBed;
 
@@ -44,16 +45,32 @@ async fn run(args: &Args) -> Result<()> {
         "mode graceguard: the same, with graceguard-webhook registered in front of the API server"
     );
     let webhook = WebhookProcess::start(&bed, &[]).await?;
-    webhook.register(&bed, &[Hook::CollisionGuard], &ns).await?;
+    webhook
+        .register(
+            &bed,
+            &[
+                Hook::CollisionGuard,
+                Hook::DisruptionTagger,
+                Hook::DeletionAudit,
+            ],
+        )
+        .await?;
     reports
         .push(graceful_delete_collision(&bed.client, &ns, "graceguard", args.creates, 100).await?);
+
+    eprintln!("preemption: a running pod is marked DisruptionTarget (as kube-scheduler does), then deleted by alice");
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let ns = bed.namespace("demo-preemption").await?;
+    let preempted = preemption(&bed, &kubelet, &webhook, &ns).await?;
 
     if args.json {
         for r in &reports {
             println!("{}", serde_json::to_string(r)?);
         }
+        println!("{}", serde_json::to_string(&preempted)?);
     } else {
         print_table(&reports);
+        print_preemption(&preempted)?;
     }
     Ok(())
 }
@@ -75,4 +92,12 @@ fn print_table(reports: &[CollisionReport]) {
             r.mode, r.first_answer_code, r.first_answer
         );
     }
+}
+
+fn print_preemption(p: &PreemptionReport) -> Result<()> {
+    println!("\npreemption: $ kubectl get pods -L graceguard.io/disruption");
+    print!("{}", p.kubectl_get);
+    println!("\ndeletion audit record (graceguard-webhook stdout):");
+    println!("{}", serde_json::to_string(&p.deletion_audit)?);
+    Ok(())
 }

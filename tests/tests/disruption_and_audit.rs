@@ -1,0 +1,185 @@
+//! The disruption tagger and the deletion audit against a real kube-apiserver,
+//! both registered by URL.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::wait::await_condition;
+use kube::Api;
+use serde_json::Value;
+use testbed::kubelet::{Kubelet, KubeletOptions};
+use testbed::pods::{self, CreateOutcome};
+use testbed::webhook::{Hook, WebhookProcess};
+use testbed::TestBed;
+
+type R = anyhow::Result<()>;
+
+const ALL: &[Hook] = &[
+    Hook::CollisionGuard,
+    Hook::DisruptionTagger,
+    Hook::DeletionAudit,
+];
+
+async fn wait_records(
+    webhook: &WebhookProcess,
+    endpoint: &str,
+    ns: &str,
+    name: &str,
+    n: usize,
+) -> anyhow::Result<Vec<Value>> {
+    // The webhook writes its record as it answers; allow the line to land.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let recs = webhook.records_for(endpoint, ns, name)?;
+        if recs.len() >= n || Instant::now() > deadline {
+            return Ok(recs);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason() -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("disrupt").await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, ALL).await?;
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert_eq!(
+        pods::create(&api, &pods::task_pod("train-0", 60)).await?,
+        CreateOutcome::Created
+    );
+    let running = await_condition(api.clone(), "train-0", |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
+    });
+    tokio::time::timeout(Duration::from_secs(20), running).await??;
+
+    // kube-scheduler sets DisruptionTarget through pods/status before preempting.
+    kubelet
+        .mark_disruption_target(
+            &ns,
+            "train-0",
+            "PreemptionByScheduler",
+            "Preempted by a pod on node node-1",
+        )
+        .await?;
+    let pod = api.get("train-0").await?;
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("graceguard.io/disruption").map(String::as_str),
+        Some("PreemptionByScheduler")
+    );
+    assert_eq!(
+        labels.get("app").map(String::as_str),
+        Some("task"),
+        "existing labels are kept"
+    );
+    assert_eq!(
+        annotations
+            .get("graceguard.io/disruption-message")
+            .map(String::as_str),
+        Some("Preempted by a pod on node node-1")
+    );
+    assert!(annotations.contains_key("graceguard.io/disruption-time"));
+
+    // The same status update again: the tags already say it, so no patch.
+    kubelet
+        .mark_disruption_target(
+            &ns,
+            "train-0",
+            "PreemptionByScheduler",
+            "Preempted by a pod on node node-1",
+        )
+        .await?;
+    let tagger = wait_records(&webhook, "disruption_tagger", &ns, "train-0", 3).await?;
+    let reasons: Vec<&str> = tagger.iter().filter_map(|r| r["reason"].as_str()).collect();
+    // The kubelet's Running update, the first DisruptionTarget, the repeat.
+    assert_eq!(
+        reasons,
+        vec!["no_disruption_target", "tagged", "already_tagged"],
+        "{tagger:?}"
+    );
+    assert_eq!(tagger[1]["patched"], true);
+    assert_eq!(tagger[2]["patched"], false);
+    assert_eq!(tagger[1]["disruption_reason"], "PreemptionByScheduler");
+
+    // An operator deletes it with kubectl, as a known user, with a grace period.
+    let (ok, _, err) = bed.kubectl(
+        "alice",
+        &[
+            "delete",
+            "pod",
+            "train-0",
+            "-n",
+            &ns,
+            "--grace-period=45",
+            "--wait=false",
+        ],
+    )?;
+    assert!(ok, "kubectl delete failed: {err}");
+    let deletions = wait_records(&webhook, "deletion_audit", &ns, "train-0", 1).await?;
+    assert_eq!(deletions.len(), 1, "{deletions:?}");
+    let d = &deletions[0];
+    assert_eq!(d["user"], "alice");
+    assert_eq!(d["grace_period_seconds"], 45);
+    assert_eq!(d["disruption_reason"], "PreemptionByScheduler");
+    assert_eq!(d["reason"], "disruption");
+    assert_eq!(d["already_terminating"], false);
+    assert_eq!(d["phase"], "Running");
+    assert_eq!(d["decision"], "allow");
+    assert_eq!(
+        d["uid"],
+        pod.metadata
+            .uid
+            .as_deref()
+            .unwrap_or("")
+            .to_string()
+            .as_str()
+    );
+    assert!(
+        d["groups"]
+            .as_str()
+            .unwrap_or("")
+            .contains("system:masters"),
+        "{d}"
+    );
+    // The delete was allowed: the pod is Terminating with the requested grace.
+    let terminating = api.get("train-0").await?;
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(45));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_without_a_disruption_is_audited_as_unexplained() -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("delete").await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, &[Hook::DeletionAudit]).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert_eq!(
+        pods::create(&api, &pods::task_pod("worker", 30)).await?,
+        CreateOutcome::Created
+    );
+    let bob: Api<Pod> = Api::namespaced(bed.client_as("bob").await?, &ns);
+    pods::delete_gracefully(&bob, "worker", None).await?;
+    // Deleting it again while it is terminating is audited as such.
+    pods::delete_gracefully(&bob, "worker", Some(10)).await?;
+    let recs = wait_records(&webhook, "deletion_audit", &ns, "worker", 2).await?;
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    assert_eq!(recs[0]["user"], "bob");
+    assert_eq!(recs[0]["reason"], "unexplained");
+    assert_eq!(
+        recs[0]["grace_period_seconds"], 30,
+        "the pod's own grace period"
+    );
+    assert!(
+        recs[0].get("disruption_reason").is_none_or(Value::is_null),
+        "{:?}",
+        recs[0]
+    );
+    assert_eq!(recs[1]["already_terminating"], true);
+    assert_eq!(recs[1]["grace_period_seconds"], 10);
+    Ok(())
+}
