@@ -1,0 +1,124 @@
+//! Rule 1: every attempt has its own pod name, `<task>-<attempt>`.
+//!
+//! Re-creating the same name while the previous pod is terminating is what
+//! collides (and leaks quota); a fresh name per attempt never does. Names are
+//! DNS-1123 labels of at most 63 characters; a task name too long (or odd) for
+//! that is shortened and given a stable hash suffix, so two long task names
+//! that share a prefix still get different pod names.
+
+use sha2::{Digest, Sha256};
+
+/// Label: the task a pod belongs to (the task name as given, if it is a valid
+/// label value, else its normalized form).
+pub const TASK_LABEL: &str = "graceguard.io/task";
+/// Label: the attempt number.
+pub const ATTEMPT_LABEL: &str = "graceguard.io/attempt";
+/// Label: the executor instance that launched the pod.
+pub const INSTANCE_LABEL: &str = "graceguard.io/instance";
+/// Label: set to `true` on completed pods once adoption has reported them.
+pub const DONE_LABEL: &str = "graceguard.io/done";
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "graceguard";
+
+const MAX: usize = 63;
+
+/// `s` lowercased with every character outside `[a-z0-9-]` turned into `-`,
+/// runs of `-` collapsed and trimmed at both ends.
+fn normalize(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let c = c.to_ascii_lowercase();
+        let c = if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            c
+        } else {
+            '-'
+        };
+        if c == '-' && out.ends_with('-') {
+            continue;
+        }
+        out.push(c);
+    }
+    out.trim_matches('-').to_string()
+}
+
+fn short_hash(s: &str) -> String {
+    let d = Sha256::digest(s.as_bytes());
+    d.iter().take(4).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The task part of pod names: `task` itself when it is already a clean
+/// DNS-1123 label that leaves room for the attempt suffix, else a normalized
+/// prefix plus an 8-hex-digit hash of the original name.
+pub fn task_stem(task: &str) -> String {
+    // Room for "-" and up to 10 attempt digits.
+    const ROOM: usize = MAX - 11;
+    let n = normalize(task);
+    if n == task && !n.is_empty() && n.len() <= ROOM {
+        return n;
+    }
+    let hash = short_hash(task);
+    let keep = ROOM - hash.len() - 1;
+    let prefix: String = n.chars().take(keep).collect();
+    let prefix = prefix.trim_end_matches('-');
+    if prefix.is_empty() {
+        format!("t-{hash}")
+    } else {
+        format!("{prefix}-{hash}")
+    }
+}
+
+/// The pod name of `attempt` of `task`.
+pub fn pod_name(task: &str, attempt: u32) -> String {
+    format!("{}-{attempt}", task_stem(task))
+}
+
+/// `task` as a label value (the stem: always valid, and stable).
+pub fn task_label_value(task: &str) -> String {
+    task_stem(task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_dns1123_label(s: &str) -> bool {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    }
+
+    #[test]
+    fn plain_names_are_kept() {
+        assert_eq!(pod_name("train-a0", 0), "train-a0-0");
+        assert_eq!(pod_name("train-a0", 12), "train-a0-12");
+    }
+
+    #[test]
+    fn long_and_odd_names_are_valid_distinct_and_stable() {
+        let long_a = "a".repeat(80) + "-alpha";
+        let long_b = "a".repeat(80) + "-beta";
+        let odd = [
+            "Train_Job.v2",
+            "--x--",
+            "日本語",
+            "",
+            "UPPER",
+            &long_a,
+            &long_b,
+        ];
+        for t in odd {
+            for attempt in [0, 7, u32::MAX] {
+                let n = pod_name(t, attempt);
+                assert!(is_dns1123_label(&n), "{t:?} -> {n:?}");
+            }
+        }
+        assert_ne!(pod_name(&long_a, 0), pod_name(&long_b, 0));
+        assert_eq!(pod_name(&long_a, 3), pod_name(&long_a, 3));
+        // Odd names do not collide with their normalized form.
+        assert_ne!(pod_name("Train_Job", 0), pod_name("train-job", 0));
+        assert_eq!(pod_name("train-job", 0), "train-job-0");
+    }
+}

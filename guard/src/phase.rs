@@ -1,0 +1,64 @@
+//! What a task is doing, as its caller sees it.
+
+use serde::Serialize;
+
+/// Who is to blame for a failure: the user's retries pay for `User`;
+/// `System` failures (preemption, external deletion, name conflicts) are
+/// bounded separately.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureKind {
+    User,
+    System,
+}
+
+/// A task's phase. Each change is reported as a [`Transition`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// A Create is being sent.
+    Launching,
+    /// The quota is full: waiting with backoff. No attempt is consumed.
+    WaitingForResources,
+    /// The pod exists and is Pending.
+    Queued,
+    Running,
+    /// The pod has a deletionTimestamp; waiting until it is gone. The reason
+    /// is its DisruptionTarget reason, else `Deleted`.
+    ShuttingDown {
+        reason: String,
+    },
+    Succeeded,
+    Failed {
+        kind: FailureKind,
+        reason: String,
+    },
+}
+
+impl Phase {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Phase::Launching => "Launching",
+            Phase::WaitingForResources => "WaitingForResources",
+            Phase::Queued => "Queued",
+            Phase::Running => "Running",
+            Phase::ShuttingDown { .. } => "ShuttingDown",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed { .. } => "Failed",
+        }
+    }
+
+    pub fn is_final(&self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed { .. })
+    }
+}
+
+/// One phase change, as `graceguard run --events json` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Transition {
+    pub task: String,
+    pub attempt: u32,
+    pub pod: String,
+    pub phase: &'static str,
+    pub reason: Option<String>,
+    pub failure_kind: Option<FailureKind>,
+}
