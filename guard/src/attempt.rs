@@ -138,6 +138,11 @@ impl TaskMachine {
         naming::pod_name(&self.spec.task, self.attempt)
     }
 
+    /// True when phase changes are waiting for [`TaskMachine::take_transitions`].
+    pub fn has_transitions(&self) -> bool {
+        !self.transitions.is_empty()
+    }
+
     /// Phase changes since the last call.
     pub fn take_transitions(&mut self) -> Vec<Transition> {
         std::mem::take(&mut self.transitions)

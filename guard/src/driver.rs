@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::stream::BoxStream;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::PostParams;
@@ -126,6 +127,7 @@ impl Guard {
         let mut m = TaskMachine::new(spec.clone());
         let mut step = m.start();
         let mut uid = String::new();
+        let mut watch: Option<PodWatch> = None;
         loop {
             for t in m.take_transitions() {
                 on_transition(&t);
@@ -182,7 +184,7 @@ impl Guard {
                 Step::Observe { name, uid: u } => {
                     uid = u;
                     set(&current, &spec.namespace, &name, &uid);
-                    observe(&api, &name, &mut m).await
+                    observe(&api, &name, &mut m, &mut watch).await
                 }
                 Step::AwaitGone { name, uid: u } => {
                     // Rule 2: no Create while it exists; watch (not poll) for
@@ -309,29 +311,51 @@ pub fn view_of(pod: &Pod) -> PodView {
     }
 }
 
-/// Watches pod `name` and feeds the machine until it wants something else.
-async fn observe(api: &Api<Pod>, name: &str, m: &mut TaskMachine) -> Step {
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher::watcher(api.clone(), cfg).default_backoff().boxed();
-    let mut listed = false;
-    while let Some(ev) = events.next().await {
+/// A watch of one attempt's pod, kept across phase changes.
+struct PodWatch {
+    name: String,
+    events: BoxStream<'static, Result<Event<Pod>, watcher::Error>>,
+    /// The current (re-)list included the pod.
+    listed: bool,
+}
+
+/// Watches pod `name` (reusing `watch` when it is for that pod) and feeds the
+/// machine until it wants something else or has a phase change to report.
+async fn observe(
+    api: &Api<Pod>,
+    name: &str,
+    m: &mut TaskMachine,
+    watch: &mut Option<PodWatch>,
+) -> Step {
+    if watch.as_ref().is_none_or(|w| w.name != name) {
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        *watch = Some(PodWatch {
+            name: name.to_string(),
+            events: watcher::watcher(api.clone(), cfg).default_backoff().boxed(),
+            listed: false,
+        });
+    }
+    let Some(w) = watch.as_mut() else {
+        return m.observe(Observation::Gone);
+    };
+    while let Some(ev) = w.events.next().await {
         let step = match ev {
             Ok(Event::Init) => {
-                listed = false;
+                w.listed = false;
                 continue;
             }
             Ok(Event::InitApply(p)) | Ok(Event::Apply(p)) => {
-                listed = true;
+                w.listed = true;
                 m.observe(Observation::Pod(view_of(&p)))
             }
-            Ok(Event::InitDone) if listed => continue,
+            Ok(Event::InitDone) if w.listed => continue,
             Ok(Event::InitDone) | Ok(Event::Delete(_)) => m.observe(Observation::Gone),
             Err(e) => {
                 tracing::warn!(pod = %name, error = %e, "pod watch failed; the watcher retries with backoff");
                 continue;
             }
         };
-        if !matches!(step, Step::Observe { .. }) {
+        if !matches!(step, Step::Observe { .. }) || m.has_transitions() {
             return step;
         }
     }

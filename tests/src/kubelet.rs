@@ -233,13 +233,33 @@ async fn run(client: Client, opts: KubeletOptions) {
         if opts.run_pods && phase == "Pending" {
             let first = started.lock().map(|mut s| s.insert(uid)).unwrap_or(false);
             if first {
-                let status = json!({"status": {
-                    "phase": "Running",
-                    "startTime": now_rfc3339(),
-                    "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339()}],
-                }});
-                if let Err(e) = patch_status(&client, &ns, &name, &status).await {
-                    eprintln!("simulated kubelet: {e:#}");
+                // Only a pod that is still Pending: a test may have ended it meanwhile,
+                // and a kubelet never resurrects a finished pod.
+                let now = now_rfc3339();
+                let patch = json!([
+                    {"op": "test", "path": "/status/phase", "value": "Pending"},
+                    {"op": "replace", "path": "/status/phase", "value": "Running"},
+                    {"op": "add", "path": "/status/startTime", "value": now},
+                    {"op": "add", "path": "/status/conditions", "value": [
+                        {"type": "Ready", "status": "True", "lastTransitionTime": now}
+                    ]},
+                ]);
+                let patch: json_patch::Patch = match serde_json::from_value(patch) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        eprintln!("simulated kubelet: bad patch: {e}");
+                        continue;
+                    }
+                };
+                match api
+                    .patch_status(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    // The test op failed (no longer Pending) or the pod is gone.
+                    Err(kube::Error::Api(s)) if s.code == 422 || s.code == 404 || s.code == 409 => {
+                    }
+                    Err(e) => eprintln!("simulated kubelet: marking {ns}/{name} Running: {e}"),
                 }
             }
         }

@@ -12,6 +12,7 @@
 pub mod audit_log;
 pub mod binaries;
 pub mod control_plane;
+pub mod guard_task;
 pub mod kubelet;
 pub mod pods;
 pub mod process;

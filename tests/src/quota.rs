@@ -2,6 +2,8 @@
 //! `status.hard`/`status.used` by hand; the ResourceQuota admission plugin then
 //! charges every admitted Create to `status.used`, exactly as in a cluster.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -14,8 +16,24 @@ pub const QUOTA: &str = "pods";
 /// Creates (or updates) quota `pods` in `ns` with `hard` pods and sets its
 /// status to `used` of `hard`.
 pub async fn set_pods_quota(client: &Client, ns: &str, hard: u32, used: u32) -> Result<()> {
+    let (h, u) = (hard.to_string(), used.to_string());
+    set_quota(client, ns, &[("pods", &h)], &[("pods", &u)]).await
+}
+
+/// Creates (or updates) quota `pods` in `ns` with `hard` limits, and sets its
+/// status to `hard` and `used` (resource, quantity) as the quota controller would.
+pub async fn set_quota(
+    client: &Client,
+    ns: &str,
+    hard: &[(&str, &str)],
+    used: &[(&str, &str)],
+) -> Result<()> {
     let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
-    let hard_q = Quantity(hard.to_string());
+    let map = |kv: &[(&str, &str)]| -> BTreeMap<String, Quantity> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+            .collect()
+    };
     if api.get_opt(QUOTA).await?.is_none() {
         let rq = ResourceQuota {
             metadata: ObjectMeta {
@@ -23,7 +41,7 @@ pub async fn set_pods_quota(client: &Client, ns: &str, hard: u32, used: u32) -> 
                 ..Default::default()
             },
             spec: Some(ResourceQuotaSpec {
-                hard: Some([("pods".to_string(), hard_q.clone())].into()),
+                hard: Some(map(hard)),
                 ..Default::default()
             }),
             ..Default::default()
@@ -32,13 +50,11 @@ pub async fn set_pods_quota(client: &Client, ns: &str, hard: u32, used: u32) -> 
             .await
             .with_context(|| format!("creating quota {ns}/{QUOTA}"))?;
     } else {
-        let spec = serde_json::json!({"spec": {"hard": {"pods": hard.to_string()}}});
+        let spec = serde_json::json!({"spec": {"hard": map(hard)}});
         api.patch(QUOTA, &PatchParams::default(), &Patch::Merge(&spec))
             .await?;
     }
-    let status = serde_json::json!({
-        "status": {"hard": {"pods": hard.to_string()}, "used": {"pods": used.to_string()}}
-    });
+    let status = serde_json::json!({"status": {"hard": map(hard), "used": map(used)}});
     api.patch_status(QUOTA, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .with_context(|| format!("setting the status of quota {ns}/{QUOTA}"))?;

@@ -1,0 +1,369 @@
+//! The guard against a real kube-apiserver, with the simulated kubelet;
+//! requests are counted from the apiserver's audit log. The guard runs as
+//! user `alice`, so its requests are told apart from the test's own.
+
+use std::time::{Duration, Instant};
+
+use graceguard::adoption::{Adopter, DoneAction};
+use graceguard::naming::{ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL};
+use graceguard::FailureKind;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::Api;
+use testbed::audit_log::AuditEvent;
+use testbed::guard_task::{spec, summary, RunningTask};
+use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
+use testbed::pods::{self, CreateOutcome};
+use testbed::{quota, TestBed, TestBedOptions};
+
+type R = anyhow::Result<()>;
+
+const MIN: Duration = Duration::from_secs(60);
+
+fn alice_creates(e: &AuditEvent, ns: &str) -> bool {
+    e.is("create", "pods", ns) && e.user.username == "alice"
+}
+
+async fn bed() -> anyhow::Result<(TestBed, String, kube::Client)> {
+    let bed = TestBed::start_with(TestBedOptions { audit: true }).await?;
+    let ns = bed.namespace("guard").await?;
+    let alice = bed.client_as("alice").await?;
+    Ok((bed, ns, alice))
+}
+
+/// Waits until the audit log has at least `n` events matching `pred`
+/// (it is written as requests complete).
+async fn audit_count(
+    bed: &TestBed,
+    n: usize,
+    pred: impl Fn(&AuditEvent) -> bool,
+) -> anyhow::Result<usize> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let c = bed.audit_log()?.count(&pred)?;
+        if c >= n || Instant::now() > deadline {
+            return Ok(c);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempted_attempt_is_waited_out_then_one_create_under_the_next_name() -> R {
+    let (bed, ns, alice) = bed().await?;
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let mut task = RunningTask::start(alice, spec("train", &ns), pods::task_pod("template", 30));
+    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
+        .await?;
+
+    // kube-scheduler marks the pod, then deletes it gracefully (the flyteorg/flyte#8066 trigger).
+    kubelet
+        .mark_disruption_target(
+            &ns,
+            "train-0",
+            "PreemptionByScheduler",
+            "Preempted by a pod on node node-1",
+        )
+        .await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    pods::delete_gracefully(&api, "train-0", None).await?;
+    let t = task.wait_for(MIN, |t| t.phase == "ShuttingDown").await?;
+    assert_eq!(t.reason.as_deref(), Some("PreemptionByScheduler"));
+
+    // While the old pod exists (Terminating for up to 30 s), no Create at all.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(api
+        .get("train-0")
+        .await?
+        .metadata
+        .deletion_timestamp
+        .is_some());
+    assert_eq!(
+        bed.audit_log()?.count(|e| alice_creates(e, &ns))?,
+        1,
+        "only attempt 0's Create so far"
+    );
+
+    kubelet.finish_deletion(&ns, "train-0").await?;
+    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 1)
+        .await?;
+    kubelet.end_pod(&ns, "train-1", Terminal::Succeeded).await?;
+    let (outcome, seen) = task.finish(MIN).await?;
+    assert!(outcome.succeeded, "{outcome:?}");
+    assert_eq!(
+        outcome.user_failures, 0,
+        "the user's retry budget is untouched"
+    );
+    assert_eq!(outcome.attempts, 2);
+    assert_eq!(
+        summary(&seen),
+        [
+            "Launching@0",
+            "Queued@0",
+            "Running@0",
+            "ShuttingDown/PreemptionByScheduler@0",
+            "Launching@1",
+            "Queued@1",
+            "Running@1",
+            "Succeeded@1"
+        ]
+    );
+    // Exactly one Create after the old pod was gone, under the next name.
+    let creates: Vec<String> = bed
+        .audit_log()?
+        .events()?
+        .into_iter()
+        .filter(|e| alice_creates(e, &ns))
+        .map(|e| e.name().to_string())
+        .collect();
+    assert_eq!(creates, ["train-0", "train-1"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_quota_is_waited_out_with_backoff_without_spending_attempts() -> R {
+    let (bed, ns, alice) = bed().await?;
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    quota::set_pods_quota(&bed.client, &ns, 1, 1).await?;
+    let mut task = RunningTask::start(alice, spec("wait", &ns), pods::task_pod("template", 30));
+    task.wait_for(MIN, |t| t.phase == "WaitingForResources")
+        .await?;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    // Backoff 1, 2, 4, 8 s (+ jitter up to 2x): about log2(20) Creates, not hundreds.
+    let refused = bed.audit_log()?.count(|e| alice_creates(e, &ns))?;
+    assert!(
+        (3..=7).contains(&refused),
+        "{refused} Creates in {:?} of full quota",
+        started.elapsed()
+    );
+    assert!(task.seen.iter().all(|t| t.attempt == 0), "{:?}", task.seen);
+
+    quota::set_pods_quota(&bed.client, &ns, 1, 0).await?;
+    let queued = task
+        .wait_for(Duration::from_secs(90), |t| t.phase == "Queued")
+        .await?;
+    assert_eq!(queued.pod, "wait-0", "no attempt was consumed");
+    task.wait_for(MIN, |t| t.phase == "Running").await?;
+    kubelet.end_pod(&ns, "wait-0", Terminal::Succeeded).await?;
+    let (outcome, seen) = task.finish(MIN).await?;
+    assert!(outcome.succeeded);
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(
+        summary(&seen),
+        [
+            "Launching@0",
+            "WaitingForResources@0",
+            "Queued@0",
+            "Running@0",
+            "Succeeded@0"
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_larger_than_the_hard_limit_fails_at_once() -> R {
+    let (bed, ns, alice) = bed().await?;
+    quota::set_quota(
+        &bed.client,
+        &ns,
+        &[("pods", "10"), ("requests.cpu", "1")],
+        &[("pods", "0"), ("requests.cpu", "0")],
+    )
+    .await?;
+    let mut template = pods::task_pod("template", 30);
+    if let Some(c) = template
+        .spec
+        .as_mut()
+        .and_then(|s| s.containers.first_mut())
+    {
+        c.resources = Some(ResourceRequirements {
+            requests: Some([("cpu".to_string(), Quantity("2".into()))].into()),
+            ..Default::default()
+        });
+    }
+    let task = RunningTask::start(alice, spec("big", &ns), template);
+    let (outcome, seen) = task.finish(MIN).await?;
+    assert!(!outcome.succeeded);
+    assert_eq!(outcome.failure_kind, Some(FailureKind::User));
+    let reason = outcome.reason.unwrap_or_default();
+    assert!(
+        reason.starts_with("ResourceRequestsExceedLimits"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("cpu=2") && reason.contains("cpu=1"),
+        "{reason}"
+    );
+    assert_eq!(
+        summary(&seen),
+        ["Launching@0", "Failed/ResourceRequestsExceedLimits@0"]
+    );
+    assert_eq!(audit_count(&bed, 1, |e| alice_creates(e, &ns)).await?, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_pod_holding_the_name_is_a_name_conflict_not_queued() -> R {
+    let (bed, ns, alice) = bed().await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert_eq!(
+        pods::create(&api, &pods::task_pod("report-0", 30)).await?,
+        CreateOutcome::Created
+    );
+    let task = RunningTask::start(alice, spec("report", &ns), pods::task_pod("template", 30));
+    let (outcome, seen) = task.finish(MIN).await?;
+    assert_eq!(outcome.failure_kind, Some(FailureKind::System));
+    assert!(
+        outcome
+            .reason
+            .clone()
+            .unwrap_or_default()
+            .starts_with("NameConflict"),
+        "{outcome:?}"
+    );
+    assert!(seen.iter().all(|t| t.phase != "Queued"), "{seen:?}");
+    assert_eq!(summary(&seen), ["Launching@0", "Failed/NameConflict@0"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_deletions_in_a_row_fail_the_task_as_a_system_failure() -> R {
+    let (bed, ns, alice) = bed().await?;
+    // Pods never reach Running; every deletion finishes at once.
+    let _kubelet = Kubelet::start(
+        bed.client.clone(),
+        KubeletOptions {
+            run_pods: false,
+            finish_deletions: FinishDeletions::AfterShareOfGrace(0.0),
+            ..Default::default()
+        },
+    );
+    let mut task = RunningTask::start(alice, spec("flaky", &ns), pods::task_pod("template", 30));
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    for attempt in 0..3 {
+        let t = task
+            .wait_for(MIN, |t| t.phase == "Queued" && t.attempt == attempt)
+            .await?;
+        pods::delete_gracefully(&api, &t.pod, None).await?;
+    }
+    let (outcome, seen) = task.finish(MIN).await?;
+    assert!(!outcome.succeeded);
+    assert_eq!(outcome.failure_kind, Some(FailureKind::System));
+    let reason = outcome.reason.unwrap_or_default();
+    assert!(reason.contains("3 consecutive system failures"), "{reason}");
+    assert_eq!(outcome.user_failures, 0);
+    assert_eq!(outcome.system_failures, 3);
+    assert_eq!(seen.last().map(|t| t.attempt), Some(2));
+    assert_eq!(audit_count(&bed, 3, |e| alice_creates(e, &ns)).await?, 3);
+    Ok(())
+}
+
+fn managed_pod(name: &str, instance: &str) -> Pod {
+    let mut p = pods::task_pod(name, 30);
+    let labels = p.metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+    labels.insert(INSTANCE_LABEL.into(), instance.into());
+    labels.insert(TASK_LABEL.into(), name.trim_end_matches("-0").into());
+    labels.insert(ATTEMPT_LABEL.into(), "0".into());
+    p
+}
+
+async fn lease(bed: &TestBed, ns: &str, instance: &str, renewed_secs_ago: i64) -> R {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let renewed = k8s_openapi::jiff::Timestamp::from_second(now - renewed_secs_ago)?;
+    let l = Lease {
+        metadata: ObjectMeta {
+            name: Some(graceguard::lease::lease_name(instance)),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(instance.into()),
+            lease_duration_seconds: Some(30),
+            renew_time: Some(MicroTime(renewed)),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(bed.client.clone(), ns)
+        .create(&PostParams::default(), &l)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
+    let (bed, ns, alice) = bed().await?;
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    lease(&bed, &ns, "dead-exec", 600).await?;
+    lease(&bed, &ns, "live-exec", 0).await?;
+    for i in 0..30 {
+        let name = format!("old-{i}-0");
+        api.create(&PostParams::default(), &managed_pod(&name, "dead-exec"))
+            .await?;
+        let phase = if i % 3 == 0 {
+            Terminal::Failed
+        } else {
+            Terminal::Succeeded
+        };
+        kubelet.end_pod(&ns, &name, phase).await?;
+    }
+    for i in 0..5 {
+        api.create(
+            &PostParams::default(),
+            &managed_pod(&format!("live-{i}-0"), "live-exec"),
+        )
+        .await?;
+    }
+
+    let mut adopter = Adopter::new(alice, &ns, "me", DoneAction::Label);
+    let mut reported = Vec::new();
+    for round in 0..50 {
+        // Ongoing events: the live instance's pods keep changing.
+        let patch = serde_json::json!({"metadata": {"annotations": {"round": round.to_string()}}});
+        api.patch(
+            &format!("live-{}-0", round % 5),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        if round == 10 {
+            // A live instance's pod completing is its own business.
+            kubelet
+                .end_pod(&ns, "live-0-0", Terminal::Succeeded)
+                .await?;
+        }
+        reported.extend(adopter.sync(Duration::from_millis(300)).await?);
+    }
+    let mut names: Vec<String> = reported.iter().map(|c| c.name.clone()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(
+        reported.len(),
+        30,
+        "each completed pod reported exactly once"
+    );
+    assert_eq!(names.len(), 30);
+    assert!(names.iter().all(|n| n.starts_with("old-")), "{names:?}");
+    assert_eq!(adopter.in_flight(), 0, "drained from memory");
+
+    let patches = audit_count(&bed, 30, |e| {
+        e.verb == "patch"
+            && e.user.username == "alice"
+            && e.object_ref.as_ref().is_some_and(|o| o.resource == "pods")
+    })
+    .await?;
+    assert_eq!(
+        patches, 30,
+        "done-marking PATCHes (apache/airflow#68683 would make ~1500)"
+    );
+    let done = api
+        .list(&kube::api::ListParams::default().labels("graceguard.io/done=true"))
+        .await?;
+    assert_eq!(done.items.len(), 30);
+    Ok(())
+}
