@@ -1,0 +1,202 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "graceguard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name of the release's objects; also the Service name, so a DNS label (63). */}}
+{{- define "graceguard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "graceguard.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "graceguard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "graceguard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{/* Labels of every object, without the component. */}}
+{{- define "graceguard.baseLabels" -}}
+helm.sh/chart: {{ include "graceguard.chart" . }}
+app.kubernetes.io/name: {{ include "graceguard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: graceguard
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "graceguard.labels" -}}
+{{ include "graceguard.baseLabels" . }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{- define "graceguard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "graceguard.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The webhook image: repository@digest when a digest is set, else repository:tag. */}}
+{{- define "graceguard.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Secret holding tls.crt and tls.key (and ca.crt, except for some existing Secrets). */}}
+{{- define "graceguard.tlsSecretName" -}}
+{{- if eq .Values.certs.mode "existingSecret" }}
+{{- required "certs.existingSecret.name is required when certs.mode is existingSecret" .Values.certs.existingSecret.name }}
+{{- else }}
+{{- printf "%s-tls" (include "graceguard.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the cert-manager Certificate (certManager mode). */}}
+{{- define "graceguard.certificateName" -}}
+{{- printf "%s-serving" (include "graceguard.fullname" .) }}
+{{- end }}
+
+{{/* DNS names of the webhook Service, as a JSON list; the first is what the API server dials. */}}
+{{- define "graceguard.serviceDNSNames" -}}
+{{- $svc := include "graceguard.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- list (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain) (printf "%s.%s" $svc $ns) $svc | toJson }}
+{{- end }}
+
+{{/*
+The self-signed CA and serving pair, as JSON {"ca.crt","tls.crt","tls.key"
+(base64), "notAfter", "dnsNames"}. The Secret and the webhook configurations
+both need the same pair, so it is computed once per render and kept on the
+root context. An existing Secret (found with lookup) is reused as long as it
+was made for the same DNS names and does not expire within
+certs.selfSigned.renewBeforeDays: upgrades do not rotate the CA by surprise.
+Offline renders (helm template, lint) cannot look up and always generate.
+*/}}
+{{- define "graceguard.selfSignedTLS" -}}
+{{- if not (hasKey . "graceguardSelfSignedTLS") }}
+{{- $cfg := .Values.certs.selfSigned }}
+{{- $dnsNames := include "graceguard.serviceDNSNames" . | fromJsonArray }}
+{{- $dnsJoined := join "," $dnsNames }}
+{{- $tls := dict }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "graceguard.tlsSecretName" .) }}
+{{- if and $existing $existing.data $existing.metadata.annotations }}
+{{- $data := $existing.data }}
+{{- $ann := $existing.metadata.annotations }}
+{{- $notAfter := get $ann "graceguard.io/not-after" }}
+{{- if and (get $data "ca.crt") (get $data "tls.crt") (get $data "tls.key") $notAfter (eq (get $ann "graceguard.io/dns-names") $dnsJoined) }}
+{{- $expires := toDate "2006-01-02T15:04:05Z07:00" $notAfter | unixEpoch | atoi }}
+{{- $renewAt := sub $expires (mul (int $cfg.renewBeforeDays) 86400) }}
+{{- if lt (now | unixEpoch | atoi) $renewAt }}
+{{- $tls = dict "ca.crt" (get $data "ca.crt") "tls.crt" (get $data "tls.crt") "tls.key" (get $data "tls.key") "notAfter" $notAfter }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if not $tls }}
+{{- $days := int $cfg.validityDays }}
+{{- $ca := genCA (printf "%s-ca" (include "graceguard.fullname" .)) $days }}
+{{- $cert := genSignedCert (first $dnsNames) nil $dnsNames $days $ca }}
+{{- $notAfter := dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify (printf "+%dh" (mul $days 24))) "UTC" }}
+{{- $tls = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "notAfter" $notAfter }}
+{{- end }}
+{{- $_ := set $tls "dnsNames" $dnsJoined }}
+{{- $_ := set . "graceguardSelfSignedTLS" $tls }}
+{{- end }}
+{{- get . "graceguardSelfSignedTLS" | toJson }}
+{{- end }}
+
+{{/* caBundle for the webhook configurations; empty in certManager mode (injected). */}}
+{{- define "graceguard.caBundle" -}}
+{{- if eq .Values.certs.mode "selfSigned" }}
+{{- get (include "graceguard.selfSignedTLS" . | fromJson) "ca.crt" }}
+{{- else if eq .Values.certs.mode "existingSecret" }}
+{{- if .Values.certs.existingSecret.caBundle }}
+{{- .Values.certs.existingSecret.caBundle }}
+{{- else }}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace (include "graceguard.tlsSecretName" .) }}
+{{- $ca := "" }}
+{{- if and $secret $secret.data }}
+{{- $ca = get $secret.data "ca.crt" }}
+{{- end }}
+{{- if not $ca }}
+{{- fail (printf "certs.existingSecret.caBundle is empty and Secret %s/%s has no ca.crt (or cannot be read at render time, e.g. helm template): set certs.existingSecret.caBundle to the base64 PEM CA that signed the serving certificate" .Release.Namespace (include "graceguard.tlsSecretName" .)) }}
+{{- end }}
+{{- $ca }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Annotations of the webhook configurations: cert-manager's CA injection, or nothing. */}}
+{{- define "graceguard.webhookAnnotations" -}}
+{{- if eq .Values.certs.mode "certManager" -}}
+cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "graceguard.certificateName" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+clientConfig of one webhook. Call with (dict "root" $ "path" "/validate/pods").
+*/}}
+{{- define "graceguard.webhookClientConfig" -}}
+{{- $root := .root -}}
+clientConfig:
+  service:
+    name: {{ include "graceguard.fullname" $root }}
+    namespace: {{ $root.Release.Namespace }}
+    path: {{ .path }}
+    port: {{ $root.Values.service.port }}
+  {{- $ca := include "graceguard.caBundle" $root }}
+  {{- if $ca }}
+  caBundle: {{ $ca }}
+  {{- end }}
+{{- end }}
+
+{{/*
+What every webhook skips: kube-system (and excludeNamespaces), the release
+namespace, namespaces labelled graceguard.io/ignore=true and pods labelled
+graceguard.io/ignore=true.
+*/}}
+{{- define "graceguard.webhookSelectors" -}}
+{{- $excluded := concat .Values.webhooks.excludeNamespaces (list .Release.Namespace) | uniq -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- toYaml $excluded | nindent 8 }}
+    - key: graceguard.io/ignore
+      operator: NotIn
+      values: ["true"]
+objectSelector:
+  matchExpressions:
+    - key: graceguard.io/ignore
+      operator: NotIn
+      values: ["true"]
+{{- end }}
+
+{{/* A duration of the form N(ms|s|m|h), as whole seconds (rounded up). */}}
+{{- define "graceguard.durationSeconds" -}}
+{{- $n := regexFind "^[0-9]+" . | int }}
+{{- $unit := regexReplaceAll "^[0-9]+" . "" }}
+{{- if eq $unit "ms" }}{{ div (add $n 999) 1000 }}
+{{- else if eq $unit "s" }}{{ $n }}
+{{- else if eq $unit "m" }}{{ mul $n 60 }}
+{{- else if eq $unit "h" }}{{ mul $n 3600 }}
+{{- else }}{{ fail (printf "%q is not a duration of the form N(ms|s|m|h)" .) }}
+{{- end }}
+{{- end }}

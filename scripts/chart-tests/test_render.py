@@ -1,0 +1,472 @@
+"""Render charts/graceguard with the real Helm engine and assert on the parsed
+objects: for every ci/*-values.yaml, then for the options those files do not
+cover."""
+
+from __future__ import annotations
+
+import base64
+import unittest
+from typing import Any
+
+import helm_python as helm
+
+import chartlib as cl
+from chartlib import NAMESPACE, RELEASE
+
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
+# Every apiVersion the chart may render, and what serves it.
+KNOWN_APIS = {
+    "v1", "apps/v1", "policy/v1", "policy/v1beta1", "rbac.authorization.k8s.io/v1",
+    "admissionregistration.k8s.io/v1", "cert-manager.io/v1", "monitoring.coreos.com/v1",
+}
+WEBHOOKS = {
+    # values key: (webhook name, kind, path, operation, resource)
+    "collisionGuard": ("collision-guard.graceguard.io", "ValidatingWebhookConfiguration", "/validate/pods", "CREATE", "pods"),
+    "disruptionTagger": ("disruption-tagger.graceguard.io", "MutatingWebhookConfiguration", "/mutate/pods-status", "UPDATE", "pods/status"),
+    "deletionAudit": ("deletion-audit.graceguard.io", "ValidatingWebhookConfiguration", "/validate/pods-delete", "DELETE", "pods"),
+}
+IGNORE_EXPR = {"key": "graceguard.io/ignore", "operator": "NotIn", "values": ["true"]}
+
+
+def seconds(duration: str) -> float:
+    for unit, mult in (("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600)):
+        if duration.endswith(unit) and duration[: -len(unit)].isdigit():
+            return int(duration[: -len(unit)]) * mult
+    raise ValueError(duration)
+
+
+class PerValuesFile:
+    """Checks that hold for every ci values file. Subclassed once per file below."""
+
+    values_file: str
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.values = cl.load_values(cl.CI_DIR / cls.values_file)
+        cls.merged = cl.chart().merge_values(cls.values)
+        cls.r = cl.render_objects(cls.values)
+        cls.fullname = cls.merged.get("fullnameOverride") or RELEASE
+
+    # -- helpers
+    def deployment(self) -> dict[str, Any]:
+        return self.r.one("Deployment")
+
+    def pod_spec(self) -> dict[str, Any]:
+        return self.deployment()["spec"]["template"]["spec"]
+
+    def container(self) -> dict[str, Any]:
+        containers = self.pod_spec()["containers"]
+        self.assertEqual(len(containers), 1)
+        return containers[0]
+
+    # -- checks
+    def test_objects_are_labelled_and_namespaced(self) -> None:
+        self.assertTrue(self.r.objects)
+        for o in self.r.objects:
+            md = o["metadata"]
+            what = f"{o['kind']}/{md['name']}"
+            labels = md.get("labels") or {}
+            self.assertEqual(labels.get("app.kubernetes.io/instance"), RELEASE, what)
+            self.assertEqual(labels.get("app.kubernetes.io/name"), "graceguard", what)
+            self.assertEqual(labels.get("app.kubernetes.io/managed-by"), "Helm", what)
+            self.assertEqual(labels.get("app.kubernetes.io/version"), "0.1.0", what)
+            self.assertEqual(labels.get("helm.sh/chart"), "graceguard-0.1.0", what)
+            if o["kind"] in CLUSTER_SCOPED:
+                self.assertNotIn("namespace", md, what)
+            else:
+                self.assertEqual(md.get("namespace"), NAMESPACE, what)
+            self.assertLessEqual(len(md["name"]), 63 if o["kind"] in ("Service", "Deployment") else 253, what)
+
+    def test_only_known_served_apis(self) -> None:
+        for o in self.r.objects:
+            self.assertIn(o["apiVersion"], KNOWN_APIS, f"{o['kind']} {o['apiVersion']}")
+        # Offline, the cluster serves no ServiceMonitor: none is rendered even when enabled.
+        self.assertEqual(self.r.of_kind("ServiceMonitor"), [])
+        mode = self.merged["certs"]["mode"]
+        cm_kinds = {o["kind"] for o in self.r.objects if o["apiVersion"] == "cert-manager.io/v1"}
+        if mode == "certManager":
+            self.assertIn("Certificate", cm_kinds)
+        else:
+            self.assertEqual(cm_kinds, set())
+
+    def test_webhook_configurations(self) -> None:
+        wcfg = self.merged["webhooks"]
+        rendered_names = {wh["name"] for cfg in self.r.webhook_configurations() for wh in cfg["webhooks"]}
+        expected_names = {WEBHOOKS[k][0] for k in WEBHOOKS if wcfg[k]["enabled"]}
+        self.assertEqual(rendered_names, expected_names)
+        service = self.r.one("Service")
+        https_port = next(p for p in service["spec"]["ports"] if p["name"] == "https")
+        excluded = set(wcfg["excludeNamespaces"]) | {NAMESPACE, "kube-system"}
+        for key, (name, kind, path, op, resource) in WEBHOOKS.items():
+            if not wcfg[key]["enabled"]:
+                continue
+            cfg, wh = self.r.webhook(name)
+            self.assertEqual(cfg["kind"], kind, name)
+            self.assertEqual(len(cfg["webhooks"]), 1, name)
+            self.assertEqual(wh["rules"], [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": [op],
+                "resources": [resource], "scope": "Namespaced",
+            }], name)
+            want_policy = wcfg["collisionGuard"]["failurePolicy"] if key == "collisionGuard" else "Ignore"
+            self.assertEqual(wh["failurePolicy"], want_policy, name)
+            self.assertEqual(wh["sideEffects"], "None", name)
+            self.assertEqual(wh["matchPolicy"], "Equivalent", name)
+            self.assertEqual(wh["timeoutSeconds"], wcfg["timeoutSeconds"], name)
+            self.assertEqual(wh["admissionReviewVersions"], ["v1"], name)
+            if kind == "MutatingWebhookConfiguration":
+                self.assertEqual(wh["reinvocationPolicy"], "Never", name)
+            svc = wh["clientConfig"]["service"]
+            self.assertEqual(svc, {"name": service["metadata"]["name"], "namespace": NAMESPACE,
+                                   "path": path, "port": https_port["port"]}, name)
+            self.assertNotIn("url", wh["clientConfig"])
+            exprs = wh["namespaceSelector"]["matchExpressions"]
+            by_name = [e for e in exprs if e["key"] == "kubernetes.io/metadata.name"]
+            self.assertEqual(len(by_name), 1, name)
+            self.assertEqual(by_name[0]["operator"], "NotIn")
+            self.assertEqual(set(by_name[0]["values"]), excluded, name)
+            self.assertIn(IGNORE_EXPR, exprs, name)
+            self.assertNotIn("matchLabels", wh["namespaceSelector"])
+            self.assertEqual(wh["objectSelector"], {"matchExpressions": [IGNORE_EXPR]}, name)
+
+    def test_certificates(self) -> None:
+        mode = self.merged["certs"]["mode"]
+        volumes = {v["name"]: v for v in self.pod_spec()["volumes"]}
+        secret_name = volumes["tls"]["secret"]["secretName"]
+        self.assertEqual({i["key"] for i in volumes["tls"]["secret"]["items"]}, {"tls.crt", "tls.key"})
+        mount = next(m for m in self.container()["volumeMounts"] if m["name"] == "tls")
+        self.assertTrue(mount["readOnly"])
+        args = self.container()["args"]
+        self.assertIn(f"--tls-cert={mount['mountPath']}/tls.crt", args)
+        self.assertIn(f"--tls-key={mount['mountPath']}/tls.key", args)
+        configs = self.r.webhook_configurations()
+        if mode == "selfSigned":
+            secret = self.r.one("Secret", secret_name)
+            self.assertEqual(secret["type"], "kubernetes.io/tls")
+            ca_b64 = secret["data"]["ca.crt"]
+            for cfg in configs:
+                self.assertNotIn("cert-manager.io/inject-ca-from", (cfg["metadata"].get("annotations") or {}))
+                for wh in cfg["webhooks"]:
+                    # One CA for the Secret and every webhook (computed once per render).
+                    self.assertEqual(wh["clientConfig"].get("caBundle"), ca_b64, wh["name"])
+            ca_pem, crt_pem = cl.b64pem(ca_b64), cl.b64pem(secret["data"]["tls.crt"])
+            self.assertIn("BEGIN CERTIFICATE", ca_pem)
+            self.assertIn("PRIVATE KEY", cl.b64pem(secret["data"]["tls.key"]))
+            cl.verify_chain(ca_pem, crt_pem)
+            self.assertIn(f"{self.fullname}.{NAMESPACE}.svc", cl.cert_dns_names(crt_pem))
+            ann = secret["metadata"]["annotations"]
+            self.assertIn("graceguard.io/not-after", ann)
+            self.assertIn(f"{self.fullname}.{NAMESPACE}.svc", ann["graceguard.io/dns-names"].split(","))
+        elif mode == "certManager":
+            cert = self.r.one("Certificate")
+            self.assertEqual(cert["spec"]["secretName"], secret_name)
+            self.assertIn(f"{self.fullname}.{NAMESPACE}.svc", cert["spec"]["dnsNames"])
+            self.assertIn("server auth", cert["spec"]["usages"])
+            self.assertEqual(self.r.of_kind("Secret"), [])
+            for cfg in configs:
+                self.assertEqual(cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                                 f"{NAMESPACE}/{cert['metadata']['name']}")
+                for wh in cfg["webhooks"]:
+                    self.assertNotIn("caBundle", wh["clientConfig"], wh["name"])
+            ref = cert["spec"]["issuerRef"]
+            if self.merged["certs"]["certManager"]["issuerRef"]:
+                self.assertEqual(self.r.of_kind("Issuer"), [])
+            else:
+                issuer = self.r.one("Issuer", ref["name"])
+                self.assertEqual(issuer["spec"], {"selfSigned": {}})
+        elif mode == "existingSecret":
+            self.assertEqual(secret_name, self.merged["certs"]["existingSecret"]["name"])
+            self.assertEqual(self.r.of_kind("Secret"), [])
+            want = self.merged["certs"]["existingSecret"]["caBundle"]
+            self.assertTrue(want)
+            for cfg in configs:
+                for wh in cfg["webhooks"]:
+                    self.assertEqual(wh["clientConfig"]["caBundle"], want)
+        else:
+            self.fail(f"unknown certs.mode {mode}")
+
+    def test_rbac_is_read_only_pods_and_namespaces(self) -> None:
+        role = self.r.one("ClusterRole")
+        self.assertEqual(len(role["rules"]), 1)
+        rule = role["rules"][0]
+        self.assertEqual(rule["apiGroups"], [""])
+        self.assertEqual(sorted(rule["resources"]), ["namespaces", "pods"])
+        self.assertEqual(sorted(rule["verbs"]), ["get", "list", "watch"])
+        self.assertEqual(set(rule), {"apiGroups", "resources", "verbs"})
+        self.assertEqual(self.r.of_kind("Role") + self.r.of_kind("RoleBinding"), [])
+        binding = self.r.one("ClusterRoleBinding")
+        self.assertEqual(binding["roleRef"], {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                              "name": role["metadata"]["name"]})
+        sa = self.r.one("ServiceAccount")
+        self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                                "namespace": NAMESPACE}])
+        self.assertEqual(self.pod_spec()["serviceAccountName"], sa["metadata"]["name"])
+
+    def test_security_context(self) -> None:
+        for what, spec in (("deployment", self.pod_spec()), ("helm test pod", self.r.one("Pod")["spec"])):
+            psc = spec["securityContext"]
+            self.assertIs(psc["runAsNonRoot"], True, what)
+            self.assertNotEqual(psc.get("runAsUser", 65532), 0, what)
+            self.assertEqual(psc["seccompProfile"], {"type": "RuntimeDefault"}, what)
+            self.assertFalse(spec.get("hostNetwork", False) or spec.get("hostPID", False) or spec.get("hostIPC", False), what)
+            for c in spec["containers"]:
+                sc = c["securityContext"]
+                self.assertIs(sc["readOnlyRootFilesystem"], True, what)
+                self.assertIs(sc["allowPrivilegeEscalation"], False, what)
+                self.assertIs(sc["runAsNonRoot"], True, what)
+                self.assertIs(sc.get("privileged", False), False, what)
+                self.assertEqual(sc["capabilities"], {"drop": ["ALL"]}, what)
+                self.assertEqual(sc["seccompProfile"], {"type": "RuntimeDefault"}, what)
+                self.assertIn("requests", c["resources"], what)
+                self.assertIn("limits", c["resources"], what)
+        self.assertIs(self.r.one("Pod")["spec"]["automountServiceAccountToken"], False)
+
+    def test_pod_disruption_budget_only_with_replicas(self) -> None:
+        replicas = self.merged["replicaCount"]
+        self.assertEqual(self.deployment()["spec"]["replicas"], replicas)
+        pdbs = self.r.of_kind("PodDisruptionBudget")
+        if replicas > 1:
+            self.assertEqual(len(pdbs), 1)
+            pdb = pdbs[0]
+            # Offline, Helm v4 reports policy/v1 as served (Kubernetes 1.21+).
+            self.assertEqual(pdb["apiVersion"], "policy/v1")
+            self.assertEqual(pdb["spec"]["selector"]["matchLabels"], self.deployment()["spec"]["selector"]["matchLabels"])
+            self.assertEqual(len({"minAvailable", "maxUnavailable"} & set(pdb["spec"])), 1)
+        else:
+            self.assertEqual(pdbs, [])
+
+    def test_deployment_wiring(self) -> None:
+        dep = self.deployment()
+        selector = dep["spec"]["selector"]["matchLabels"]
+        pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+        self.assertLessEqual(selector.items(), pod_labels.items())
+        c = self.container()
+        args = c["args"]
+        self.assertEqual(args[0], "serve")
+        cfg = self.merged["config"]
+        self.assertEqual(args[1:5], ["--listen=0.0.0.0:8443", "--health-listen=0.0.0.0:8080",
+                                     "--tls-cert=/etc/graceguard/tls/tls.crt", "--tls-key=/etc/graceguard/tls/tls.key"])
+        self.assertEqual(args[5:], self.merged["extraArgs"])
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        want_env = {
+            "GRACEGUARD_MODE": cfg["mode"], "GRACEGUARD_CONFIRM_CACHE_TTL": cfg["confirmCacheTTL"],
+            "GRACEGUARD_CONFIRM_TIMEOUT": cfg["confirmTimeout"], "GRACEGUARD_LIVELOCK_THRESHOLD": str(cfg["livelockThreshold"]),
+            "GRACEGUARD_LIVELOCK_WINDOW": cfg["livelockWindow"], "GRACEGUARD_MAX_BODY_BYTES": str(cfg["maxBodyBytes"]),
+            "GRACEGUARD_CERT_RELOAD_INTERVAL": cfg["certReloadInterval"], "GRACEGUARD_SHUTDOWN_GRACE": cfg["shutdownGrace"],
+        }
+        self.assertEqual({k: env.get(k) for k in want_env}, want_env)
+        # Every flag given on the command line is a distinct one (clap refuses repeats).
+        flags = [a.split("=", 1)[0] for a in args[1:] if a.startswith("--")]
+        self.assertEqual(len(flags), len(set(flags)), args)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        self.assertEqual(ports, {"https": 8443, "http": 8080})
+        self.assertEqual(c["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "http"})
+        self.assertEqual(c["readinessProbe"]["httpGet"], {"path": "/readyz", "port": "http"})
+        spec = self.pod_spec()
+        self.assertGreater(spec["terminationGracePeriodSeconds"], seconds(cfg["shutdownGrace"]))
+        self.assertEqual(c["image"], "ghcr.io/graceguard/graceguard-webhook:0.1.0")
+        service = self.r.one("Service")
+        self.assertEqual(service["spec"]["selector"], selector)
+        for p in service["spec"]["ports"]:
+            self.assertIn(p["targetPort"], ports)
+        self.assertEqual({p["name"] for p in service["spec"]["ports"]}, {"https", "http-metrics"})
+        for key in ("nodeSelector", "tolerations", "imagePullSecrets", "priorityClassName"):
+            if self.merged.get(key):
+                self.assertEqual(spec[key], self.merged[key], key)
+            else:
+                self.assertNotIn(key, spec, key)
+        for k, v in (self.merged.get("podAnnotations") or {}).items():
+            self.assertEqual(dep["spec"]["template"]["metadata"]["annotations"][k], v)
+        preset = self.merged["podAntiAffinityPreset"]
+        anti = (spec.get("affinity") or {}).get("podAntiAffinity")
+        if preset == "none":
+            self.assertIsNone(anti)
+        elif preset == "soft":
+            term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+            self.assertEqual(term["labelSelector"]["matchLabels"], selector)
+            self.assertEqual(term["topologyKey"], "kubernetes.io/hostname")
+        spread = spec.get("topologySpreadConstraints") or []
+        self.assertEqual(len(spread), len(self.merged["topologySpreadConstraints"]))
+        for t in spread:
+            self.assertEqual(t["labelSelector"]["matchLabels"], selector)
+
+    def test_helm_test_hook(self) -> None:
+        hooks = self.r.hooks()
+        self.assertEqual([h["kind"] for h in hooks], ["Pod"])
+        pod = hooks[0]
+        ann = pod["metadata"]["annotations"]
+        self.assertEqual(ann["helm.sh/hook"], "test")
+        self.assertIn("hook-succeeded", ann["helm.sh/hook-delete-policy"])
+        self.assertEqual(pod["spec"]["restartPolicy"], "Never")
+        c = pod["spec"]["containers"][0]
+        self.assertEqual(c["image"], self.container()["image"])
+        service = self.r.one("Service")
+        metrics_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http-metrics")
+        url = f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{metrics_port}/readyz"
+        self.assertEqual(c["args"][:2], ["probe", f"--url={url}"])
+        self.assertNotIn("command", c)
+        # The test pod must not become an endpoint of the webhook Service.
+        sel = service["spec"]["selector"]
+        self.assertFalse(sel.items() <= pod["metadata"]["labels"].items())
+
+    def test_notes(self) -> None:
+        self.assertIn(f"helm test {RELEASE} -n {NAMESPACE}", self.r.notes)
+        self.assertIn(f"rollout status deployment/{self.deployment()['metadata']['name']}", self.r.notes)
+
+
+def _per_file_classes() -> None:
+    for path in cl.ci_values_files():
+        stem = path.name[: -len("-values.yaml")]
+        name = f"Test_{stem}_values"
+        globals()[name] = type(name, (PerValuesFile, unittest.TestCase), {"values_file": path.name})
+
+
+_per_file_classes()
+
+
+class TestDefaults(unittest.TestCase):
+    """What `helm install graceguard charts/graceguard` gives without values: the
+    safe defaults the chart promises."""
+
+    def test_safe_defaults(self) -> None:
+        r = cl.render_objects({})
+        self.assertEqual(r.one("Deployment")["spec"]["replicas"], 2)
+        self.assertEqual(len(r.of_kind("PodDisruptionBudget")), 1)
+        self.assertEqual(len(r.webhook_configurations()), 3)
+        for cfg in r.webhook_configurations():
+            for wh in cfg["webhooks"]:
+                self.assertEqual(wh["failurePolicy"], "Ignore", wh["name"])
+                self.assertEqual(wh["timeoutSeconds"], 2, wh["name"])
+                self.assertIn("kube-system", wh["namespaceSelector"]["matchExpressions"][0]["values"])
+                self.assertTrue(wh["clientConfig"]["caBundle"], wh["name"])
+        self.assertEqual(r.one("Secret")["type"], "kubernetes.io/tls")
+        env = {e["name"]: e["value"] for e in r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+        self.assertEqual(env["GRACEGUARD_MODE"], "conflict")
+        self.assertEqual(env["GRACEGUARD_CERT_RELOAD_INTERVAL"], "5s")
+        spec = r.one("Deployment")["spec"]["template"]["spec"]
+        self.assertIn("preferredDuringSchedulingIgnoredDuringExecution", spec["affinity"]["podAntiAffinity"])
+        self.assertEqual(spec["topologySpreadConstraints"][0]["whenUnsatisfiable"], "ScheduleAnyway")
+        self.assertEqual(r.of_kind("ServiceMonitor"), [])
+
+
+class TestOptions(unittest.TestCase):
+    """Options the ci files do not show, one render each."""
+
+    def test_servicemonitor_rendered_only_when_served_and_enabled(self) -> None:
+        on = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
+        for api in ("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor"):
+            r = cl.render_objects(on, api_versions=[api])
+            sm = r.one("ServiceMonitor")
+            self.assertEqual(sm["metadata"]["labels"]["release"], "prom")
+            self.assertEqual(sm["spec"]["endpoints"][0]["port"], "http-metrics")
+            self.assertEqual(sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"], "webhook")
+            self.assertNotIn("WARNING", r.notes)
+        self.assertEqual(cl.render_objects({}, api_versions=["monitoring.coreos.com/v1"]).of_kind("ServiceMonitor"), [])
+        r = cl.render_objects(on)
+        self.assertEqual(r.of_kind("ServiceMonitor"), [])
+        self.assertIn("does not serve", r.notes)
+
+    def test_kubernetes_1_20_render(self) -> None:
+        r = cl.render_objects({}, kube_version="v1.20.2")
+        self.assertEqual(len(r.webhook_configurations()), 3)
+        # 1.20 namespaces lack kubernetes.io/metadata.name: NOTES tells how to exclude them.
+        self.assertIn("kubectl label namespace kube-system graceguard graceguard.io/ignore=true", r.notes)
+        self.assertNotIn("kubectl label namespace kube-system", cl.render_objects({}).notes)
+
+    def test_release_namespace_is_excluded(self) -> None:
+        r = cl.render_objects({}, namespace="platform")
+        for cfg in r.webhook_configurations():
+            for wh in cfg["webhooks"]:
+                values = wh["namespaceSelector"]["matchExpressions"][0]["values"]
+                self.assertEqual(set(values), {"kube-system", "platform"})
+                self.assertEqual(wh["clientConfig"]["service"]["namespace"], "platform")
+
+    def test_name_overrides(self) -> None:
+        r = cl.render_objects({"fullnameOverride": "gg"})
+        self.assertEqual(r.one("Deployment")["metadata"]["name"], "gg")
+        self.assertEqual(r.one("Service")["metadata"]["name"], "gg")
+        self.assertEqual({c["metadata"]["name"] for c in r.webhook_configurations()},
+                         {"gg-collision-guard", "gg-disruption-tagger", "gg-deletion-audit"})
+        r = cl.render_objects({}, name="prod")
+        self.assertEqual(r.one("Deployment")["metadata"]["name"], "prod-graceguard")
+        r = cl.render_objects({"nameOverride": "guard"}, name="prod")
+        self.assertEqual(r.one("Deployment")["metadata"]["name"], "prod-guard")
+        self.assertEqual(r.one("Deployment")["metadata"]["labels"]["app.kubernetes.io/name"], "guard")
+
+    def test_self_signed_pairs_differ_per_render(self) -> None:
+        a = cl.render_objects({}).one("Secret")["data"]["ca.crt"]
+        b = cl.render_objects({}).one("Secret")["data"]["ca.crt"]
+        self.assertNotEqual(a, b, "offline renders cannot look up, so each generates its own CA")
+
+    def test_cert_manager_issuer_ref(self) -> None:
+        ref = {"kind": "ClusterIssuer", "name": "corp-ca", "group": "cert-manager.io"}
+        r = cl.render_objects({"certs": {"mode": "certManager", "certManager": {"issuerRef": ref}}})
+        self.assertEqual(r.of_kind("Issuer"), [])
+        self.assertEqual(r.one("Certificate")["spec"]["issuerRef"], ref)
+
+    def test_existing_secret_without_ca_bundle_fails_clearly(self) -> None:
+        with self.assertRaises(helm.HelmError) as ctx:
+            cl.render({"certs": {"mode": "existingSecret", "existingSecret": {"name": "mine"}}})
+        self.assertIn("certs.existingSecret.caBundle", str(ctx.exception))
+
+    def test_termination_grace_must_exceed_shutdown_grace(self) -> None:
+        with self.assertRaises(helm.HelmError) as ctx:
+            cl.render({"terminationGracePeriodSeconds": 20})
+        self.assertIn("must exceed config.shutdownGrace", str(ctx.exception))
+        with self.assertRaises(helm.HelmError):
+            cl.render({"config": {"shutdownGrace": "1m"}})
+        dep = cl.render_objects({"config": {"shutdownGrace": "1m"}, "terminationGracePeriodSeconds": 75}).one("Deployment")
+        self.assertEqual(dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], 75)
+
+    def test_renew_before_must_be_shorter_than_validity(self) -> None:
+        with self.assertRaises(helm.HelmError) as ctx:
+            cl.render({"certs": {"selfSigned": {"validityDays": 30, "renewBeforeDays": 30}}})
+        self.assertIn("renewBeforeDays", str(ctx.exception))
+        secret = cl.render_objects({"certs": {"selfSigned": {"validityDays": 30, "renewBeforeDays": 7}}}).one("Secret")
+        end = cl.openssl("x509", "-noout", "-checkend", str(29 * 86400), stdin=cl.b64pem(secret["data"]["tls.crt"]))
+        self.assertIn("will not expire", end)
+        with self.assertRaises(AssertionError):
+            cl.openssl("x509", "-noout", "-checkend", str(31 * 86400), stdin=cl.b64pem(secret["data"]["tls.crt"]))
+
+    def test_pdb_options(self) -> None:
+        pdb = cl.render_objects({"podDisruptionBudget": {"maxUnavailable": "50%"}}).one("PodDisruptionBudget")
+        self.assertEqual(pdb["spec"]["maxUnavailable"], "50%")
+        self.assertNotIn("minAvailable", pdb["spec"])
+        self.assertEqual(cl.render_objects({"podDisruptionBudget": {"enabled": False}}).of_kind("PodDisruptionBudget"), [])
+        self.assertEqual(cl.render_objects({"replicaCount": 3}).one("PodDisruptionBudget")["spec"]["minAvailable"], 1)
+
+    def test_affinity_presets(self) -> None:
+        spec = cl.render_objects({"podAntiAffinityPreset": "hard"}).one("Deployment")["spec"]["template"]["spec"]
+        self.assertIn("requiredDuringSchedulingIgnoredDuringExecution", spec["affinity"]["podAntiAffinity"])
+        custom = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
+        spec = cl.render_objects({"affinity": custom}).one("Deployment")["spec"]["template"]["spec"]
+        self.assertEqual(spec["affinity"], custom)
+
+    def test_image_digest_and_tag(self) -> None:
+        digest = "sha256:" + "a" * 64
+        c = cl.render_objects({"image": {"digest": digest}}).one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+        self.assertEqual(c["image"], f"ghcr.io/graceguard/graceguard-webhook@{digest}")
+        r = cl.render_objects({"image": {"tag": "0.2.0"}})
+        self.assertEqual(r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"],
+                         "ghcr.io/graceguard/graceguard-webhook:0.2.0")
+        self.assertEqual(r.one("Pod")["spec"]["containers"][0]["image"], "ghcr.io/graceguard/graceguard-webhook:0.2.0")
+
+    def test_rbac_and_service_account_toggles(self) -> None:
+        r = cl.render_objects({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "platform-sa"}})
+        self.assertEqual(r.of_kind("ClusterRole") + r.of_kind("ClusterRoleBinding") + r.of_kind("ServiceAccount"), [])
+        self.assertEqual(r.one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"], "platform-sa")
+
+    def test_all_webhooks_can_be_disabled(self) -> None:
+        off = {"webhooks": {k: {"enabled": False} for k in WEBHOOKS}}
+        r = cl.render_objects(off)
+        self.assertEqual(r.webhook_configurations(), [])
+        self.assertEqual(r.one("Deployment")["spec"]["replicas"], 2)
+
+    def test_extra_env(self) -> None:
+        env = [{"name": "RUST_LOG", "value": "debug"}]
+        c = cl.render_objects({"extraEnv": env}).one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+        self.assertEqual(c["env"][-1], env[0])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,131 @@
+//! The Helm chart installed into the real test-bed apiserver with Helm's own
+//! install action (Helm v4's library through helm-python-sdk, set up by
+//! `scripts/helm-venv.sh`; `scripts/test` exports GRACEGUARD_PY).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use kube::api::ListParams;
+use kube::Api;
+use testbed::TestBed;
+
+type R = anyhow::Result<()>;
+
+fn python() -> anyhow::Result<String> {
+    match std::env::var("GRACEGUARD_PY") {
+        Ok(p) if !p.is_empty() => Ok(p),
+        _ => bail!(
+            "GRACEGUARD_PY is not set: run this test through scripts/test, or `source scripts/helm-venv.sh` first (it builds the Helm venv and exports it)"
+        ),
+    }
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_and_its_service_account_can_only_read_pods_and_namespaces() -> R {
+    let py = python()?;
+    let bed = TestBed::start().await?;
+    let out = Command::new(&py)
+        .arg(repo_root().join("scripts/chart-tests/install.py"))
+        .arg("--kubeconfig")
+        .arg(&bed.kubeconfig)
+        .args(["--namespace", "graceguard"])
+        .output()
+        .context("running scripts/chart-tests/install.py")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "install failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("status=deployed"), "{stdout}");
+    let sa = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("serviceaccount="))
+        .context("install.py printed no serviceaccount= line")?
+        .trim()
+        .to_string();
+    let (sa_ns, sa_name) = sa.split_once('/').context("serviceaccount=NS/NAME")?;
+    let who = format!("--as=system:serviceaccount:{sa_ns}:{sa_name}");
+
+    // Exactly get/list/watch on pods and namespaces; nothing else.
+    let allowed = [
+        ("get", "pods"),
+        ("list", "pods"),
+        ("watch", "pods"),
+        ("get", "namespaces"),
+        ("list", "namespaces"),
+        ("watch", "namespaces"),
+    ];
+    let denied = [
+        ("create", "pods"),
+        ("update", "pods"),
+        ("patch", "pods"),
+        ("delete", "pods"),
+        ("deletecollection", "pods"),
+        ("create", "namespaces"),
+        ("update", "namespaces"),
+        ("delete", "namespaces"),
+        ("get", "secrets"),
+        ("list", "configmaps"),
+        ("create", "events"),
+        ("list", "nodes"),
+        ("create", "pods/eviction"),
+        ("update", "validatingwebhookconfigurations"),
+    ];
+    for (verb, resource) in allowed.iter().chain(denied.iter()) {
+        let want = allowed.contains(&(*verb, *resource));
+        let (ok, answer, err) = bed.kubectl(
+            "admin",
+            &["auth", "can-i", verb, resource, "--all-namespaces", &who],
+        )?;
+        assert_eq!(ok, want, "can-i {verb} {resource}: {answer} {err}");
+        assert_eq!(
+            answer.trim(),
+            if want { "yes" } else { "no" },
+            "can-i {verb} {resource}"
+        );
+    }
+
+    // The three webhooks are registered, fail open, and skip their own namespace.
+    let sel = ListParams::default().labels("app.kubernetes.io/instance=graceguard");
+    let v = Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
+        .list(&sel)
+        .await?;
+    let m = Api::<MutatingWebhookConfiguration>::all(bed.client.clone())
+        .list(&sel)
+        .await?;
+    let mut hooks = Vec::new();
+    for c in &v.items {
+        for w in c.webhooks.iter().flatten() {
+            hooks.push((
+                w.name.clone(),
+                w.failure_policy.clone(),
+                w.namespace_selector.clone(),
+                w.client_config.ca_bundle.is_some(),
+            ));
+        }
+    }
+    for c in &m.items {
+        for w in c.webhooks.iter().flatten() {
+            hooks.push((
+                w.name.clone(),
+                w.failure_policy.clone(),
+                w.namespace_selector.clone(),
+                w.client_config.ca_bundle.is_some(),
+            ));
+        }
+    }
+    assert_eq!(hooks.len(), 3, "{hooks:?}");
+    for (name, policy, selector, ca) in &hooks {
+        assert_eq!(policy.as_deref(), Some("Ignore"), "{name}");
+        assert!(*ca, "{name} has a caBundle");
+        let sel = serde_json::to_string(selector)?;
+        assert!(sel.contains("graceguard.io/ignore"), "{name}: {sel}");
+    }
+    Ok(())
+}
