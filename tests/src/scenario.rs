@@ -28,8 +28,14 @@ pub struct CollisionReport {
     pub forbidden: u32,
     /// Answers that were neither (should be none).
     pub other: u32,
-    /// Growth of quota `status.used.pods` caused by the colliding Creates.
+    /// Growth of quota `status.used.pods` not matched by a pod that was
+    /// actually created: charges for Creates that failed.
     pub leaked_quota_charges: i64,
+    /// Creates issued while the old pod was still Terminating.
+    pub creates_while_terminating: u32,
+    /// Mode `guard` only: the user's retries spent by the recovery.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts_burned: Option<u32>,
     /// HTTP code and message of the first colliding Create's answer.
     pub first_answer_code: u16,
     pub first_answer: String,
@@ -84,6 +90,7 @@ pub async fn graceful_delete_collision(
         }
     }
     r.leaked_quota_charges = quota::used_pods(client, ns).await? - before;
+    r.creates_while_terminating = r.creates;
     Ok(r)
 }
 
@@ -184,5 +191,78 @@ pub async fn preemption(
         disruption_message: message,
         kubectl_get: get,
         deletion_audit: record,
+    })
+}
+
+/// The same graceful deletion, with the task launched by graceguard's guard
+/// (as user `alice`): the running attempt is deleted gracefully, stays
+/// Terminating for `terminating` before the simulated kubelet finishes it, and
+/// the guard recovers. Creates are counted from the apiserver's audit log, so
+/// the bed must run with `audit: true`.
+pub async fn guard_graceful_delete(
+    bed: &crate::TestBed,
+    kubelet: &crate::kubelet::Kubelet,
+    ns: &str,
+    terminating: std::time::Duration,
+) -> Result<CollisionReport> {
+    use crate::guard_task::{spec, RunningTask};
+    use std::time::Duration;
+    const MIN: Duration = Duration::from_secs(60);
+    quota::set_pods_quota(&bed.client, ns, 100, 0).await?;
+    let alice = bed.client_as("alice").await?;
+    let mut task = RunningTask::start(alice, spec("train-a0", ns), pods::task_pod("template", 60));
+    let first = task
+        .wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
+        .await?;
+    let audit = bed.audit_log()?;
+    let creates = |audit: &crate::audit_log::AuditLog| -> Result<Vec<u16>> {
+        Ok(audit
+            .events()?
+            .into_iter()
+            .filter(|e| e.is("create", "pods", ns) && e.user.username == "alice")
+            .map(|e| e.response_status.map_or(0, |s| s.code))
+            .collect())
+    };
+    let before_creates = creates(&audit)?.len();
+    let before = quota::used_pods(&bed.client, ns).await?;
+
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    pods::delete_gracefully(&api, &first.pod, None).await?;
+    task.wait_for(MIN, |t| t.phase == "ShuttingDown").await?;
+    tokio::time::sleep(terminating).await;
+    let while_terminating = creates(&audit)?.len() - before_creates;
+    kubelet.finish_deletion(ns, &first.pod).await?;
+    let next = task
+        .wait_for(MIN, |t| t.phase == "Running" && t.attempt == 1)
+        .await?;
+    kubelet
+        .end_pod(ns, &next.pod, crate::kubelet::Terminal::Succeeded)
+        .await?;
+    let (outcome, _) = task.finish(MIN).await?;
+    ensure!(
+        outcome.succeeded,
+        "the guarded task did not succeed: {outcome:?}"
+    );
+
+    let after: Vec<u16> = creates(&audit)?.split_off(before_creates);
+    let created = after.iter().filter(|c| **c == 201).count() as i64;
+    Ok(CollisionReport {
+        scenario: "graceful-delete-collision",
+        mode: "guard".into(),
+        creates: after.len() as u32,
+        already_exists: after.iter().filter(|c| **c == 409).count() as u32,
+        forbidden: after.iter().filter(|c| **c == 403).count() as u32,
+        other: after
+            .iter()
+            .filter(|c| !matches!(**c, 201 | 409 | 403))
+            .count() as u32,
+        leaked_quota_charges: quota::used_pods(&bed.client, ns).await? - before - created,
+        creates_while_terminating: while_terminating as u32,
+        attempts_burned: Some(outcome.user_failures),
+        first_answer_code: after.first().copied().unwrap_or(0),
+        first_answer: format!(
+            "{} created after {} was gone; task succeeded",
+            next.pod, first.pod
+        ),
     })
 }

@@ -4,9 +4,11 @@
 use anyhow::Result;
 use clap::Parser;
 use testbed::kubelet::{Kubelet, KubeletOptions};
-use testbed::scenario::{graceful_delete_collision, preemption, CollisionReport, PreemptionReport};
+use testbed::scenario::{
+    graceful_delete_collision, guard_graceful_delete, preemption, CollisionReport, PreemptionReport,
+};
 use testbed::webhook::{Hook, WebhookProcess};
-use testbed::TestBed;
+use testbed::{TestBed, TestBedOptions};
 
 #[derive(Parser)]
 #[command(about = "Replay the graceful-delete collision against a real kube-apiserver")]
@@ -30,7 +32,7 @@ async fn main() {
 
 async fn run(args: &Args) -> Result<()> {
     eprintln!("starting etcd + kube-apiserver v1.20.2 on loopback...");
-    let bed = TestBed::start().await?;
+    let bed = TestBed::start_with(TestBedOptions { audit: true }).await?;
     let mut reports: Vec<CollisionReport> = Vec::new();
 
     let ns = bed.namespace("demo-bare").await?;
@@ -58,8 +60,13 @@ async fn run(args: &Args) -> Result<()> {
     reports
         .push(graceful_delete_collision(&bed.client, &ns, "graceguard", args.creates, 100).await?);
 
-    eprintln!("preemption: a running pod is marked DisruptionTarget (as kube-scheduler does), then deleted by alice");
     let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let ns = bed.namespace("demo-guard").await?;
+    eprintln!("mode guard: the task launched by graceguard's guard; its pod is deleted gracefully and stays Terminating for 3 s");
+    reports
+        .push(guard_graceful_delete(&bed, &kubelet, &ns, std::time::Duration::from_secs(3)).await?);
+
+    eprintln!("preemption: a running pod is marked DisruptionTarget (as kube-scheduler does), then deleted by alice");
     let ns = bed.namespace("demo-preemption").await?;
     let preempted = preemption(&bed, &kubelet, &webhook, &ns).await?;
 
@@ -77,13 +84,28 @@ async fn run(args: &Args) -> Result<()> {
 
 fn print_table(reports: &[CollisionReport]) {
     println!(
-        "{:<28} {:<11} {:>7} {:>14} {:>9} {:>20}",
-        "scenario", "mode", "creates", "already_exists", "forbidden", "leaked_quota_charges"
+        "{:<26} {:<11} {:>7} {:>14} {:>9} {:>20} {:>25} {:>15}",
+        "scenario",
+        "mode",
+        "creates",
+        "already_exists",
+        "forbidden",
+        "leaked_quota_charges",
+        "creates_while_terminating",
+        "attempts_burned"
     );
     for r in reports {
+        let burned = r.attempts_burned.map_or("-".to_string(), |b| b.to_string());
         println!(
-            "{:<28} {:<11} {:>7} {:>14} {:>9} {:>20}",
-            r.scenario, r.mode, r.creates, r.already_exists, r.forbidden, r.leaked_quota_charges
+            "{:<26} {:<11} {:>7} {:>14} {:>9} {:>20} {:>25} {:>15}",
+            r.scenario,
+            r.mode,
+            r.creates,
+            r.already_exists,
+            r.forbidden,
+            r.leaked_quota_charges,
+            r.creates_while_terminating,
+            burned
         );
     }
     for r in reports {
