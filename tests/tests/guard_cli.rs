@@ -1,0 +1,139 @@
+//! `graceguard run` as a user runs it, against the real test-bed apiserver.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::wait::await_condition;
+use kube::Api;
+use testbed::binaries::workspace_bin;
+use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
+use testbed::TestBed;
+use tokio::process::Command;
+
+type R = anyhow::Result<()>;
+
+const POD_YAML: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: nightly
+spec:
+  nodeName: node-1
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: main
+    image: busybox:1.36
+    command: [sleep, '3600']
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("cli").await?;
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let manifest = bed.dir().join("nightly.yaml");
+    std::fs::write(&manifest, POD_YAML)?;
+    let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;
+    let child = Command::new(&bin)
+        .args(["run", "-f"])
+        .arg(&manifest)
+        .args(["--namespace", &ns, "--events", "json", "--kubeconfig"])
+        .arg(bed.kubeconfig_for("alice")?)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let running = await_condition(api.clone(), "nightly-0", |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
+    });
+    tokio::time::timeout(Duration::from_secs(60), running).await??;
+    // Give the CLI a moment to see Running itself, then end the task.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kubelet
+        .end_pod(&ns, "nightly-0", Terminal::Succeeded)
+        .await?;
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let phases: Vec<&str> = events.iter().filter_map(|e| e["phase"].as_str()).collect();
+    assert_eq!(
+        phases,
+        ["Launching", "Queued", "Running", "Succeeded"],
+        "{stdout}"
+    );
+    for e in &events {
+        assert_eq!(e["task"], "nightly");
+        assert_eq!(e["pod"], "nightly-0");
+        assert_eq!(e["attempt"], 0);
+        for key in ["reason", "failure_kind"] {
+            assert!(e.get(key).is_some(), "{key} missing in {e}");
+        }
+    }
+    // The pod carries the guard's labels.
+    let pod = api.get("nightly-0").await?;
+    let labels = pod.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get("graceguard.io/task").map(String::as_str),
+        Some("nightly")
+    );
+    assert_eq!(
+        labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("graceguard")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_errors_exit_2_with_a_message_saying_what_to_fix() -> R {
+    let bed = TestBed::start().await?;
+    let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;
+    let not_a_pod = bed.dir().join("deploy.yaml");
+    std::fs::write(
+        &not_a_pod,
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n",
+    )?;
+    let garbage = bed.dir().join("garbage.yaml");
+    std::fs::write(&garbage, "kind: Pod\nspec: [unclosed\n")?;
+    let good = bed.dir().join("pod.yaml");
+    std::fs::write(&good, POD_YAML)?;
+    let cases = [
+        (
+            not_a_pod.clone(),
+            bed.kubeconfig.clone(),
+            "takes a Pod manifest",
+        ),
+        (garbage, bed.kubeconfig.clone(), "is not YAML or JSON"),
+        (
+            bed.dir().join("missing.yaml"),
+            bed.kubeconfig.clone(),
+            "cannot read",
+        ),
+        (good, bed.dir().join("no-such-kubeconfig"), "kubeconfig"),
+    ];
+    for (manifest, kubeconfig, want) in cases {
+        let out = Command::new(&bin)
+            .args(["run", "-f"])
+            .arg(&manifest)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .output()
+            .await?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{manifest:?}: {err}");
+        assert!(err.contains(want), "{manifest:?}: {err}");
+    }
+    Ok(())
+}
