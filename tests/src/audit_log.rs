@@ -18,6 +18,11 @@ pub struct AuditEvent {
     pub response_status: Option<ResponseStatus>,
     #[serde(default)]
     pub user_agent: Option<String>,
+    /// RFC 3339 with microseconds.
+    #[serde(default)]
+    pub request_received_timestamp: String,
+    #[serde(default)]
+    pub stage_timestamp: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -51,6 +56,16 @@ impl AuditEvent {
             && self.object_ref.as_ref().is_some_and(|o| {
                 o.resource == resource && o.namespace == namespace && o.subresource.is_empty()
             })
+    }
+
+    /// When the API server received the request (unix microseconds).
+    pub fn received_us(&self) -> Option<i64> {
+        micros(&self.request_received_timestamp)
+    }
+
+    /// When the API server completed it (unix microseconds).
+    pub fn completed_us(&self) -> Option<i64> {
+        micros(&self.stage_timestamp)
     }
 
     pub fn name(&self) -> &str {
@@ -91,4 +106,9 @@ impl AuditLog {
     pub fn count(&self, pred: impl Fn(&AuditEvent) -> bool) -> Result<usize> {
         Ok(self.events()?.iter().filter(|e| pred(e)).count())
     }
+}
+
+fn micros(ts: &str) -> Option<i64> {
+    let t: k8s_openapi::jiff::Timestamp = ts.parse().ok()?;
+    Some(t.as_microsecond())
 }

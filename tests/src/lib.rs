@@ -10,6 +10,7 @@
 //! `graceguard-webhook` binary against the bed.
 
 pub mod audit_log;
+pub mod bench;
 pub mod binaries;
 pub mod control_plane;
 pub mod guard_task;

@@ -13,6 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
@@ -75,6 +76,20 @@ impl Hook {
     }
 }
 
+/// The label that opts a namespace out, as the chart does.
+pub const OPT_OUT_LABEL: &str = "graceguard.io/ignore";
+
+fn opt_out() -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: OPT_OUT_LABEL.into(),
+            operator: "NotIn".into(),
+            values: Some(vec!["true".into()]),
+        }]),
+        match_labels: None,
+    }
+}
+
 /// A running `graceguard-webhook serve`; killed when dropped.
 pub struct WebhookProcess {
     proc: Managed,
@@ -84,6 +99,8 @@ pub struct WebhookProcess {
     pub health: String,
     pub ca_pem: String,
     pub log: PathBuf,
+    /// Holds its ca.crt, tls.crt and tls.key.
+    pub dir: PathBuf,
 }
 
 impl WebhookProcess {
@@ -115,6 +132,7 @@ impl WebhookProcess {
             health: format!("127.0.0.1:{health_port}"),
             ca_pem: ca.cert_pem(),
             log,
+            dir,
         };
         w.wait_ready().await?;
         Ok(w)
@@ -185,6 +203,7 @@ impl WebhookProcess {
                 admission_review_versions: vec!["v1".into()],
                 timeout_seconds: Some(2),
                 match_policy: Some("Equivalent".into()),
+                namespace_selector: Some(opt_out()),
                 ..Default::default()
             })
             .collect();
@@ -200,6 +219,7 @@ impl WebhookProcess {
                 admission_review_versions: vec!["v1".into()],
                 timeout_seconds: Some(2),
                 match_policy: Some("Equivalent".into()),
+                namespace_selector: Some(opt_out()),
                 reinvocation_policy: Some("Never".into()),
                 ..Default::default()
             })
@@ -316,6 +336,11 @@ impl WebhookProcess {
                 r["endpoint"] == endpoint && r["namespace"] == namespace && r["name"] == name
             })
             .collect())
+    }
+
+    /// The process id (for memory and CPU readings).
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
     }
 
     /// Kills the process (SIGKILL), as a crash would.

@@ -1,0 +1,194 @@
+//! A TLS load generator for admission endpoints (hyper + rustls, HTTP/1.1
+//! keep-alive), and the minimal baseline server it is compared with.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use super::stats::Stats;
+
+/// Where to send reviews.
+#[derive(Clone)]
+pub struct Target {
+    pub addr: SocketAddr,
+    pub path: String,
+    pub ca_pem: String,
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn connect(t: &Target) -> Result<Sender> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(t.ca_pem.as_bytes()).context("CA PEM")?)?;
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = TcpStream::connect(t.addr)
+        .await
+        .with_context(|| format!("connecting to {}", t.addr))?;
+    tcp.set_nodelay(true)?;
+    let tls = TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("localhost")?.to_owned(), tcp)
+        .await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One review round trip; Ok(true) when it was answered 200 with a review.
+async fn send(sender: &mut Sender, path: &str, body: Bytes) -> Result<bool> {
+    sender.ready().await?;
+    let req = http::Request::post(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(body))?;
+    let resp = sender.send_request(req).await?;
+    let ok = resp.status() == 200;
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(ok && body.windows(7).any(|w| w == b"allowed"))
+}
+
+/// Closed loop: `connections` connections each send back-to-back for
+/// `duration`; `bodies` are used round robin.
+pub async fn saturate(
+    t: &Target,
+    bodies: Arc<Vec<Bytes>>,
+    connections: usize,
+    duration: Duration,
+) -> Result<Stats> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let (t, bodies) = (t.clone(), Arc::clone(&bodies));
+        tasks.push(tokio::spawn(async move {
+            let mut stats = Stats::default();
+            let mut sender = connect(&t).await?;
+            let mut i = c;
+            while start.elapsed() < duration {
+                let body = bodies[i % bodies.len()].clone();
+                i += connections;
+                let sent = Instant::now();
+                match send(&mut sender, &t.path, body).await {
+                    Ok(true) => stats.micros.push(sent.elapsed().as_micros() as u64),
+                    Ok(false) => stats.errors += 1,
+                    Err(_) => {
+                        stats.errors += 1;
+                        sender = connect(&t).await?;
+                    }
+                }
+            }
+            anyhow::Ok(stats)
+        }));
+    }
+    collect(tasks, start).await
+}
+
+/// Open loop: `rate` requests per second spread over `connections`, for
+/// `duration`. Latency is measured from the actual send; sends more than 1 ms
+/// behind their slot are counted as `late_sends`.
+pub async fn fixed_rate(
+    t: &Target,
+    bodies: Arc<Vec<Bytes>>,
+    rate: u32,
+    connections: usize,
+    duration: Duration,
+) -> Result<Stats> {
+    let total = (f64::from(rate) * duration.as_secs_f64()) as usize;
+    let interval = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    // Connect first, so handshakes are not measured.
+    let mut senders = Vec::new();
+    for _ in 0..connections {
+        senders.push(connect(t).await?);
+    }
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut tasks = Vec::new();
+    for (c, mut sender) in senders.into_iter().enumerate() {
+        let (t, bodies) = (t.clone(), Arc::clone(&bodies));
+        tasks.push(tokio::spawn(async move {
+            let mut stats = Stats::default();
+            let mut i = c;
+            while i < total {
+                let slot = start + interval * i as u32;
+                tokio::time::sleep_until(slot.into()).await;
+                let sent = Instant::now();
+                if sent.duration_since(slot) > Duration::from_millis(1) {
+                    stats.late_sends += 1;
+                }
+                match send(&mut sender, &t.path, bodies[i % bodies.len()].clone()).await {
+                    Ok(true) => stats.micros.push(sent.elapsed().as_micros() as u64),
+                    _ => stats.errors += 1,
+                }
+                i += connections;
+            }
+            anyhow::Ok(stats)
+        }));
+    }
+    collect(tasks, start).await
+}
+
+async fn collect(
+    tasks: Vec<tokio::task::JoinHandle<Result<Stats>>>,
+    start: Instant,
+) -> Result<Stats> {
+    let mut all = Stats::default();
+    for task in tasks {
+        all.merge(task.await??);
+    }
+    all.seconds = start.elapsed().as_secs_f64();
+    if all.micros.is_empty() {
+        bail!("no request succeeded ({} errors)", all.errors);
+    }
+    Ok(all)
+}
+
+/// The baseline: a minimal hyper + rustls server (graceguard's own TLS
+/// configuration) that reads each request body and answers one fixed allow
+/// review. Whatever graceguard costs beyond this is its own work.
+pub async fn serve_baseline(
+    listen: SocketAddr,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<()> {
+    graceguard_certs::install_crypto_provider();
+    let resolver = graceguard_certs::ReloadingResolver::from_files(cert, key)?;
+    let tls = Arc::new(graceguard_certs::server_config(resolver)?);
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    const ALLOW: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true,"status":{}}}"#;
+    loop {
+        let (tcp, _) = listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let svc = hyper::service::service_fn(
+                |req: http::Request<hyper::body::Incoming>| async move {
+                    let _ = req.into_body().collect().await;
+                    Ok::<_, std::convert::Infallible>(
+                        http::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from_static(ALLOW)))
+                            .unwrap_or_default(),
+                    )
+                },
+            );
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}

@@ -1,0 +1,7 @@
+//! Measurement tools for `scripts/bench`: a TLS load generator for admission
+//! endpoints, a minimal baseline server, latency statistics, and process
+//! figures read from /proc.
+
+pub mod loadgen;
+pub mod procfs;
+pub mod stats;

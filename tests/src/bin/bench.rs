@@ -1,0 +1,565 @@
+//! `scripts/bench`: what graceguard costs, measured against baselines run in
+//! the same process, on the same machine, at the same time.
+//!
+//! stdout: one JSON object per measurement (field `group`); stderr: a table.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use futures::{stream, StreamExt};
+use hyper::body::Bytes;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::Api;
+use serde_json::{json, Value};
+use testbed::bench::loadgen::{self, Target};
+use testbed::bench::procfs;
+use testbed::bench::stats::percentile_f64;
+use testbed::guard_task::{spec, RunningTask};
+use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
+use testbed::pods::{self, CreateOutcome};
+use testbed::process::free_port;
+use testbed::webhook::{Hook, WebhookProcess, OPT_OUT_LABEL};
+use testbed::{TestBed, TestBedOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "graceguard-bench",
+    about = "Measure graceguard against same-run baselines"
+)]
+struct Args {
+    #[command(subcommand)]
+    helper: Option<Helper>,
+    /// Small sizes, for scripts/test (well under 2 minutes).
+    #[arg(long)]
+    quick: bool,
+    /// Accepted for symmetry with scripts/demo; stdout is always JSON lines.
+    #[arg(long)]
+    json: bool,
+    /// Pods in the webhook's index (created in the real API server).
+    #[arg(long)]
+    pods: Option<usize>,
+    /// Pods created per side for the API-server overhead.
+    #[arg(long)]
+    api_pods: Option<usize>,
+    /// Pods fed synthetically into an index for the memory figure.
+    #[arg(long)]
+    synthetic_pods: Option<usize>,
+    /// Seconds per load-generator run.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Seconds of the livelock storm.
+    #[arg(long)]
+    storm_seconds: Option<f64>,
+    /// Connections of the load generator.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Reviews per second of the fixed-rate run.
+    #[arg(long, default_value_t = 2000)]
+    rate: u32,
+}
+
+#[derive(Subcommand)]
+enum Helper {
+    /// (internal) the baseline HTTPS server.
+    BaselineServer {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        cert: PathBuf,
+        #[arg(long)]
+        key: PathBuf,
+    },
+    /// (internal) build a pod index of N synthetic pods and print this process's RSS.
+    SyntheticIndex {
+        #[arg(long)]
+        pods: usize,
+    },
+}
+
+struct Sizes {
+    pods: usize,
+    api_pods: usize,
+    synthetic: usize,
+    seconds: f64,
+    storm: f64,
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let res = match &args.helper {
+        Some(Helper::BaselineServer { listen, cert, key }) => {
+            loadgen::serve_baseline(*listen, cert, key).await
+        }
+        Some(Helper::SyntheticIndex { pods }) => synthetic_index(*pods),
+        None => run(&args).await,
+    };
+    if let Err(e) = res {
+        eprintln!("bench failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn emit(v: Value) {
+    println!("{v}");
+}
+
+fn table(line: String) {
+    eprintln!("{line}");
+}
+
+async fn run(args: &Args) -> Result<()> {
+    graceguard_certs::install_crypto_provider();
+    let q = args.quick;
+    let s = Sizes {
+        pods: args.pods.unwrap_or(if q { 500 } else { 10_000 }),
+        api_pods: args.api_pods.unwrap_or(if q { 50 } else { 500 }),
+        synthetic: args
+            .synthetic_pods
+            .unwrap_or(if q { 10_000 } else { 100_000 }),
+        seconds: args.seconds.unwrap_or(if q { 2.0 } else { 10.0 }),
+        storm: args.storm_seconds.unwrap_or(if q { 2.0 } else { 10.0 }),
+    };
+    let started = Instant::now();
+    table(format!(
+        "graceguard bench ({}): {} indexed pods, {} API pods per side, {} s per load run; {} cores",
+        if q { "quick" } else { "full" },
+        s.pods,
+        s.api_pods,
+        s.seconds,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    ));
+
+    let bed = TestBed::start().await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    memory_and_throughput(args, &s, &bed, &webhook).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    apiserver_overhead(&s, &bed).await?;
+    livelock_storm(&s, &bed, &webhook).await?;
+    drop(webhook);
+    drop(bed);
+    guard_recovery().await?;
+    table(format!("done in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// Index memory (0 and N real pods, and a synthetic index), then throughput
+/// and latency over TLS against the baseline.
+async fn memory_and_throughput(
+    args: &Args,
+    s: &Sizes,
+    bed: &TestBed,
+    webhook: &WebhookProcess,
+) -> Result<()> {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss0 = procfs::rss_bytes(webhook.pid())?;
+    emit(
+        json!({"group": "index_memory", "pods": 0, "rss_bytes": rss0, "bytes_per_pod": Value::Null, "synthetic": false}),
+    );
+
+    let ns = "bench-index";
+    create_namespace(bed, ns, false).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let t = Instant::now();
+    let results: Vec<Result<()>> = stream::iter(0..s.pods)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let mut p = pods::task_pod(&format!("idx-{i}"), 30);
+                if let Some(spec) = p.spec.as_mut() {
+                    spec.node_name = None;
+                }
+                api.create(&PostParams::default(), &p).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<()>>()?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while webhook.metric("graceguard_index_pods")?.unwrap_or(0.0) < s.pods as f64 {
+        if Instant::now() > deadline {
+            bail!("the webhook's index did not reach {} pods in 120 s", s.pods);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    table(format!(
+        "created and indexed {} pods in {:.1} s",
+        s.pods,
+        t.elapsed().as_secs_f64()
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_n = procfs::rss_bytes(webhook.pid())?;
+    let per_pod = rss_n.saturating_sub(rss0) as f64 / s.pods as f64;
+    emit(
+        json!({"group": "index_memory", "pods": s.pods, "rss_bytes": rss_n, "bytes_per_pod": per_pod.round(), "synthetic": false}),
+    );
+    table(format!("index_memory   real: {:>7} pods  rss {:>6.1} MB  ({per_pod:.0} B/pod over the empty process)", s.pods, mb(rss_n)));
+
+    let (syn0, syn_n) = (synthetic_rss(0)?, synthetic_rss(s.synthetic)?);
+    let syn_per_pod = syn_n.saturating_sub(syn0) as f64 / s.synthetic as f64;
+    emit(
+        json!({"group": "index_memory", "pods": s.synthetic, "rss_bytes": syn_n, "bytes_per_pod": syn_per_pod.round(), "synthetic": true,
+        "note": "the webhook's index type fed synthetic watch events in a process of its own (index only)",
+        "estimated_webhook_rss_bytes": (rss0 as f64 + syn_per_pod * s.synthetic as f64).round()}),
+    );
+    table(format!(
+        "index_memory   synthetic: {:>7} pods  rss {:>6.1} MB  ({syn_per_pod:.0} B/pod); webhook estimate {:.1} MB",
+        s.synthetic,
+        mb(syn_n),
+        (rss0 as f64 + syn_per_pod * s.synthetic as f64) / 1e6
+    ));
+
+    // Throughput and latency.
+    let baseline_port = free_port()?;
+    let exe = std::env::current_exe()?;
+    let mut baseline = Command::new(exe)
+        .args([
+            "baseline-server",
+            "--listen",
+            &format!("127.0.0.1:{baseline_port}"),
+        ])
+        .arg("--cert")
+        .arg(webhook.dir.join("tls.crt"))
+        .arg("--key")
+        .arg(webhook.dir.join("tls.key"))
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting the baseline server")?;
+    let result = throughput(args, s, webhook, baseline_port).await;
+    let _ = baseline.kill();
+    let _ = baseline.wait();
+    result
+}
+
+async fn throughput(
+    args: &Args,
+    s: &Sizes,
+    webhook: &WebhookProcess,
+    baseline_port: u16,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", baseline_port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("the baseline server did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bodies = Arc::new(review_bodies(s.pods)?);
+    let gg = Target {
+        addr: webhook.url.trim_start_matches("https://").parse()?,
+        path: "/validate/pods".into(),
+        ca_pem: webhook.ca_pem.clone(),
+    };
+    let base = Target {
+        addr: SocketAddr::from(([127, 0, 0, 1], baseline_port)),
+        ..gg.clone()
+    };
+    let dur = Duration::from_secs_f64(s.seconds);
+    let c = args.connections;
+    // Warm both up (TLS sessions, caches, allocator) before measuring.
+    loadgen::saturate(&gg, Arc::clone(&bodies), c, Duration::from_millis(500)).await?;
+    loadgen::saturate(&base, Arc::clone(&bodies), c, Duration::from_millis(500)).await?;
+    let mut sat_base = loadgen::saturate(&base, Arc::clone(&bodies), c, dur).await?;
+    let mut sat_gg = loadgen::saturate(&gg, Arc::clone(&bodies), c, dur).await?;
+    let ratio = sat_gg.rps() / sat_base.rps().max(1.0);
+    emit(
+        json!({"group": "webhook_saturation", "connections": c, "indexed_pods": s.pods,
+        "graceguard_rps": sat_gg.rps().round(), "baseline_rps": sat_base.rps().round(), "throughput_ratio": round3(ratio),
+        "graceguard_p50_us": sat_gg.percentile(50.0), "graceguard_p99_us": sat_gg.percentile(99.0), "graceguard_p999_us": sat_gg.percentile(99.9),
+        "baseline_p50_us": sat_base.percentile(50.0), "baseline_p99_us": sat_base.percentile(99.0),
+        "errors": sat_gg.errors + sat_base.errors}),
+    );
+    table(format!(
+        "webhook_saturation  graceguard {:>7.0}/s  baseline {:>7.0}/s  ratio {ratio:.2}  (p99 {} us vs {} us, {c} connections)",
+        sat_gg.rps(),
+        sat_base.rps(),
+        sat_gg.percentile(99.0),
+        sat_base.percentile(99.0)
+    ));
+
+    let mut fr_base = loadgen::fixed_rate(&base, Arc::clone(&bodies), args.rate, c, dur).await?;
+    let mut fr_gg = loadgen::fixed_rate(&gg, Arc::clone(&bodies), args.rate, c, dur).await?;
+    emit(
+        json!({"group": "webhook_fixed_rate", "rate": args.rate, "connections": c,
+        "p50_us": fr_gg.percentile(50.0), "p99_us": fr_gg.percentile(99.0), "p999_us": fr_gg.percentile(99.9),
+        "baseline_p50_us": fr_base.percentile(50.0), "baseline_p99_us": fr_base.percentile(99.0), "baseline_p999_us": fr_base.percentile(99.9),
+        "achieved_rps": fr_gg.rps().round(), "late_sends": fr_gg.late_sends, "errors": fr_gg.errors}),
+    );
+    table(format!(
+        "webhook_fixed_rate  {}/s: graceguard p50 {} us p99 {} us p99.9 {} us; baseline p99 {} us",
+        args.rate,
+        fr_gg.percentile(50.0),
+        fr_gg.percentile(99.0),
+        fr_gg.percentile(99.9),
+        fr_base.percentile(99.0)
+    ));
+    Ok(())
+}
+
+/// Pod-CREATE reviews as the API server sends them: 99% free names, 1% names
+/// held by indexed pods.
+fn review_bodies(indexed: usize) -> Result<Vec<Bytes>> {
+    let template: Value = serde_json::from_str(include_str!(
+        "../../../webhook/tests/fixtures/01-create-pods.json"
+    ))?;
+    let mut out = Vec::with_capacity(1000);
+    for i in 0..1000usize {
+        let name = if i % 100 == 0 {
+            format!("idx-{}", (i / 100 * 7) % indexed.max(1))
+        } else {
+            format!("bench-free-{i}")
+        };
+        let mut v = template.clone();
+        v["request"]["uid"] = json!(format!("00000000-0000-0000-0000-{i:012}"));
+        v["request"]["name"] = json!(name);
+        v["request"]["namespace"] = json!("bench-index");
+        v["request"]["object"]["metadata"]["name"] = json!(name);
+        v["request"]["object"]["metadata"]["namespace"] = json!("bench-index");
+        out.push(Bytes::from(serde_json::to_vec(&v)?));
+    }
+    Ok(out)
+}
+
+fn synthetic_index(pods: usize) -> Result<()> {
+    use graceguard_webhook::meta_index::MetaIndex;
+    use graceguard_webhook::pod_index::HeldPod;
+    use kube::runtime::watcher::Event;
+    let idx: MetaIndex<HeldPod> = MetaIndex::new("pods");
+    let project = |m: &ObjectMeta| Some(HeldPod::from_meta(m));
+    idx.apply(Event::Init, project);
+    for i in 0..pods {
+        // Realistic shapes: 100 namespaces, task-attempt names, uuid uids.
+        let m = ObjectMeta {
+            namespace: Some(format!("team-{}", i % 100)),
+            name: Some(format!("train-job-{:08}-{}", i / 3, i % 3)),
+            uid: Some(format!("{:08x}-8d2c-4f5e-9a1b-{:012x}", i, i * 7919)),
+            ..Default::default()
+        };
+        idx.apply(Event::InitApply(&m), project);
+    }
+    idx.apply(Event::InitDone, project);
+    if idx.len() != pods {
+        bail!("indexed {} of {pods} pods", idx.len());
+    }
+    println!("{}", procfs::rss_bytes(std::process::id())?);
+    Ok(())
+}
+
+fn synthetic_rss(pods: usize) -> Result<u64> {
+    let out = Command::new(std::env::current_exe()?)
+        .args(["synthetic-index", "--pods", &pods.to_string()])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "synthetic-index {pods} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+async fn create_namespace(bed: &TestBed, name: &str, opt_out: bool) -> Result<()> {
+    let mut labels = BTreeMap::new();
+    if opt_out {
+        labels.insert(OPT_OUT_LABEL.to_string(), "true".to_string());
+    }
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(bed.client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+/// Create latency through the real API server with and without the webhook
+/// in the path: interleaved batches in a namespace the webhook covers and one
+/// it is told to skip (opt-out label), so both see the same server state.
+async fn apiserver_overhead(s: &Sizes, bed: &TestBed) -> Result<()> {
+    create_namespace(bed, "ovh-with", false).await?;
+    create_namespace(bed, "ovh-without", true).await?;
+    let with: Api<Pod> = Api::namespaced(bed.client.clone(), "ovh-with");
+    let without: Api<Pod> = Api::namespaced(bed.client.clone(), "ovh-without");
+    let (mut lat_with, mut lat_without) = (Vec::new(), Vec::new());
+    let batch = 25;
+    let mut i = 0;
+    while i < s.api_pods {
+        for (api, lat) in [(&without, &mut lat_without), (&with, &mut lat_with)] {
+            let mut names = Vec::new();
+            for k in i..(i + batch).min(s.api_pods) {
+                let name = format!("ovh-{k}");
+                let p = pods::task_pod(&name, 0);
+                let t = Instant::now();
+                let out = pods::create(api, &p).await?;
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                if out != CreateOutcome::Created {
+                    bail!("create {name} failed: {out:?}");
+                }
+                names.push(name);
+            }
+            for name in names {
+                api.delete(
+                    &name,
+                    &DeleteParams {
+                        grace_period_seconds: Some(0),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            }
+        }
+        i += batch;
+    }
+    let (mw, mo) = (
+        percentile_f64(&mut lat_with, 50.0),
+        percentile_f64(&mut lat_without, 50.0),
+    );
+    let (pw, po) = (
+        percentile_f64(&mut lat_with, 99.0),
+        percentile_f64(&mut lat_without, 99.0),
+    );
+    let ratio = mw / mo.max(1e-9);
+    emit(
+        json!({"group": "apiserver_overhead", "pods": s.api_pods, "median_ms_without": round3(mo), "median_ms_with": round3(mw),
+        "p99_ms_without": round3(po), "p99_ms_with": round3(pw), "added_latency_ratio": round3(ratio)}),
+    );
+    table(format!(
+        "apiserver_overhead  {} pods/side: median {mw:.2} ms with vs {mo:.2} ms without (ratio {ratio:.3}); p99 {pw:.2} vs {po:.2} ms",
+        s.api_pods
+    ));
+    Ok(())
+}
+
+/// One client re-creating a terminating pod's name as fast as it can.
+async fn livelock_storm(s: &Sizes, bed: &TestBed, webhook: &WebhookProcess) -> Result<()> {
+    let ns = bed.namespace("storm").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let pod = pods::task_pod("storm-0", 600);
+    if pods::create(&api, &pod).await? != CreateOutcome::Created {
+        bail!("creating the storm pod failed");
+    }
+    pods::delete_gracefully(&api, "storm-0", None).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let gets0 = webhook
+        .metric("graceguard_confirmation_gets_total")?
+        .unwrap_or(0.0);
+    let cpu0 = procfs::cpu_seconds(webhook.pid())?;
+    let t = Instant::now();
+    let (mut denials, mut other) = (0u64, 0u64);
+    while t.elapsed().as_secs_f64() < s.storm {
+        match pods::create(&api, &pod).await? {
+            o if o.is_already_exists() => denials += 1,
+            _ => other += 1,
+        }
+    }
+    let wall = t.elapsed().as_secs_f64();
+    let cpu = procfs::cpu_seconds(webhook.pid())? - cpu0;
+    let gets = webhook
+        .metric("graceguard_confirmation_gets_total")?
+        .unwrap_or(0.0)
+        - gets0;
+    let share = cpu / wall;
+    emit(
+        json!({"group": "livelock_storm", "seconds": round3(wall), "denials": denials, "denials_per_s": (denials as f64 / wall).round(),
+        "confirmation_gets": gets, "confirmation_cache_ttl_s": 1.0, "webhook_cpu_share": round3(share), "other_answers": other}),
+    );
+    table(format!(
+        "livelock_storm  {:.0} denials/s for {wall:.1} s, {gets} confirmation GETs, webhook CPU {:.1}% of one core",
+        denials as f64 / wall,
+        share * 100.0
+    ));
+    Ok(())
+}
+
+/// The guard's recovery from a graceful delete: API requests by verb (from the
+/// apiserver audit log) and the delay from the old pod's disappearance to the
+/// next attempt's Create.
+async fn guard_recovery() -> Result<()> {
+    let bed = TestBed::start_with(TestBedOptions { audit: true }).await?;
+    let ns = bed.namespace("recovery").await?;
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let alice = bed.client_as("alice").await?;
+    let mut task = RunningTask::start(alice, spec("train", &ns), pods::task_pod("template", 30));
+    let minute = Duration::from_secs(60);
+    task.wait_for(minute, |t| t.phase == "Running" && t.attempt == 0)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let mark = bed.audit_log()?.events()?.len();
+    pods::delete_gracefully(&api, "train-0", None).await?;
+    task.wait_for(minute, |t| t.phase == "ShuttingDown").await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    kubelet.finish_deletion(&ns, "train-0").await?;
+    task.wait_for(minute, |t| t.phase == "Running" && t.attempt == 1)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let events = bed.audit_log()?.events()?;
+    let after = &events[mark.min(events.len())..];
+    let mut by_verb: BTreeMap<String, u64> = BTreeMap::new();
+    for e in after.iter().filter(|e| e.user.username == "alice") {
+        let key = match &e.object_ref {
+            Some(o) if !o.subresource.is_empty() => {
+                format!("{}:{}/{}", e.verb, o.resource, o.subresource)
+            }
+            Some(o) => format!("{}:{}", e.verb, o.resource),
+            None => e.verb.clone(),
+        };
+        *by_verb.entry(key).or_default() += 1;
+    }
+    let creates = after
+        .iter()
+        .filter(|e| e.is("create", "pods", &ns) && e.user.username == "alice")
+        .count();
+    // The simulated kubelet's finishing delete is the last admin delete of
+    // train-0 (the first is the graceful one).
+    let gone = after
+        .iter()
+        .filter(|e| {
+            e.is("delete", "pods", &ns) && e.name() == "train-0" && e.user.username == "admin"
+        })
+        .filter_map(|e| e.completed_us())
+        .next_back();
+    let created = after
+        .iter()
+        .find(|e| e.is("create", "pods", &ns) && e.name() == "train-1")
+        .and_then(|e| e.received_us());
+    let delay_ms = match (gone, created) {
+        (Some(g), Some(c)) => (c - g) as f64 / 1000.0,
+        _ => bail!("could not find the finishing delete and the next Create in the audit log"),
+    };
+    kubelet.end_pod(&ns, "train-1", Terminal::Succeeded).await?;
+    task.finish(minute).await?;
+    emit(
+        json!({"group": "guard_recovery", "creates": creates, "requests_by_verb": by_verb, "delay_ms": round3(delay_ms),
+        "note": "alice's requests from the graceful delete of attempt 0 until attempt 1 ran; delay from the finishing delete's completion to the next Create's arrival (apiserver audit timestamps)"}),
+    );
+    table(format!("guard_recovery  {creates} Create(s); {delay_ms:.1} ms from the old pod gone to the next Create; requests: {by_verb:?}"));
+    Ok(())
+}
+
+fn mb(b: u64) -> f64 {
+    b as f64 / 1e6
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
