@@ -343,6 +343,26 @@ impl WebhookProcess {
         self.proc.pid()
     }
 
+    /// Waits (up to 5 s) until at least `n` records match
+    /// [`WebhookProcess::records_for`]; returns them (fewer if time ran out).
+    /// The webhook writes its log from a writer thread, a moment after answering.
+    pub async fn wait_records(
+        &self,
+        endpoint: &str,
+        namespace: &str,
+        name: &str,
+        n: usize,
+    ) -> Result<Vec<Value>> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let recs = self.records_for(endpoint, namespace, name)?;
+            if recs.len() >= n || Instant::now() > deadline {
+                return Ok(recs);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Kills the process (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         self.proc.kill();

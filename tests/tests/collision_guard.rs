@@ -59,7 +59,8 @@ async fn colliding_creates_are_already_exists_and_charge_no_quota() -> R {
 
     // Every denial was audited with the fields the README documents.
     let denials: Vec<_> = webhook
-        .records_for("collision_guard", &ns, POD)?
+        .wait_records("collision_guard", &ns, POD, 51)
+        .await?
         .into_iter()
         .filter(|r| r["event"] == "admission" && r["decision"] == "deny")
         .collect();
@@ -192,6 +193,9 @@ async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets() -> R {
         tokio::time::sleep(Duration::from_millis(83)).await;
     }
     assert!(sent >= 40, "only {sent} creates were sent");
+    webhook
+        .wait_records("collision_guard", &ns, POD, sent + 1)
+        .await?;
     let suspects: Vec<_> = webhook
         .audit_records()?
         .into_iter()

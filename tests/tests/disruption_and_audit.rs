@@ -1,7 +1,7 @@
 //! The disruption tagger and the deletion audit against a real kube-apiserver,
 //! both registered by URL.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::wait::await_condition;
@@ -19,24 +19,6 @@ const ALL: &[Hook] = &[
     Hook::DisruptionTagger,
     Hook::DeletionAudit,
 ];
-
-async fn wait_records(
-    webhook: &WebhookProcess,
-    endpoint: &str,
-    ns: &str,
-    name: &str,
-    n: usize,
-) -> anyhow::Result<Vec<Value>> {
-    // The webhook writes its record as it answers; allow the line to land.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let recs = webhook.records_for(endpoint, ns, name)?;
-        if recs.len() >= n || Instant::now() > deadline {
-            return Ok(recs);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason() -> R {
@@ -93,7 +75,9 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
             "Preempted by a pod on node node-1",
         )
         .await?;
-    let tagger = wait_records(&webhook, "disruption_tagger", &ns, "train-0", 3).await?;
+    let tagger = webhook
+        .wait_records("disruption_tagger", &ns, "train-0", 3)
+        .await?;
     let reasons: Vec<&str> = tagger.iter().filter_map(|r| r["reason"].as_str()).collect();
     // The kubelet's Running update, the first DisruptionTarget, the repeat.
     assert_eq!(
@@ -119,7 +103,9 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
         ],
     )?;
     assert!(ok, "kubectl delete failed: {err}");
-    let deletions = wait_records(&webhook, "deletion_audit", &ns, "train-0", 1).await?;
+    let deletions = webhook
+        .wait_records("deletion_audit", &ns, "train-0", 1)
+        .await?;
     assert_eq!(deletions.len(), 1, "{deletions:?}");
     let d = &deletions[0];
     assert_eq!(d["user"], "alice");
@@ -166,7 +152,9 @@ async fn a_deletion_without_a_disruption_is_audited_as_unexplained() -> R {
     pods::delete_gracefully(&bob, "worker", None).await?;
     // Deleting it again while it is terminating is audited as such.
     pods::delete_gracefully(&bob, "worker", Some(10)).await?;
-    let recs = wait_records(&webhook, "deletion_audit", &ns, "worker", 2).await?;
+    let recs = webhook
+        .wait_records("deletion_audit", &ns, "worker", 2)
+        .await?;
     assert_eq!(recs.len(), 2, "{recs:?}");
     assert_eq!(recs[0]["user"], "bob");
     assert_eq!(recs[0]["reason"], "unexplained");

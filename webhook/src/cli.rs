@@ -125,7 +125,8 @@ pub enum CliError {
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    logging::init();
+    // Flushes the log writer when main returns.
+    let _log = logging::init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

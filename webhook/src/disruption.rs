@@ -6,7 +6,7 @@
 //! it with the terminal phase. It is how anyone can tell "preempted" from
 //! "deleted behind my back".
 
-use serde_json::Value;
+use crate::review::Pod;
 
 /// The condition type.
 pub const CONDITION: &str = "DisruptionTarget";
@@ -20,26 +20,22 @@ pub struct Disruption {
     pub time: String,
 }
 
-/// The `DisruptionTarget=True` condition of a pod, from the pod's JSON body
-/// (the part holding `status`); `None` when absent or not True.
-pub fn of_pod(pod: &Value) -> Option<Disruption> {
-    let conditions = pod.get("status")?.get("conditions")?.as_array()?;
-    let c = conditions
+/// The `DisruptionTarget=True` condition of `pod`; `None` when absent or not True.
+pub fn of_pod(pod: &Pod) -> Option<Disruption> {
+    let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
         .iter()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(CONDITION))?;
-    if c.get("status").and_then(Value::as_str) != Some("True") {
+        .find(|c| c.type_ == CONDITION)?;
+    if c.status != "True" {
         return None;
     }
-    let s = |k: &str| {
-        c.get(k)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
     Some(Disruption {
-        reason: s("reason"),
-        message: s("message"),
-        time: s("lastTransitionTime"),
+        reason: c.reason.clone().unwrap_or_default(),
+        message: c.message.clone().unwrap_or_default(),
+        time: c.last_transition_time.clone().unwrap_or_default(),
     })
 }
 
@@ -48,19 +44,23 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).expect("pod")
+    }
+
     #[test]
     fn reads_only_a_true_condition() {
-        let pod = |status: &str| {
-            json!({"status": {"conditions": [
+        let with = |status: &str| {
+            pod(json!({"status": {"conditions": [
                 {"type": "Ready", "status": "True"},
                 {"type": "DisruptionTarget", "status": status, "reason": "PreemptionByScheduler", "message": "m", "lastTransitionTime": "2026-11-30T11:30:00Z"}
-            ]}})
+            ]}}))
         };
-        let d = of_pod(&pod("True")).expect("condition");
+        let d = of_pod(&with("True")).expect("condition");
         assert_eq!(d.reason, "PreemptionByScheduler");
         assert_eq!(d.time, "2026-11-30T11:30:00Z");
-        assert_eq!(of_pod(&pod("False")), None);
-        assert_eq!(of_pod(&json!({"status": {}})), None);
-        assert_eq!(of_pod(&json!({})), None);
+        assert_eq!(of_pod(&with("False")), None);
+        assert_eq!(of_pod(&pod(json!({"status": {}}))), None);
+        assert_eq!(of_pod(&pod(json!({}))), None);
     }
 }

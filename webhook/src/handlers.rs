@@ -8,8 +8,6 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
-use kube::core::DynamicObject;
 
 use crate::audit::AuditRecord;
 use crate::collision::{self, AllowReason, Verdict};
@@ -20,7 +18,8 @@ use crate::metrics::{
 };
 use crate::mode::Mode;
 use crate::pod_index::{NamespaceModes, PodIndex};
-use crate::{deletion_audit, disruption, review, tagger};
+use crate::review::{self, Answer, Request};
+use crate::{deletion_audit, disruption, tagger};
 
 /// Everything a review needs, shared by all requests.
 pub struct App {
@@ -73,22 +72,22 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
             return review::bad_request(&e);
         }
     };
-    let (response, mut rec) = match endpoint {
+    let (answer, mut rec) = match endpoint {
         Endpoint::collision_guard => collision_guard(app, &req).await,
         Endpoint::disruption_tagger => disruption_tagger(app, &req),
         Endpoint::deletion_audit => deletion_audit(app, &req),
     };
     let elapsed = start.elapsed();
-    let (user, groups) = review::user_of(&req);
+    let (user, groups) = req.user();
     rec.event = "admission";
     rec.endpoint = endpoint.as_str();
-    rec.decision = if response.allowed { "allow" } else { "deny" };
+    rec.decision = if answer.allowed { "allow" } else { "deny" };
     rec.request_uid.clone_from(&req.uid);
     rec.user = user;
     rec.groups = groups;
     rec.dry_run = req.dry_run;
     if rec.namespace.is_empty() {
-        rec.namespace = req.namespace.clone().unwrap_or_default();
+        rec.namespace.clone_from(&req.namespace);
     }
     if rec.name.is_empty() {
         rec.name.clone_from(&req.name);
@@ -106,12 +105,12 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
         .get_or_create(&EndpointLabels { endpoint })
         .observe(elapsed.as_secs_f64());
     rec.emit();
-    review::answer(response)
+    review::answer(&req, &answer)
 }
 
 /// The pod name a Create will use: by admission time a `generateName` has
 /// been resolved into `metadata.name`.
-fn object_name(req: &AdmissionRequest<DynamicObject>) -> String {
+fn object_name(req: &Request) -> String {
     req.object
         .as_ref()
         .and_then(|o| o.metadata.name.clone())
@@ -119,19 +118,7 @@ fn object_name(req: &AdmissionRequest<DynamicObject>) -> String {
         .unwrap_or_else(|| req.name.clone())
 }
 
-/// True for `operation` on core `pods` (with `subresource`, "" for none).
-fn is_pods(req: &AdmissionRequest<DynamicObject>, operation: Operation, subresource: &str) -> bool {
-    req.operation == operation
-        && req.resource.group.is_empty()
-        && req.resource.resource == "pods"
-        && req.sub_resource.as_deref().unwrap_or("") == subresource
-}
-
-fn disruption_tagger(
-    app: &App,
-    req: &AdmissionRequest<DynamicObject>,
-) -> (AdmissionResponse, AuditRecord) {
-    let response = AdmissionResponse::from(req);
+fn disruption_tagger(app: &App, req: &Request) -> (Answer, AuditRecord) {
     let mut rec = AuditRecord {
         reason: "not_a_status_update".into(),
         ..Default::default()
@@ -139,23 +126,23 @@ fn disruption_tagger(
     let Some(pod) = req
         .object
         .as_ref()
-        .filter(|_| is_pods(req, Operation::Update, "status"))
+        .filter(|_| req.is_pods("UPDATE", "status"))
     else {
-        return (response, rec);
+        return (Answer::allow(), rec);
     };
     rec.uid.clone_from(&pod.metadata.uid);
-    let Some(d) = disruption::of_pod(&pod.data) else {
+    let Some(d) = disruption::of_pod(pod) else {
         rec.reason = "no_disruption_target".into();
-        return (response, rec);
+        return (Answer::allow(), rec);
     };
     rec.disruption_reason = Some(d.reason.clone());
     let Some(patch) = tagger::patch_for(&pod.metadata, &d) else {
         rec.reason = "already_tagged".into();
         rec.patched = Some(false);
-        return (response, rec);
+        return (Answer::allow(), rec);
     };
-    match response.clone().with_patch(patch) {
-        Ok(patched) => {
+    match serde_json::to_vec(&patch) {
+        Ok(bytes) => {
             app.metrics
                 .disruption_tags
                 .get_or_create(&ReasonLabels {
@@ -164,29 +151,29 @@ fn disruption_tagger(
                 .inc();
             rec.reason = "tagged".into();
             rec.patched = Some(true);
-            (patched, rec)
+            let answer = Answer {
+                patch: Some(bytes),
+                ..Answer::allow()
+            };
+            (answer, rec)
         }
         Err(e) => {
             // Cannot happen for a patch of strings, but never deny over it.
             tracing::warn!(error = %e, "could not serialize the tag patch; allowing the update untagged");
             rec.reason = "patch_error".into();
             rec.patched = Some(false);
-            (response, rec)
+            (Answer::allow(), rec)
         }
     }
 }
 
-fn deletion_audit(
-    app: &App,
-    req: &AdmissionRequest<DynamicObject>,
-) -> (AdmissionResponse, AuditRecord) {
-    let response = AdmissionResponse::from(req);
-    if !is_pods(req, Operation::Delete, "") {
+fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
+    if !req.is_pods("DELETE", "") {
         let rec = AuditRecord {
             reason: "not_a_pod_delete".into(),
             ..Default::default()
         };
-        return (response, rec);
+        return (Answer::allow(), rec);
     }
     let rec = deletion_audit::record(req);
     let explained = if rec.disruption_reason.is_some() {
@@ -198,23 +185,19 @@ fn deletion_audit(
         .deletions_audited
         .get_or_create(&ExplainedLabels { explained })
         .inc();
-    (response, rec)
+    (Answer::allow(), rec)
 }
 
-async fn collision_guard(
-    app: &App,
-    req: &AdmissionRequest<DynamicObject>,
-) -> (AdmissionResponse, AuditRecord) {
-    let mut response = AdmissionResponse::from(req);
+async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     let allow = |reason: AllowReason| AuditRecord {
         reason: reason.as_str().into(),
         ..Default::default()
     };
-    if !is_pods(req, Operation::Create, "") {
-        return (response, allow(AllowReason::NotPodCreate));
+    if !req.is_pods("CREATE", "") {
+        return (Answer::allow(), allow(AllowReason::NotPodCreate));
     }
     let name = object_name(req);
-    let namespace = req.namespace.clone().unwrap_or_default();
+    let namespace = req.namespace.clone();
     let mut rec = AuditRecord {
         namespace: namespace.clone(),
         name: name.clone(),
@@ -222,10 +205,10 @@ async fn collision_guard(
     };
     if name.is_empty() {
         rec.reason = AllowReason::NoName.as_str().into();
-        return (response, rec);
+        return (Answer::allow(), rec);
     }
     if app.pods.get(&namespace, &name).is_none() {
-        return (response, rec);
+        return (Answer::allow(), rec);
     }
     let confirmation = app.confirmer.confirm(&namespace, &name).await;
     if let collision::Confirmation::Failed(e) = &confirmation {
@@ -233,45 +216,50 @@ async fn collision_guard(
     }
     let mode = app.mode_for(&namespace);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    match collision::decide(&confirmation, &name, mode, now) {
-        Verdict::Allow(reason) => rec.reason = reason.as_str().into(),
-        Verdict::Deny(d) => {
-            response.allowed = false;
-            rec.reason = d.reason.into();
-            rec.mode = Some(mode.as_str());
-            rec.code = Some(d.status.code);
-            rec.message = Some(d.status.message.clone());
-            rec.grace_left_seconds = d.grace_left_seconds;
-            if let collision::Confirmation::Held(p) = &confirmation {
-                rec.uid = Some(p.uid.clone());
+    let d = match collision::decide(&confirmation, &name, mode, now) {
+        Verdict::Allow(reason) => {
+            rec.reason = reason.as_str().into();
+            return (Answer::allow(), rec);
+        }
+        Verdict::Deny(d) => d,
+    };
+    rec.reason = d.reason.into();
+    rec.mode = Some(mode.as_str());
+    rec.code = Some(d.status.code);
+    rec.message = Some(d.status.message.clone());
+    rec.grace_left_seconds = d.grace_left_seconds;
+    if let collision::Confirmation::Held(p) = &confirmation {
+        rec.uid = Some(p.uid.clone());
+    }
+    if !req.dry_run {
+        app.metrics.quota_charges_prevented.inc();
+        let user = req.user_info.username.as_deref().unwrap_or("");
+        if let Some(count) = app.livelock.record(&namespace, &name, user) {
+            app.metrics.livelock_suspected.inc();
+            AuditRecord {
+                event: "livelock_suspected",
+                endpoint: Endpoint::collision_guard.as_str(),
+                decision: "deny",
+                reason: "livelock_suspected".into(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                user: user.to_string(),
+                request_uid: req.uid.clone(),
+                message: Some(format!(
+                    "client {user:?} re-created pods \"{name}\" {count} times in {} s while the name was taken; it is probably looping on AlreadyExists",
+                    app.livelock.window().as_secs()
+                )),
+                denials_in_window: Some(count as u64),
+                window_seconds: Some(app.livelock.window().as_secs()),
+                ..Default::default()
             }
-            response.result = d.status;
-            if !req.dry_run {
-                app.metrics.quota_charges_prevented.inc();
-                let user = req.user_info.username.as_deref().unwrap_or("");
-                if let Some(count) = app.livelock.record(&namespace, &name, user) {
-                    app.metrics.livelock_suspected.inc();
-                    AuditRecord {
-                        event: "livelock_suspected",
-                        endpoint: Endpoint::collision_guard.as_str(),
-                        decision: "deny",
-                        reason: "livelock_suspected".into(),
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                        user: user.to_string(),
-                        request_uid: req.uid.clone(),
-                        message: Some(format!(
-                            "client {user:?} re-created pods \"{name}\" {count} times in {} s while the name was taken; it is probably looping on AlreadyExists",
-                            app.livelock.window().as_secs()
-                        )),
-                        denials_in_window: Some(count as u64),
-                        window_seconds: Some(app.livelock.window().as_secs()),
-                        ..Default::default()
-                    }
-                    .emit();
-                }
-            }
+            .emit();
         }
     }
-    (response, rec)
+    let answer = Answer {
+        allowed: false,
+        status: Some(d.status),
+        patch: None,
+    };
+    (answer, rec)
 }

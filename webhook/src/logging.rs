@@ -1,11 +1,21 @@
 //! JSON logs on stdout: audit records and operational logs alike, one object
 //! per line, fields at the top level (`flatten_event`) so log pipelines can
 //! index them without unwrapping.
+//!
+//! Lines are handed to a writer thread (tracing-appender's non-blocking
+//! writer, lossless: it applies backpressure rather than dropping records), so
+//! the write syscall is off the admission path.
 
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
 /// Installs the JSON subscriber. `RUST_LOG` overrides the default level (info).
-pub fn init() {
+/// Keep the returned guard alive until exit: dropping it flushes the records.
+pub fn init() -> WorkerGuard {
+    let (writer, guard) = NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("graceguard-log")
+        .finish(std::io::stdout());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .json()
@@ -14,6 +24,7 @@ pub fn init() {
         .with_span_list(false)
         .with_target(true)
         .with_env_filter(filter)
-        .with_writer(std::io::stdout)
+        .with_writer(writer)
         .try_init();
+    guard
 }

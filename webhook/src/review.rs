@@ -1,10 +1,20 @@
 //! Reading AdmissionReviews and writing the answers.
+//!
+//! Every pod Create in the cluster passes through here, so a review is read
+//! into lean types holding only what graceguard's decisions use: unknown
+//! fields are skipped without being built, and the object is kept raw until a
+//! pods request needs it. (kube's `AdmissionReview<DynamicObject>` buffers the
+//! whole body twice through serde's `flatten`; see the README's benchmarks.)
+
+use std::collections::BTreeMap;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use kube::core::DynamicObject;
+use k8s_openapi::ByteString;
+use kube::core::Status;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// Why a body is not a usable AdmissionReview.
 #[derive(Debug, thiserror::Error)]
@@ -13,18 +23,272 @@ pub enum ReviewError {
     Json(serde_json::Error),
     #[error("the AdmissionReview has no `request`; the API server always sends one")]
     NoRequest,
+    #[error(
+        "the AdmissionReview's {field} is not a Pod ({source}); register graceguard for pods only"
+    )]
+    NotAPod {
+        field: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+#[derive(Deserialize)]
+struct ReviewIn {
+    #[serde(rename = "apiVersion", default)]
+    api_version: String,
+    request: Option<RawRequest>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawRequest {
+    uid: String,
+    resource: Gvr,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: String,
+    #[serde(default)]
+    user_info: UserInfo,
+    #[serde(default)]
+    object: Option<Box<RawValue>>,
+    #[serde(default)]
+    old_object: Option<Box<RawValue>>,
+    #[serde(default)]
+    dry_run: Option<bool>,
+    #[serde(default)]
+    options: Option<Box<RawValue>>,
+}
+
+/// The resource a request is for.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct Gvr {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub resource: String,
+}
+
+/// Who sent the request.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub groups: Option<Vec<String>>,
+}
+
+/// The metadata fields graceguard reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Meta {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub uid: Option<String>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub deletion_timestamp: Option<String>,
+    #[serde(default)]
+    pub deletion_grace_period_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(default)]
+    pub termination_grace_period_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Condition {
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(rename = "lastTransitionTime", default)]
+    pub last_transition_time: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PodStatus {
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// A pod, as far as graceguard reads one.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Pod {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default)]
+    pub spec: Option<PodSpec>,
+    #[serde(default)]
+    pub status: Option<PodStatus>,
+}
+
+/// An admission request. `object` and `old_object` are read only for pods
+/// requests; for anything else they stay `None`.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub api_version: String,
+    pub uid: String,
+    pub resource: Gvr,
+    pub sub_resource: String,
+    pub name: String,
+    pub namespace: String,
+    /// CREATE, UPDATE, DELETE or CONNECT.
+    pub operation: String,
+    pub user_info: UserInfo,
+    pub dry_run: bool,
+    pub object: Option<Pod>,
+    pub old_object: Option<Pod>,
+    /// `options.gracePeriodSeconds` (DELETE).
+    pub grace_period_seconds: Option<i64>,
+}
+
+impl Request {
+    /// True for `operation` on core `pods` with `subresource` ("" for none).
+    pub fn is_pods(&self, operation: &str, subresource: &str) -> bool {
+        self.operation == operation
+            && self.resource.group.is_empty()
+            && self.resource.resource == "pods"
+            && self.sub_resource == subresource
+    }
+
+    /// The requesting user's name and groups (comma-separated).
+    pub fn user(&self) -> (String, Option<String>) {
+        let user = self.user_info.username.clone().unwrap_or_default();
+        let groups = self.user_info.groups.as_ref().map(|g| g.join(","));
+        (user, groups)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    #[serde(default)]
+    grace_period_seconds: Option<i64>,
+}
+
+fn pod(raw: Option<&RawValue>, field: &'static str) -> Result<Option<Pod>, ReviewError> {
+    match raw {
+        Some(r) if r.get() != "null" => serde_json::from_str(r.get())
+            .map(Some)
+            .map_err(|source| ReviewError::NotAPod { field, source }),
+        _ => Ok(None),
+    }
 }
 
 /// Parses an `admission.k8s.io/v1` AdmissionReview.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ReviewError> {
-    let review: AdmissionReview<DynamicObject> =
-        serde_json::from_slice(body).map_err(ReviewError::Json)?;
-    review.try_into().map_err(|_| ReviewError::NoRequest)
+pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
+    let review: ReviewIn = serde_json::from_slice(body).map_err(ReviewError::Json)?;
+    let r = review.request.ok_or(ReviewError::NoRequest)?;
+    let pods = r.resource.group.is_empty() && r.resource.resource == "pods";
+    let (object, old_object) = if pods {
+        (
+            pod(r.object.as_deref(), "request.object")?,
+            pod(r.old_object.as_deref(), "request.oldObject")?,
+        )
+    } else {
+        (None, None)
+    };
+    let grace_period_seconds = r
+        .options
+        .as_deref()
+        .and_then(|o| serde_json::from_str::<DeleteOptions>(o.get()).ok())
+        .and_then(|o| o.grace_period_seconds);
+    Ok(Request {
+        api_version: if review.api_version.is_empty() {
+            "admission.k8s.io/v1".into()
+        } else {
+            review.api_version
+        },
+        uid: r.uid,
+        resource: r.resource,
+        sub_resource: r.sub_resource.unwrap_or_default(),
+        name: r.name,
+        namespace: r.namespace.unwrap_or_default(),
+        operation: r.operation,
+        user_info: r.user_info,
+        dry_run: r.dry_run.unwrap_or(false),
+        object,
+        old_object,
+        grace_period_seconds,
+    })
 }
 
-/// The HTTP answer carrying `response`.
-pub fn answer(response: AdmissionResponse) -> Response {
-    Json(response.into_review()).into_response()
+/// The answer to one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    pub allowed: bool,
+    /// The denial (code, reason, message, details).
+    pub status: Option<Status>,
+    /// A JSONPatch, for the mutating endpoint.
+    pub patch: Option<Vec<u8>>,
+}
+
+impl Answer {
+    pub fn allow() -> Self {
+        Self {
+            allowed: true,
+            status: None,
+            patch: None,
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    /// Base64, as the API server expects `[]byte`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<ByteString>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'a str,
+    kind: &'static str,
+    response: ResponseOut<'a>,
+}
+
+/// The AdmissionReview answering `req` with `answer`.
+pub fn answer(req: &Request, answer: &Answer) -> Response {
+    let out = ReviewOut {
+        api_version: &req.api_version,
+        kind: "AdmissionReview",
+        response: ResponseOut {
+            uid: &req.uid,
+            allowed: answer.allowed,
+            status: answer.status.as_ref(),
+            patch_type: answer.patch.as_ref().map(|_| "JSONPatch"),
+            patch: answer.patch.clone().map(ByteString),
+        },
+    };
+    Json(out).into_response()
 }
 
 /// A 400 for a body that is not a usable review. The API server treats it as a
@@ -35,11 +299,4 @@ pub fn bad_request(e: &ReviewError) -> Response {
         Json(serde_json::json!({"error": e.to_string()})),
     )
         .into_response()
-}
-
-/// The requesting user's name and groups.
-pub fn user_of<T: kube::Resource>(req: &AdmissionRequest<T>) -> (String, Option<String>) {
-    let user = req.user_info.username.clone().unwrap_or_default();
-    let groups = req.user_info.groups.as_ref().map(|g| g.join(","));
-    (user, groups)
 }

@@ -12,10 +12,10 @@ use std::collections::BTreeMap;
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
-use kube::core::ObjectMeta;
 use serde_json::{json, Value};
 
 use crate::disruption::Disruption;
+use crate::review::Meta;
 
 pub const LABEL: &str = "graceguard.io/disruption";
 pub const MESSAGE_ANNOTATION: &str = "graceguard.io/disruption-message";
@@ -58,7 +58,7 @@ fn add(tokens: &[&str], value: Value) -> PatchOperation {
 
 /// The JSONPatch that tags a pod with metadata `meta` for `d`, or `None` when
 /// its tags already say the same.
-pub fn patch_for(meta: &ObjectMeta, d: &Disruption) -> Option<Patch> {
+pub fn patch_for(meta: &Meta, d: &Disruption) -> Option<Patch> {
     let label = label_value(&d.reason);
     let wanted_annotations = [
         (MESSAGE_ANNOTATION, d.message.as_str()),
@@ -98,13 +98,13 @@ mod tests {
         }
     }
 
-    fn meta(labels: Option<&[(&str, &str)]>, annotations: Option<&[(&str, &str)]>) -> ObjectMeta {
+    fn meta(labels: Option<&[(&str, &str)]>, annotations: Option<&[(&str, &str)]>) -> Meta {
         let map = |kv: &[(&str, &str)]| {
             kv.iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect()
         };
-        ObjectMeta {
+        Meta {
             labels: labels.map(map),
             annotations: annotations.map(map),
             ..Default::default()
@@ -122,7 +122,7 @@ mod tests {
 
     #[test]
     fn patch_table() {
-        let cases: Vec<(&str, ObjectMeta, &str, Value)> = vec![
+        let cases: Vec<(&str, Meta, &str, Value)> = vec![
             (
                 "no labels or annotations maps: add whole maps",
                 meta(None, None),

@@ -261,9 +261,11 @@ async fn an_oversized_body_is_refused_not_buffered() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
+/// The response's JSONPatch: base64 in the review, as the API server expects.
 fn patch_ops(v: &Value) -> Value {
-    let bytes: Vec<u8> = serde_json::from_value(v["response"]["patch"].clone()).unwrap_or_default();
-    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+    let bytes: k8s_openapi::ByteString = serde_json::from_value(v["response"]["patch"].clone())
+        .unwrap_or(k8s_openapi::ByteString(Vec::new()));
+    serde_json::from_slice(&bytes.0).unwrap_or(Value::Null)
 }
 
 #[tokio::test]
