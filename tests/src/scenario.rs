@@ -39,6 +39,9 @@ pub struct CollisionReport {
     /// HTTP code and message of the first colliding Create's answer.
     pub first_answer_code: u16,
     pub first_answer: String,
+    /// Mode `graceguard`: the webhook's audit record of the first denial.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_record: Option<serde_json::Value>,
 }
 
 /// Runs the scenario in `ns` (quota `pods` with `hard` pods, none used):
@@ -264,5 +267,6 @@ pub async fn guard_graceful_delete(
             "{} created after {} was gone; task succeeded",
             next.pod, first.pod
         ),
+        audit_record: None,
     })
 }

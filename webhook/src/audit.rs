@@ -22,10 +22,11 @@ pub struct AuditRecord {
     pub latency_us: u64,
     /// The AdmissionReview request uid, to join with the apiserver's audit log.
     pub request_uid: String,
-    /// Denials: the mode and the HTTP code answered, and the message.
+    /// Denials: the mode and the HTTP code answered, and the message sent
+    /// (`detail`: tracing's own `message` field is the event text, "audit").
     pub mode: Option<&'static str>,
     pub code: Option<u16>,
-    pub message: Option<String>,
+    pub detail: Option<String>,
     pub grace_left_seconds: Option<i64>,
     /// Tagger and deletion audit.
     pub disruption_reason: Option<String>,
@@ -58,7 +59,7 @@ impl AuditRecord {
             request_uid = %self.request_uid,
             mode = self.mode,
             code = self.code,
-            message = self.message.as_deref(),
+            detail = self.detail.as_deref(),
             grace_left_seconds = self.grace_left_seconds,
             disruption_reason = self.disruption_reason.as_deref(),
             patched = self.patched,

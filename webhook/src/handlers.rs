@@ -226,7 +226,7 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     rec.reason = d.reason.into();
     rec.mode = Some(mode.as_str());
     rec.code = Some(d.status.code);
-    rec.message = Some(d.status.message.clone());
+    rec.detail = Some(d.status.message.clone());
     rec.grace_left_seconds = d.grace_left_seconds;
     if let collision::Confirmation::Held(p) = &confirmation {
         rec.uid = Some(p.uid.clone());
@@ -245,7 +245,7 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
                 name: name.clone(),
                 user: user.to_string(),
                 request_uid: req.uid.clone(),
-                message: Some(format!(
+                detail: Some(format!(
                     "client {user:?} re-created pods \"{name}\" {count} times in {} s while the name was taken; it is probably looping on AlreadyExists",
                     app.livelock.window().as_secs()
                 )),

@@ -17,7 +17,10 @@ pub fn init() -> WorkerGuard {
         .thread_name("graceguard-log")
         // Buffered: under load the writer thread drains many lines per
         // write; it flushes whenever the channel runs empty.
-        .finish(std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout()));
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stdout(),
+        ));
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .json()

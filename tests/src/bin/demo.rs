@@ -57,8 +57,15 @@ async fn run(args: &Args) -> Result<()> {
             ],
         )
         .await?;
-    reports
-        .push(graceful_delete_collision(&bed.client, &ns, "graceguard", args.creates, 100).await?);
+    let mut guarded =
+        graceful_delete_collision(&bed.client, &ns, "graceguard", args.creates, 100).await?;
+    let n = args.creates as usize + 1;
+    guarded.audit_record = webhook
+        .wait_records("collision_guard", &ns, testbed::scenario::POD, n)
+        .await?
+        .into_iter()
+        .find(|r| r["decision"] == "deny");
+    reports.push(guarded);
 
     let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
     let ns = bed.namespace("demo-guard").await?;
@@ -109,6 +116,12 @@ fn print_table(reports: &[CollisionReport]) {
         );
     }
     for r in reports {
+        if let Some(a) = &r.audit_record {
+            println!(
+                "\n{} audit record of the first denial (graceguard-webhook stdout):\n{a}",
+                r.mode
+            );
+        }
         println!(
             "\n{} answered: {} {}",
             r.mode, r.first_answer_code, r.first_answer
