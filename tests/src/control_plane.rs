@@ -262,8 +262,8 @@ impl TestBed {
 
 impl Drop for TestBed {
     fn drop(&mut self) {
-        self.apiserver.stop(Duration::from_secs(5));
-        self.etcd.stop(Duration::from_secs(5));
+        let _ = self.apiserver.stop(Duration::from_secs(5));
+        let _ = self.etcd.stop(Duration::from_secs(5));
         if std::thread::panicking() {
             if let Some(dir) = self.dir.take() {
                 let kept = dir.keep();

@@ -92,3 +92,30 @@ pub async fn delete_gracefully(
     api.delete(name, &dp).await?;
     Ok(())
 }
+
+/// How long the wait helpers below wait before failing the test.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until pod `name` is Running (the simulated kubelet moves bound pods there).
+pub async fn wait_running(api: &Api<Pod>, name: &str) -> anyhow::Result<()> {
+    let running = kube::runtime::wait::await_condition(api.clone(), name, |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
+    });
+    tokio::time::timeout(WAIT, running)
+        .await
+        .map_err(|_| anyhow::anyhow!("pod {name} was not Running within {WAIT:?}"))??;
+    Ok(())
+}
+
+/// Waits until the pod `name` with `uid` is gone (NotFound or replaced).
+pub async fn wait_gone(api: &Api<Pod>, name: &str, uid: &str) -> anyhow::Result<()> {
+    let gone = kube::runtime::wait::await_condition(
+        api.clone(),
+        name,
+        kube::runtime::wait::conditions::is_deleted(uid),
+    );
+    tokio::time::timeout(WAIT, gone)
+        .await
+        .map_err(|_| anyhow::anyhow!("pod {name} was still there after {WAIT:?}"))??;
+    Ok(())
+}

@@ -65,10 +65,11 @@ impl Managed {
         let _ = self.child.wait();
     }
 
-    /// SIGTERM, then SIGKILL after `grace`.
-    pub fn stop(&mut self, grace: Duration) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
+    /// SIGTERM, then SIGKILL after `grace`. Returns how the process ended
+    /// (`None` if it had to be killed).
+    pub fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(status);
         }
         if let Ok(pid) = i32::try_from(self.child.id()) {
             // SAFETY: sending a signal to our own child.
@@ -78,18 +79,19 @@ impl Managed {
         }
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         self.kill();
+        None
     }
 }
 
 impl Drop for Managed {
     fn drop(&mut self) {
-        self.stop(Duration::from_secs(3));
+        let _ = self.stop(Duration::from_secs(3));
     }
 }
 

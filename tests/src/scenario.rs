@@ -130,10 +130,7 @@ pub async fn preemption(
         out == CreateOutcome::Created,
         "creating {ns}/{name} failed: {out:?}"
     );
-    let running = kube::runtime::wait::await_condition(api.clone(), name, |p: Option<&Pod>| {
-        p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
-    });
-    tokio::time::timeout(Duration::from_secs(20), running).await??;
+    pods::wait_running(&api, name).await?;
     kubelet
         .mark_disruption_target(
             ns,

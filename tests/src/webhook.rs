@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
@@ -186,44 +186,34 @@ impl WebhookProcess {
     /// Registers `hooks` with the bed's API server (failurePolicy Ignore) and
     /// waits until the API server demonstrably calls each of them.
     pub async fn register(&self, bed: &TestBed, hooks: &[Hook]) -> Result<()> {
-        let client_config = |hook: Hook| WebhookClientConfig {
-            url: Some(format!("{}{}", self.url, hook.path())),
-            ca_bundle: Some(ByteString(self.ca_pem.clone().into_bytes())),
-            service: None,
+        // One shape for both kinds of webhook; each type reads the fields it has.
+        let spec = |h: &Hook| -> Result<Value> {
+            Ok(serde_json::json!({
+                "name": h.name(),
+                "clientConfig": {
+                    "url": format!("{}{}", self.url, h.path()),
+                    "caBundle": ByteString(self.ca_pem.clone().into_bytes()),
+                },
+                "rules": [h.rule()],
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 2,
+                "matchPolicy": "Equivalent",
+                "namespaceSelector": opt_out(),
+                "reinvocationPolicy": "Never",
+            }))
         };
         let validating: Vec<ValidatingWebhook> = hooks
             .iter()
             .filter(|h| **h != Hook::DisruptionTagger)
-            .map(|h| ValidatingWebhook {
-                name: h.name().into(),
-                client_config: client_config(*h),
-                rules: Some(vec![h.rule()]),
-                failure_policy: Some("Ignore".into()),
-                side_effects: "None".into(),
-                admission_review_versions: vec!["v1".into()],
-                timeout_seconds: Some(2),
-                match_policy: Some("Equivalent".into()),
-                namespace_selector: Some(opt_out()),
-                ..Default::default()
-            })
-            .collect();
+            .map(|h| Ok(serde_json::from_value(spec(h)?)?))
+            .collect::<Result<_>>()?;
         let mutating: Vec<MutatingWebhook> = hooks
             .iter()
             .filter(|h| **h == Hook::DisruptionTagger)
-            .map(|h| MutatingWebhook {
-                name: h.name().into(),
-                client_config: client_config(*h),
-                rules: Some(vec![h.rule()]),
-                failure_policy: Some("Ignore".into()),
-                side_effects: "None".into(),
-                admission_review_versions: vec!["v1".into()],
-                timeout_seconds: Some(2),
-                match_policy: Some("Equivalent".into()),
-                namespace_selector: Some(opt_out()),
-                reinvocation_policy: Some("Never".into()),
-                ..Default::default()
-            })
-            .collect();
+            .map(|h| Ok(serde_json::from_value(spec(h)?)?))
+            .collect::<Result<_>>()?;
         let meta = ObjectMeta {
             name: Some("graceguard".into()),
             ..Default::default()
@@ -368,8 +358,9 @@ impl WebhookProcess {
         self.proc.kill();
     }
 
-    /// Stops it with SIGTERM, as Kubernetes does.
-    pub fn terminate(&mut self) {
-        self.proc.stop(Duration::from_secs(25));
+    /// Stops it with SIGTERM, as Kubernetes does; how it exited (`None`: it
+    /// had to be killed after 25 s).
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.stop(Duration::from_secs(25))
     }
 }

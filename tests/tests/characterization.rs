@@ -1,10 +1,7 @@
 //! What a real kube-apiserver does without graceguard: the failure graceguard
 //! exists for. Every number here is read back from the API server.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, ResourceExt};
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::pods::{self, CreateOutcome};
@@ -52,15 +49,7 @@ async fn once_the_kubelet_finishes_the_deletion_the_name_can_be_created_again() 
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     let uid = api.get(POD).await?.uid();
     kubelet.finish_deletion(&ns, POD).await?;
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        await_condition(
-            api.clone(),
-            POD,
-            conditions::is_deleted(uid.as_deref().unwrap_or("")),
-        ),
-    )
-    .await??;
+    pods::wait_gone(&api, POD, uid.as_deref().unwrap_or("")).await?;
     assert_eq!(
         pods::create(&api, &pods::task_pod(POD, 60)).await?,
         CreateOutcome::Created
@@ -85,20 +74,13 @@ async fn the_simulated_kubelet_runs_pods_and_finishes_deletions_after_a_share_of
         pods::create(&api, &pods::task_pod("p", 10)).await?,
         CreateOutcome::Created
     );
-    let running = await_condition(api.clone(), "p", |p: Option<&Pod>| {
-        p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
-    });
-    tokio::time::timeout(Duration::from_secs(20), running).await??;
+    pods::wait_running(&api, "p").await?;
     let uid = api.get("p").await?.uid().unwrap_or_default();
     pods::delete_gracefully(&api, "p", None).await?;
     // Terminating first (grace 10 s, finished after ~1 s)...
     assert!(api.get("p").await?.metadata.deletion_timestamp.is_some());
     // ...then gone, without the test deleting it.
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        await_condition(api.clone(), "p", conditions::is_deleted(&uid)),
-    )
-    .await??;
+    pods::wait_gone(&api, "p", &uid).await?;
     assert!(api.get_opt("p").await?.is_none());
     Ok(())
 }

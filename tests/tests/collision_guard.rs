@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, ResourceExt};
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::pods::{self, CreateOutcome};
@@ -49,11 +48,7 @@ async fn colliding_creates_are_already_exists_and_charge_no_quota() -> R {
     // Once the deletion finishes, the original name is free again.
     let uid = api.get(POD).await?.uid().unwrap_or_default();
     kubelet.finish_deletion(&ns, POD).await?;
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        await_condition(api.clone(), POD, conditions::is_deleted(&uid)),
-    )
-    .await??;
+    pods::wait_gone(&api, POD, &uid).await?;
     let again = retry_create(&api, POD).await?;
     assert_eq!(again, CreateOutcome::Created);
 
@@ -219,5 +214,26 @@ async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets() -> R {
         "{gets} confirmation GETs for {} denials",
         sent + 1
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_cleanly_and_flushes_the_audit_log() -> R {
+    let (bed, mut webhook, ns) = bed_with_webhook(&[], false).await?;
+    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 2, 100).await?;
+    assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
+    let status = webhook.terminate();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "exit status {status:?}"
+    );
+    let log = std::fs::read_to_string(&webhook.log)?;
+    assert!(
+        log.contains("shutdown requested") && log.contains("graceguard-webhook stopped"),
+        "{log}"
+    );
+    // Every decision made before the signal was written out (the log writer flushes on exit).
+    assert_eq!(webhook.records_for("collision_guard", &ns, POD)?.len(), 3);
     Ok(())
 }

@@ -1,10 +1,7 @@
 //! The disruption tagger and the deletion audit against a real kube-apiserver,
 //! both registered by URL.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::wait::await_condition;
 use kube::Api;
 use serde_json::Value;
 use testbed::kubelet::{Kubelet, KubeletOptions};
@@ -32,10 +29,7 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
         pods::create(&api, &pods::task_pod("train-0", 60)).await?,
         CreateOutcome::Created
     );
-    let running = await_condition(api.clone(), "train-0", |p: Option<&Pod>| {
-        p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
-    });
-    tokio::time::timeout(Duration::from_secs(20), running).await??;
+    pods::wait_running(&api, "train-0").await?;
 
     // kube-scheduler sets DisruptionTarget through pods/status before preempting.
     kubelet

@@ -4,11 +4,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::wait::await_condition;
 use kube::Api;
 use testbed::binaries::workspace_bin;
 use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
-use testbed::TestBed;
+use testbed::{pods, TestBed};
 use tokio::process::Command;
 
 type R = anyhow::Result<()>;
@@ -45,10 +44,7 @@ async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
         .kill_on_drop(true)
         .spawn()?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    let running = await_condition(api.clone(), "nightly-0", |p: Option<&Pod>| {
-        p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
-    });
-    tokio::time::timeout(Duration::from_secs(60), running).await??;
+    pods::wait_running(&api, "nightly-0").await?;
     // Give the CLI a moment to see Running itself, then end the task.
     tokio::time::sleep(Duration::from_millis(500)).await;
     kubelet
