@@ -120,6 +120,40 @@ async fn a_preempted_attempt_is_waited_out_then_one_create_under_the_next_name()
         .map(|e| e.name().to_string())
         .collect();
     assert_eq!(creates, ["train-0", "train-1"]);
+
+    // Each transition is also a Kubernetes Event on the pod.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(bed.client.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reasons = loop {
+        let reasons: Vec<(String, String)> = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|e| {
+                let pod = e.regarding.and_then(|r| r.name).unwrap_or_default();
+                (pod, e.reason.unwrap_or_default())
+            })
+            .collect();
+        let shutting_down = reasons
+            .iter()
+            .any(|(p, r)| p == "train-0" && r == "ShuttingDown");
+        let succeeded = reasons
+            .iter()
+            .any(|(p, r)| p == "train-1" && r == "Succeeded");
+        if (shutting_down && succeeded) || Instant::now() > deadline {
+            break reasons;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        reasons.contains(&("train-0".into(), "ShuttingDown".into())),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.contains(&("train-1".into(), "Succeeded".into())),
+        "{reasons:?}"
+    );
     Ok(())
 }
 
