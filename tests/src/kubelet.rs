@@ -20,6 +20,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
+/// The message [`Kubelet::mark_preempted`] sets.
+pub const PREEMPTION_MESSAGE: &str = "Preempted by a pod on node node-1";
+
 /// When the simulated kubelet finishes graceful deletions.
 #[derive(Clone, Copy, Debug)]
 pub enum FinishDeletions {
@@ -105,6 +108,13 @@ impl Kubelet {
     ) -> Result<()> {
         let status = json!({"status": {"conditions": [disruption_condition(reason, message)]}});
         patch_status(&self.client, ns, name, &status).await
+    }
+
+    /// [`Kubelet::mark_disruption_target`] as kube-scheduler does before a
+    /// preemption: reason `PreemptionByScheduler`, message [`PREEMPTION_MESSAGE`].
+    pub async fn mark_preempted(&self, ns: &str, name: &str) -> Result<()> {
+        self.mark_disruption_target(ns, name, "PreemptionByScheduler", PREEMPTION_MESSAGE)
+            .await
     }
 
     /// Sets `DisruptionTarget=True` the kubelet's way: together with the

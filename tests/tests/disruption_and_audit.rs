@@ -32,14 +32,7 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
     pods::wait_running(&api, "train-0").await?;
 
     // kube-scheduler sets DisruptionTarget through pods/status before preempting.
-    kubelet
-        .mark_disruption_target(
-            &ns,
-            "train-0",
-            "PreemptionByScheduler",
-            "Preempted by a pod on node node-1",
-        )
-        .await?;
+    kubelet.mark_preempted(&ns, "train-0").await?;
     let pod = api.get("train-0").await?;
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
@@ -61,14 +54,7 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
     assert!(annotations.contains_key("graceguard.io/disruption-time"));
 
     // The same status update again: the tags already say it, so no patch.
-    kubelet
-        .mark_disruption_target(
-            &ns,
-            "train-0",
-            "PreemptionByScheduler",
-            "Preempted by a pod on node node-1",
-        )
-        .await?;
+    kubelet.mark_preempted(&ns, "train-0").await?;
     let tagger = webhook
         .wait_records("disruption_tagger", &ns, "train-0", 3)
         .await?;

@@ -60,14 +60,7 @@ async fn a_preempted_attempt_is_waited_out_then_one_create_under_the_next_name()
         .await?;
 
     // kube-scheduler marks the pod, then deletes it gracefully (the flyteorg/flyte#8066 trigger).
-    kubelet
-        .mark_disruption_target(
-            &ns,
-            "train-0",
-            "PreemptionByScheduler",
-            "Preempted by a pod on node node-1",
-        )
-        .await?;
+    kubelet.mark_preempted(&ns, "train-0").await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     pods::delete_gracefully(&api, "train-0", None).await?;
     let t = task.wait_for(MIN, |t| t.phase == "ShuttingDown").await?;
