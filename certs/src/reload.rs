@@ -73,7 +73,8 @@ impl ReloadingResolver {
     pub fn spawn_poller(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
+            // A zero period would make tokio's interval panic.
+            let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             // The last error logged, so a bad pair is reported once, not every tick.

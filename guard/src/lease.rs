@@ -92,7 +92,8 @@ impl InstanceLease {
     /// Renews every third of the duration until the task is aborted.
     pub fn spawn_renewal(self) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(self.duration / 3);
+            // At least once a second, and never a zero period (tokio panics on it).
+            let mut tick = tokio::time::interval((self.duration / 3).max(Duration::from_secs(1)));
             loop {
                 tick.tick().await;
                 if let Err(e) = self.renew().await {
