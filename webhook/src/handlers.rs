@@ -207,7 +207,7 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
         rec.reason = AllowReason::NoName.as_str().into();
         return (Answer::allow(), rec);
     }
-    if app.pods.get(&namespace, &name).is_none() {
+    if !app.pods.contains(&namespace, &name) {
         return (Answer::allow(), rec);
     }
     let confirmation = app.confirmer.confirm(&namespace, &name).await;

@@ -86,6 +86,14 @@ impl<V: Clone> MetaIndex<V> {
         self.read().live.get(namespace)?.get(name).cloned()
     }
 
+    /// Whether `namespace/name` is indexed (no clone: the admission hot path).
+    pub fn contains(&self, namespace: &str, name: &str) -> bool {
+        self.read()
+            .live
+            .get(namespace)
+            .is_some_and(|m| m.contains_key(name))
+    }
+
     /// Objects indexed now.
     pub fn len(&self) -> usize {
         self.read().len
@@ -239,6 +247,8 @@ mod tests {
         idx.apply(Event::InitDone, uid);
         assert!(idx.is_ready());
         assert_eq!(idx.get("a", "p").as_deref(), Some("uid-p"));
+        assert!(idx.contains("a", "p"));
+        assert!(!idx.contains("a", "q") && !idx.contains("b", "p"));
         idx.mark_broken();
         assert!(!idx.is_ready());
         idx.apply(Event::Apply(&meta("a", "q")), uid);
