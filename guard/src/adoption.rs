@@ -57,6 +57,8 @@ pub struct Adopter {
     events: BoxStream<'static, Result<Event<Pod>, watcher::Error>>,
     /// Marked done, not yet seen leaving the selector.
     in_flight: HashSet<String>,
+    /// Completed pods whose adoption failed, tried again at the next sync.
+    retry: Vec<Pod>,
 }
 
 impl Adopter {
@@ -74,11 +76,14 @@ impl Adopter {
             done,
             events,
             in_flight: HashSet::new(),
+            retry: Vec::new(),
         }
     }
 
-    /// Handles the events that arrived since the last call, waiting up to
-    /// `wait` for the first. Returns the completed pods reported now.
+    /// Handles the events that arrived since the last call (and any left over
+    /// from a failed attempt), waiting up to `wait` for the first. Returns the
+    /// completed pods reported now. A pod whose Lease read or PATCH fails is
+    /// kept and tried again at the next sync; nothing is dropped.
     pub async fn sync(&mut self, wait: Duration) -> Result<Vec<CompletedPod>, GuardError> {
         let mut batch = Vec::new();
         if let Ok(Some(ev)) = tokio::time::timeout(wait, self.events.next()).await {
@@ -90,23 +95,32 @@ impl Adopter {
         // Lease answers are valid for one sync.
         let mut expired: HashMap<String, bool> = HashMap::new();
         let mut reported = Vec::new();
+        let mut todo: Vec<Pod> = std::mem::take(&mut self.retry);
         for ev in batch {
-            let pod = match ev {
-                Ok(Event::InitApply(p)) | Ok(Event::Apply(p)) => p,
+            match ev {
+                Ok(Event::InitApply(p)) | Ok(Event::Apply(p)) => todo.push(p),
                 Ok(Event::Delete(p)) => {
                     if let Some(uid) = p.uid() {
                         self.in_flight.remove(&uid);
                     }
-                    continue;
                 }
-                Ok(Event::Init) | Ok(Event::InitDone) => continue,
+                // A re-list: pods that left the selector meanwhile send no
+                // Delete, so forget what was in flight; the list says the rest.
+                Ok(Event::Init) => self.in_flight.clear(),
+                Ok(Event::InitDone) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, "adoption watch failed; the watcher retries with backoff");
-                    continue;
+                    tracing::warn!(error = %e, "adoption watch failed; the watcher retries with backoff")
                 }
-            };
-            if let Some(done) = self.consider(&pod, &mut expired).await? {
-                reported.push(done);
+            }
+        }
+        for pod in todo {
+            match self.consider(&pod, &mut expired).await {
+                Ok(Some(done)) => reported.push(done),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(pod = %pod.name_any(), error = %e, "adoption of a completed pod failed; retrying at the next sync");
+                    self.retry.push(pod);
+                }
             }
         }
         Ok(reported)
@@ -155,10 +169,15 @@ impl Adopter {
         match self.done {
             DoneAction::Label => {
                 let patch = serde_json::json!({"metadata": {"labels": {DONE_LABEL: "true"}}});
-                self.pods
+                match self
+                    .pods
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
-                    .map_err(|e| GuardError::Api(format!("marking pod {name} done: {e}")))?;
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(GuardError::Api(format!("marking pod {name} done: {e}"))),
+                }
             }
             DoneAction::Delete => {
                 if let Err(e) = self.pods.delete(&name, &DeleteParams::default()).await {

@@ -227,7 +227,9 @@ impl TaskMachine {
     /// What holds the name after AlreadyExists (`None`: nothing any more).
     pub fn on_existing(&mut self, existing: Option<Existing>) -> Step {
         let Some(e) = existing else {
-            return self.create();
+            // The holder vanished between the 409 and the read (or the 409
+            // came from a cache that is a moment behind): back off, then retry.
+            return Step::RetryLater;
         };
         let want = [
             (TASK_LABEL, naming::task_label_value(&self.spec.task)),
@@ -267,6 +269,11 @@ impl TaskMachine {
             "Failed" => match view.disruption {
                 // A kubelet- or PodGC-set disruption ends the pod Failed: not the user's fault.
                 Some(reason) => self.system_failure(reason),
+                // Deleted (or already shutting down) before it ended: the
+                // deletion killed it, so it is a system failure too.
+                None if view.deleting || matches!(self.phase, Phase::ShuttingDown { .. }) => {
+                    self.system_failure("Deleted".into())
+                }
                 None => self.user_failure("the pod failed (phase Failed)".into()),
             },
             _ if view.deleting => {
@@ -545,11 +552,12 @@ mod tests {
                 uid: "u0".into()
             }
         );
-        // The holder vanished between the 409 and the read: create again.
+        // The holder vanished between the 409 and the read: back off, then the same name.
         let mut m = TaskMachine::new(spec(0, 3));
         m.start();
         m.on_refused(&CreateRefusal::NameTaken);
-        assert_eq!(m.on_existing(None), create("train-0", 0));
+        assert_eq!(m.on_existing(None), Step::RetryLater);
+        assert_eq!(m.retry_create(), create("train-0", 0));
     }
 
     #[test]
@@ -648,6 +656,27 @@ mod tests {
             disruption: Some("TerminationByKubelet".into()),
         });
         assert_eq!(m.observe(failed), create("train-1", 1));
+    }
+
+    #[test]
+    fn a_deleted_pod_that_ends_failed_is_a_system_failure() {
+        let mut m = TaskMachine::new(spec(0, 3));
+        m.start();
+        m.on_created("u0".into());
+        let killed = Observation::Pod(PodView {
+            uid: "u0".into(),
+            phase: "Failed".into(),
+            deleting: true,
+            disruption: None,
+        });
+        assert_eq!(m.observe(killed), create("train-1", 1));
+        let Step::Done(o) = ({
+            m.on_created("u1".into());
+            m.observe(pod("u1", "Succeeded"))
+        }) else {
+            panic!("not done")
+        };
+        assert_eq!((o.user_failures, o.system_failures), (0, 1));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::runtime::watcher::{self, Event};
@@ -21,7 +21,7 @@ use crate::attempt::{Existing, Observation, Outcome, PodView, Step, TaskMachine,
 use crate::backoff::{BackoffPolicy, NamespaceBackoffs};
 use crate::classify::{classify, ApiError, CreateRefusal};
 use crate::naming::{
-    self, ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
+    self, ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
 };
 use crate::phase::Transition;
 
@@ -292,6 +292,22 @@ pub fn pod_for(template: &Pod, spec: &TaskSpec, name: &str, attempt: u32) -> Pod
     pod
 }
 
+/// Labels a completed attempt's pod `graceguard.io/done=true` (best effort:
+/// a pod already gone needs no label).
+async fn mark_done(api: &Api<Pod>, name: &str) {
+    let patch = serde_json::json!({"metadata": {"labels": {DONE_LABEL: "true"}}});
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => {
+            tracing::warn!(pod = %name, error = %e, "could not mark the completed pod done; an adopter may report it again")
+        }
+    }
+}
+
 /// The view the state machine needs of a pod.
 pub fn view_of(pod: &Pod) -> PodView {
     let status = pod.status.as_ref();
@@ -346,7 +362,14 @@ async fn observe(
             }
             Ok(Event::InitApply(p)) | Ok(Event::Apply(p)) => {
                 w.listed = true;
-                m.observe(Observation::Pod(view_of(&p)))
+                let view = view_of(&p);
+                let terminal = matches!(view.phase.as_str(), "Succeeded" | "Failed");
+                let step = m.observe(Observation::Pod(view));
+                if terminal && !matches!(step, Step::Observe { .. }) {
+                    // Its result is reported by this run: no adopter may report it again.
+                    mark_done(api, name).await;
+                }
+                step
             }
             Ok(Event::InitDone) if w.listed => continue,
             Ok(Event::InitDone) | Ok(Event::Delete(_)) => m.observe(Observation::Gone),

@@ -64,8 +64,19 @@ struct RunArgs {
     instance: String,
 }
 
+/// `run-<host>-<random>`: unique even where every run is PID 1 in a container.
 fn default_instance() -> String {
-    format!("run-{}", std::process::id())
+    use std::hash::{BuildHasher, Hasher};
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "local".into());
+    // RandomState is seeded from the OS's randomness.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    graceguard::naming::task_stem(&format!("run-{host}-{:08x}", h.finish() as u32))
 }
 
 /// Usage and configuration errors: exit 2.

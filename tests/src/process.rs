@@ -65,6 +65,16 @@ impl Managed {
         let _ = self.child.wait();
     }
 
+    /// Sends SIGTERM and returns at once.
+    pub fn sigterm(&self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: sending a signal to our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+    }
+
     /// SIGTERM, then SIGKILL after `grace`. Returns how the process ended
     /// (`None` if it had to be killed).
     pub fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {

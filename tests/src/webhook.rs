@@ -358,6 +358,12 @@ impl WebhookProcess {
         self.proc.kill();
     }
 
+    /// Sends SIGTERM without waiting (the webhook keeps serving for its
+    /// `--shutdown-delay`, with /readyz failing).
+    pub fn sigterm(&self) {
+        self.proc.sigterm();
+    }
+
     /// Stops it with SIGTERM, as Kubernetes does; how it exited (`None`: it
     /// had to be killed after 25 s).
     pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {

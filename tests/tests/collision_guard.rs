@@ -218,10 +218,25 @@ async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets() -> R {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_exits_cleanly_and_flushes_the_audit_log() -> R {
-    let (bed, mut webhook, ns) = bed_with_webhook(&[], false).await?;
+async fn sigterm_turns_readiness_off_keeps_serving_then_exits_cleanly() -> R {
+    let (bed, mut webhook, ns) = bed_with_webhook(&["--shutdown-delay", "3s"], false).await?;
     let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 2, 100).await?;
     assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
+    webhook.sigterm();
+    // During the delay: not ready (endpoints drop it), but still answering.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let (code, body) = loop {
+        let (code, body) = webhook.http_get("/readyz")?;
+        if code == 503 || Instant::now() > deadline {
+            break (code, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("shutting down"), "{body}");
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let out = pods::create(&api, &pods::task_pod(POD, 60)).await?;
+    assert_eq!(out.code(), 409, "still denying during the delay: {out:?}");
     let status = webhook.terminate();
     assert_eq!(
         status.and_then(|s| s.code()),
@@ -233,7 +248,7 @@ async fn sigterm_exits_cleanly_and_flushes_the_audit_log() -> R {
         log.contains("shutdown requested") && log.contains("graceguard-webhook stopped"),
         "{log}"
     );
-    // Every decision made before the signal was written out (the log writer flushes on exit).
-    assert_eq!(webhook.records_for("collision_guard", &ns, POD)?.len(), 3);
+    // Every decision made before the process ended was written out.
+    assert_eq!(webhook.records_for("collision_guard", &ns, POD)?.len(), 4);
     Ok(())
 }

@@ -89,6 +89,11 @@ async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
             .map(String::as_str),
         Some("graceguard")
     );
+    // Its result was reported by this run, so no adopter may report it again.
+    assert_eq!(
+        labels.get("graceguard.io/done").map(String::as_str),
+        Some("true")
+    );
     Ok(())
 }
 

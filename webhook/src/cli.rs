@@ -93,6 +93,10 @@ pub struct ServeArgs {
     /// How often the certificate files are checked for changes.
     #[arg(long, env = "GRACEGUARD_CERT_RELOAD_INTERVAL", default_value = "5s", value_parser = duration)]
     pub cert_reload_interval: Duration,
+    /// After SIGTERM, how long to keep serving with /readyz failing, so the
+    /// Service's endpoints drop this pod before it stops accepting.
+    #[arg(long, env = "GRACEGUARD_SHUTDOWN_DELAY", default_value = "5s", value_parser = duration)]
+    pub shutdown_delay: Duration,
     /// How long in-flight reviews may take to finish after SIGTERM.
     #[arg(long, env = "GRACEGUARD_SHUTDOWN_GRACE", default_value = "20s", value_parser = duration)]
     pub shutdown_grace: Duration,
@@ -264,8 +268,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
     ));
 
     wait_for_signal().await?;
-    tracing::info!("shutdown requested");
+    tracing::info!(delay = ?args.shutdown_delay, "shutdown requested; readiness off, still serving during the delay");
     app.shutting_down.store(true, Ordering::Release);
+    tokio::time::sleep(args.shutdown_delay).await;
     let _ = stop_tls.send(true);
     let _ = admission.await;
     let _ = stop_health.send(true);

@@ -2,9 +2,11 @@
 //!
 //! The index can lag the API server, so a held name is confirmed with one
 //! metadata GET before a Create is denied. A client looping on one name would
-//! otherwise cost one GET per request: answers are cached for about a second,
-//! and concurrent requests for the same name share one GET. Failed reads are
-//! not cached.
+//! otherwise cost one GET per request: a confirmed holder is cached for about
+//! a second, and concurrent requests for the same name share one GET. Only
+//! holders are cached: "free" and failed reads are asked again, and a cached
+//! holder whose uid is no longer the one the index has is dropped, so the
+//! cache never outlives a pod the index has seen replaced.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +28,7 @@ pub type Fetch = Arc<
 /// See the module docs.
 #[derive(Clone)]
 pub struct Confirmer {
-    cache: Cache<(String, String), Option<HeldPod>>,
+    cache: Cache<(String, String), HeldPod>,
     fetch: Fetch,
     metrics: Metrics,
 }
@@ -59,9 +61,18 @@ impl Confirmer {
         Self::new(fetch, ttl, 100_000, metrics)
     }
 
-    /// Who holds `namespace/name`, from the cache or one live read.
-    pub async fn confirm(&self, namespace: &str, name: &str) -> Confirmation {
+    /// Who holds `namespace/name`, which the index says pod `index_uid`
+    /// holds: from the cache or one live read.
+    pub async fn confirm(&self, namespace: &str, name: &str, index_uid: &str) -> Confirmation {
         let key = (namespace.to_string(), name.to_string());
+        if self
+            .cache
+            .get(&key)
+            .await
+            .is_some_and(|held| held.uid != index_uid)
+        {
+            self.cache.invalidate(&key).await;
+        }
         let fetch = Arc::clone(&self.fetch);
         let metrics = self.metrics.clone();
         let (ns, n) = key.clone();
@@ -69,18 +80,31 @@ impl Confirmer {
             .cache
             .try_get_with(key, async move {
                 metrics.confirmation_gets.inc();
-                fetch(ns, n).await
+                match fetch(ns, n).await {
+                    Ok(Some(pod)) => Ok(pod),
+                    Ok(None) => Err(Miss::Free),
+                    Err(e) => Err(Miss::Failed(e)),
+                }
             })
             .await;
         match res {
-            Ok(Some(pod)) => Confirmation::Held(pod),
-            Ok(None) => Confirmation::Free,
-            Err(e) => {
-                self.metrics.confirmation_errors.inc();
-                Confirmation::Failed(e.to_string())
-            }
+            Ok(pod) => Confirmation::Held(pod),
+            Err(miss) => match miss.as_ref() {
+                Miss::Free => Confirmation::Free,
+                Miss::Failed(e) => {
+                    self.metrics.confirmation_errors.inc();
+                    Confirmation::Failed(e.clone())
+                }
+            },
         }
     }
+}
+
+/// A read that found no holder: not cached.
+#[derive(Debug)]
+enum Miss {
+    Free,
+    Failed(String),
 }
 
 #[cfg(test)]
@@ -108,11 +132,26 @@ mod tests {
         let (f, calls) = counting(Ok(Some(held.clone())));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
         for _ in 0..50 {
-            assert_eq!(c.confirm("ns", "p").await, Confirmation::Held(held.clone()));
+            assert_eq!(
+                c.confirm("ns", "p", "u").await,
+                Confirmation::Held(held.clone())
+            );
         }
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         // Another name is another read.
-        c.confirm("ns", "q").await;
+        c.confirm("ns", "q", "u").await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // The index now has another pod under the name: the cached holder is stale.
+        c.confirm("ns", "p", "u2").await;
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_free_name_is_not_cached() {
+        let (f, calls) = counting(Ok(None));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        assert_eq!(c.confirm("ns", "p", "u").await, Confirmation::Free);
+        assert_eq!(c.confirm("ns", "p", "u").await, Confirmation::Free);
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 
@@ -121,9 +160,9 @@ mod tests {
         let (f, calls) = counting(Err("boom".into()));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
         assert!(
-            matches!(c.confirm("ns", "p").await, Confirmation::Failed(m) if m.contains("boom"))
+            matches!(c.confirm("ns", "p", "u").await, Confirmation::Failed(m) if m.contains("boom"))
         );
-        c.confirm("ns", "p").await;
+        c.confirm("ns", "p", "u").await;
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }

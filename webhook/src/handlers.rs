@@ -207,10 +207,10 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
         rec.reason = AllowReason::NoName.as_str().into();
         return (Answer::allow(), rec);
     }
-    if !app.pods.contains(&namespace, &name) {
+    let Some(indexed) = app.pods.get(&namespace, &name) else {
         return (Answer::allow(), rec);
-    }
-    let confirmation = app.confirmer.confirm(&namespace, &name).await;
+    };
+    let confirmation = app.confirmer.confirm(&namespace, &name, &indexed.uid).await;
     if let collision::Confirmation::Failed(e) = &confirmation {
         tracing::warn!(namespace = %namespace, name = %name, error = %e, "could not confirm an index hit; allowing the Create");
     }

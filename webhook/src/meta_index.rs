@@ -7,11 +7,18 @@
 //! not ready while the watch is broken; during a re-list the previous contents
 //! keep answering (a stale hit is confirmed by a live GET before anyone is
 //! denied, and a stale miss allows, as no webhook would).
+//!
+//! A watch error makes the index not ready. kube-rs resumes a broken watch
+//! from where it was without emitting anything, so "healthy again" cannot wait
+//! for the next event (a quiet namespace list may not change for hours): the
+//! index is ready again once no error has arrived for [`RECOVERY`], or at
+//! once when an event arrives.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::PartialObjectMeta;
@@ -30,12 +37,18 @@ struct State<V> {
     building: Option<(Map<V>, usize)>,
 }
 
+/// How long after the last watch error the index counts as healthy again.
+pub const RECOVERY: Duration = Duration::from_secs(10);
+
 /// See the module docs. `V` is what is kept per object.
 pub struct MetaIndex<V> {
     what: &'static str,
     state: RwLock<State<V>>,
     synced: AtomicBool,
-    ready: AtomicBool,
+    /// Milliseconds since `epoch` until which the index is not ready (0: none).
+    broken_until_ms: AtomicU64,
+    epoch: Instant,
+    recovery: Duration,
 }
 
 fn insert<V>(map: &mut Map<V>, ns: &str, name: &str, v: V) -> bool {
@@ -59,6 +72,11 @@ fn remove<V>(map: &mut Map<V>, ns: &str, name: &str) -> bool {
 impl<V: Clone> MetaIndex<V> {
     /// An empty, not-ready index; `what` names it in logs.
     pub fn new(what: &'static str) -> Self {
+        Self::with_recovery(what, RECOVERY)
+    }
+
+    /// [`MetaIndex::new`] with another recovery period (for tests).
+    pub fn with_recovery(what: &'static str, recovery: Duration) -> Self {
         Self {
             what,
             state: RwLock::new(State {
@@ -67,8 +85,14 @@ impl<V: Clone> MetaIndex<V> {
                 building: None,
             }),
             synced: AtomicBool::new(false),
-            ready: AtomicBool::new(false),
+            broken_until_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            recovery,
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     fn read(&self) -> RwLockReadGuard<'_, State<V>> {
@@ -105,7 +129,8 @@ impl<V: Clone> MetaIndex<V> {
 
     /// True once the initial list is applied, while the watch is healthy.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.synced.load(Ordering::Acquire)
+            && self.now_ms() >= self.broken_until_ms.load(Ordering::Acquire)
     }
 
     /// Applies one watcher event; `project` gives the value to keep, or `None`
@@ -134,7 +159,7 @@ impl<V: Clone> MetaIndex<V> {
                     st.len = len;
                 }
                 self.synced.store(true, Ordering::Release);
-                self.ready.store(true, Ordering::Release);
+                self.mark_healthy();
             }
             Event::Apply(m) => {
                 let (ns, name) = key(m);
@@ -162,15 +187,18 @@ impl<V: Clone> MetaIndex<V> {
         }
     }
 
+    /// An event arrived: the watch works.
     fn mark_healthy(&self) {
-        if self.synced.load(Ordering::Acquire) {
-            self.ready.store(true, Ordering::Release);
-        }
+        self.broken_until_ms.store(0, Ordering::Release);
     }
 
-    /// Marks the watch broken: not ready until it delivers again.
+    /// Marks the watch broken: not ready until it delivers an event, or
+    /// until no error has come for the recovery period.
     pub fn mark_broken(&self) {
-        self.ready.store(false, Ordering::Release);
+        let until = self
+            .now_ms()
+            .saturating_add(u64::try_from(self.recovery.as_millis()).unwrap_or(u64::MAX));
+        self.broken_until_ms.store(until, Ordering::Release);
     }
 
     /// Feeds the index from a metadata-only watch of `api` until the stream
@@ -254,6 +282,23 @@ mod tests {
         idx.apply(Event::Apply(&meta("a", "q")), uid);
         assert!(idx.is_ready());
         assert_eq!(idx.len(), 2);
+    }
+
+    #[test]
+    fn a_quiet_watch_recovers_from_an_error_without_waiting_for_an_event() {
+        let idx = MetaIndex::with_recovery("test", Duration::from_millis(50));
+        idx.apply(Event::Init, uid);
+        idx.apply(Event::InitDone, uid);
+        idx.mark_broken();
+        assert!(!idx.is_ready());
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(idx.is_ready(), "no error for the recovery period");
+        // Errors that keep coming keep it not ready.
+        idx.mark_broken();
+        std::thread::sleep(Duration::from_millis(30));
+        idx.mark_broken();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!idx.is_ready());
     }
 
     #[test]

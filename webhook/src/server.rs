@@ -4,12 +4,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use axum::BoxError;
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -17,13 +19,21 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
+use tower::ServiceBuilder;
 
 use crate::handlers::{self, App};
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The admission routes, with a request body limit (pods can be large).
+/// How long a client may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one request may take, body included (the API server itself gives
+/// up after the webhook's timeoutSeconds, at most 30 s).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The admission routes, with a request body limit (pods can be large) and a
+/// time limit, so a slow or silent client cannot hold a connection forever.
 pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/validate/pods", post(handlers::validate_pods))
@@ -33,6 +43,16 @@ pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
             post(handlers::validate_pods_delete),
         )
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(|_: BoxError| async {
+                    (
+                        StatusCode::REQUEST_TIMEOUT,
+                        "the request took longer than 30 s",
+                    )
+                }))
+                .timeout(REQUEST_TIMEOUT),
+        )
         .with_state(app)
 }
 
@@ -121,9 +141,14 @@ pub async fn serve_tls(
                             return;
                         }
                     };
-                    let conn = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .into_owned();
+                    let mut builder = auto::Builder::new(TokioExecutor::new());
+                    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
+                    builder
+                        .http2()
+                        .timer(TokioTimer::new())
+                        .keep_alive_interval(Duration::from_secs(30))
+                        .keep_alive_timeout(Duration::from_secs(10));
+                    let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                     if let Err(e) = watcher.watch(conn).await {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }
