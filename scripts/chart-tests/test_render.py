@@ -252,6 +252,7 @@ class PerValuesFile:
             "GRACEGUARD_CONFIRM_TIMEOUT": cfg["confirmTimeout"], "GRACEGUARD_LIVELOCK_THRESHOLD": str(cfg["livelockThreshold"]),
             "GRACEGUARD_LIVELOCK_WINDOW": cfg["livelockWindow"], "GRACEGUARD_MAX_BODY_BYTES": str(cfg["maxBodyBytes"]),
             "GRACEGUARD_CERT_RELOAD_INTERVAL": cfg["certReloadInterval"], "GRACEGUARD_SHUTDOWN_GRACE": cfg["shutdownGrace"],
+            "GRACEGUARD_SHUTDOWN_DELAY": cfg["shutdownDelay"],
         }
         self.assertEqual({k: env.get(k) for k in want_env}, want_env)
         # Every flag given on the command line is a distinct one (clap refuses repeats).
@@ -262,7 +263,7 @@ class PerValuesFile:
         self.assertEqual(c["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "http"})
         self.assertEqual(c["readinessProbe"]["httpGet"], {"path": "/readyz", "port": "http"})
         spec = self.pod_spec()
-        self.assertGreater(spec["terminationGracePeriodSeconds"], seconds(cfg["shutdownGrace"]))
+        self.assertGreater(spec["terminationGracePeriodSeconds"], seconds(cfg["shutdownDelay"]) + seconds(cfg["shutdownGrace"]))
         self.assertEqual(c["image"], "ghcr.io/graceguard/graceguard-webhook:0.1.0")
         service = self.r.one("Service")
         self.assertEqual(service["spec"]["selector"], selector)
@@ -411,7 +412,9 @@ class TestOptions(unittest.TestCase):
     def test_termination_grace_must_exceed_shutdown_grace(self) -> None:
         with self.assertRaises(helm.HelmError) as ctx:
             cl.render({"terminationGracePeriodSeconds": 20})
-        self.assertIn("must exceed config.shutdownGrace", str(ctx.exception))
+        self.assertIn("must exceed config.shutdownDelay + config.shutdownGrace", str(ctx.exception))
+        with self.assertRaises(helm.HelmError):
+            cl.render({"config": {"shutdownDelay": "15s"}})
         with self.assertRaises(helm.HelmError):
             cl.render({"config": {"shutdownGrace": "1m"}})
         dep = cl.render_objects({"config": {"shutdownGrace": "1m"}, "terminationGracePeriodSeconds": 75}).one("Deployment")
