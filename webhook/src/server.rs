@@ -11,8 +11,8 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::BoxError;
 use axum::Router;
+use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::registry::Registry;
@@ -141,15 +141,26 @@ pub async fn serve_tls(
                             return;
                         }
                     };
-                    let mut builder = auto::Builder::new(TokioExecutor::new());
-                    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
-                    builder
-                        .http2()
-                        .timer(TokioTimer::new())
-                        .keep_alive_interval(Duration::from_secs(30))
-                        .keep_alive_timeout(Duration::from_secs(10));
-                    let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                    if let Err(e) = watcher.watch(conn).await {
+                    // ALPN already chose the protocol; serving it directly (rather
+                    // than sniffing the first bytes) lets HTTP/1's header-read
+                    // timeout cover a client that never sends anything.
+                    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+                    let io = TokioIo::new(stream);
+                    let res = if h2 {
+                        let conn = http2::Builder::new(TokioExecutor::new())
+                            .timer(TokioTimer::new())
+                            .keep_alive_interval(Duration::from_secs(30))
+                            .keep_alive_timeout(Duration::from_secs(10))
+                            .serve_connection(io, service);
+                        watcher.watch(conn).await
+                    } else {
+                        let conn = http1::Builder::new()
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(HEADER_TIMEOUT)
+                            .serve_connection(io, service);
+                        watcher.watch(conn).await
+                    };
+                    if let Err(e) = res {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }
                 });

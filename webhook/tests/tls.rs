@@ -181,3 +181,35 @@ async fn shutdown_finishes_in_flight_requests_and_stops_accepting() {
         "no longer accepting"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_sends_a_request_is_disconnected() {
+    use tokio::io::AsyncReadExt;
+    let s = start().await;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(s.ca.cert_pem().as_bytes()).expect("ca pem"))
+        .expect("root");
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    // No ALPN: HTTP/1.1, whose header-read timeout applies.
+    let tcp = TcpStream::connect(s.addr).await.expect("connect");
+    let mut tls = TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("handshake");
+    // Send nothing. The server must close the connection (header-read timeout,
+    // 10 s) instead of holding it forever; 25 s is the bound, not a speed target.
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(25), tls.read(&mut buf)).await;
+    match closed {
+        Ok(Ok(_)) | Ok(Err(_)) => {}
+        Err(_) => panic!("the idle connection was still open after 25 s"),
+    }
+}
