@@ -35,7 +35,8 @@ impl Default for BackoffPolicy {
 }
 
 impl BackoffPolicy {
-    fn build(&self) -> ExponentialBackoff {
+    /// The delays of this policy, doubling from `min` to `max`, jittered.
+    pub(crate) fn build(&self) -> ExponentialBackoff {
         let mut b = ExponentialBuilder::default()
             .with_min_delay(self.min)
             .with_max_delay(self.max)

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -123,7 +122,7 @@ impl Guard {
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &spec.namespace);
         let transient = self.config.transient_backoff;
-        let mut retry = backoff_iter(&transient);
+        let mut retry = transient.build();
         let mut m = TaskMachine::new(spec.clone());
         let mut step = m.start();
         let mut uid = String::new();
@@ -140,7 +139,7 @@ impl Guard {
                     match api.create(&PostParams::default(), &pod).await {
                         Ok(p) => {
                             self.backoffs.reset(&spec.namespace);
-                            retry = backoff_iter(&transient);
+                            retry = transient.build();
                             uid = p.uid().unwrap_or_default();
                             set(&current, &spec.namespace, &name, &uid);
                             m.on_created(uid.clone())
@@ -245,15 +244,6 @@ impl Guard {
             }
         });
     }
-}
-
-fn backoff_iter(p: &BackoffPolicy) -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::default()
-        .with_min_delay(p.min)
-        .with_max_delay(p.max)
-        .with_jitter()
-        .without_max_times()
-        .build()
 }
 
 fn set(current: &CurrentPod, namespace: &str, name: &str, uid: &str) {

@@ -394,3 +394,30 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     assert_eq!(done.items.len(), 30);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_termination_is_a_system_failure_not_the_users() -> R {
+    let (bed, ns, alice) = bed().await?;
+    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let mut task = RunningTask::start(alice, spec("evicted", &ns), pods::task_pod("template", 30));
+    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
+        .await?;
+    // The kubelet's way: DisruptionTarget together with the terminal phase.
+    kubelet
+        .terminate_with_disruption(
+            &ns,
+            "evicted-0",
+            "TerminationByKubelet",
+            "node memory pressure",
+        )
+        .await?;
+    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 1)
+        .await?;
+    kubelet
+        .end_pod(&ns, "evicted-1", Terminal::Succeeded)
+        .await?;
+    let (outcome, _) = task.finish(MIN).await?;
+    assert!(outcome.succeeded, "{outcome:?}");
+    assert_eq!((outcome.user_failures, outcome.system_failures), (0, 1));
+    Ok(())
+}

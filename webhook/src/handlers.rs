@@ -105,7 +105,7 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
         .get_or_create(&EndpointLabels { endpoint })
         .observe(elapsed.as_secs_f64());
     rec.emit();
-    review::answer(&req, &answer)
+    review::answer(&req, answer)
 }
 
 /// The pod name a Create will use: by admission time a `generateName` has

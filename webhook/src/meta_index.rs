@@ -275,8 +275,6 @@ mod tests {
         idx.apply(Event::InitDone, uid);
         assert!(idx.is_ready());
         assert_eq!(idx.get("a", "p").as_deref(), Some("uid-p"));
-        assert!(idx.contains("a", "p"));
-        assert!(!idx.contains("a", "q") && !idx.contains("b", "p"));
         idx.mark_broken();
         assert!(!idx.is_ready());
         idx.apply(Event::Apply(&meta("a", "q")), uid);

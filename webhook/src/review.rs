@@ -276,7 +276,7 @@ struct ReviewOut<'a> {
 }
 
 /// The AdmissionReview answering `req` with `answer`.
-pub fn answer(req: &Request, answer: &Answer) -> Response {
+pub fn answer(req: &Request, answer: Answer) -> Response {
     let out = ReviewOut {
         api_version: &req.api_version,
         kind: "AdmissionReview",
@@ -285,7 +285,7 @@ pub fn answer(req: &Request, answer: &Answer) -> Response {
             allowed: answer.allowed,
             status: answer.status.as_ref(),
             patch_type: answer.patch.as_ref().map(|_| "JSONPatch"),
-            patch: answer.patch.clone().map(ByteString),
+            patch: answer.patch.map(ByteString),
         },
     };
     Json(out).into_response()
