@@ -1,4 +1,12 @@
-//! etcd + kube-apiserver on loopback.
+//! A Kubernetes control plane on loopback, started as a production cluster runs
+//! one: etcd and kube-apiserver with `--authorization-mode=Node,RBAC` and the
+//! `NodeRestriction` and `ResourceQuota` admission plugins on top of the
+//! version's defaults, and on 1.37 kube-controller-manager (its controllers with
+//! their own service-account identities) and kube-scheduler.
+//!
+//! Every request names who sends it: [`Identity`] lists the bed's users, from
+//! the cluster admin down to the nodes (`system:node:<name>`, group
+//! `system:nodes`), each with a static bearer token.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -6,21 +14,91 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
+use serde_json::json;
 use tempfile::TempDir;
 
 use crate::audit_log::AuditLog;
-use crate::binaries;
+use crate::binaries::{ControlPlaneBins, KubeVersion};
 use crate::process::{free_port, tail, Managed};
 
-/// Users the bed's API server knows, by bearer token. All are cluster admins
-/// (`system:masters`), so tests can tell requests apart by user in audit records
-/// without setting up RBAC.
-/// `graceguard` is the identity the webhook runs as.
-pub const USERS: &[&str] = &["admin", "alice", "bob", "graceguard"];
+/// Someone the bed's API server knows, by bearer token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The short name tests use (`admin`, `alice`, `node-1`, ...); also the
+    /// kubeconfig's file suffix.
+    pub key: &'static str,
+    pub user: &'static str,
+    /// Comma-separated groups (`system:authenticated` is added by the server).
+    pub groups: &'static str,
+}
+
+/// The cluster admin (`system:masters`): sets up what a cluster operator would.
+pub const ADMIN: Identity = Identity {
+    key: "admin",
+    user: "admin",
+    groups: "system:masters",
+};
+
+/// Every identity the bed hands out.
+pub const IDENTITIES: &[Identity] = &[
+    ADMIN,
+    // Plain users, as an executor's or an operator's account: bound to the
+    // `graceguard-testbed:executor` ClusterRole below, never system:masters.
+    Identity {
+        key: "alice",
+        user: "alice",
+        groups: "testbed:users",
+    },
+    Identity {
+        key: "bob",
+        user: "bob",
+        groups: "testbed:users",
+    },
+    // The webhook, with the RBAC the chart gives it.
+    Identity {
+        key: "graceguard",
+        user: "graceguard",
+        groups: "testbed:graceguard",
+    },
+    // Nodes: what the Node authorizer and NodeRestriction recognise.
+    Identity {
+        key: "node-1",
+        user: "system:node:node-1",
+        groups: "system:nodes",
+    },
+    Identity {
+        key: "node-2",
+        user: "system:node:node-2",
+        groups: "system:nodes",
+    },
+    // The control plane's own components (bootstrap RBAC binds these users).
+    Identity {
+        key: "scheduler",
+        user: "system:kube-scheduler",
+        groups: "",
+    },
+    Identity {
+        key: "controller-manager",
+        user: "system:kube-controller-manager",
+        groups: "",
+    },
+];
+
+fn identity(key: &str) -> Result<Identity> {
+    IDENTITIES
+        .iter()
+        .copied()
+        .find(|i| i.key == key)
+        .with_context(|| {
+            let keys: Vec<&str> = IDENTITIES.iter().map(|i| i.key).collect();
+            format!("the test bed has no identity {key:?}; use one of {keys:?}")
+        })
+}
 
 /// How to start a [`TestBed`].
 #[derive(Clone, Debug, Default)]
@@ -30,13 +108,35 @@ pub struct TestBedOptions {
     pub audit: bool,
 }
 
-/// A running etcd + kube-apiserver. Dropping it stops both. If the test
+pub use crate::pods::NODE;
+
+/// The RBAC the chart gives graceguard-webhook's service account, applied to
+/// user `graceguard` so the bed's webhook runs with exactly that.
+pub const WEBHOOK_RULES: &str = r#"[
+  {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+  {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
+]"#;
+
+/// What a namespace-level executor account may do (alice, bob): workloads,
+/// their pods and evictions, Events, Leases, reading quotas.
+const EXECUTOR_RULES: &str = r#"[
+  {"apiGroups": ["", "apps", "batch"], "resources": ["pods", "pods/eviction", "pods/log", "configmaps", "persistentvolumeclaims", "services", "deployments", "replicasets", "statefulsets", "jobs"], "verbs": ["*"]},
+  {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["*"]},
+  {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+  {"apiGroups": [""], "resources": ["resourcequotas", "namespaces"], "verbs": ["get", "list", "watch"]}
+]"#;
+
+/// A running control plane. Dropping it stops every process. If the test
 /// panicked, the directory with their logs is kept and its path printed.
 pub struct TestBed {
-    // Field order is drop order: the apiserver stops before etcd.
+    // Field order is drop order: controllers, then the apiserver, then etcd.
+    controllers: Vec<Managed>,
     apiserver: Managed,
     etcd: Managed,
     dir: Option<TempDir>,
+    bins: ControlPlaneBins,
+    /// The Kubernetes version running.
+    pub version: KubeVersion,
     /// An admin client.
     pub client: Client,
     /// https://127.0.0.1:PORT
@@ -52,13 +152,13 @@ impl TestBed {
         Self::start_with(TestBedOptions::default()).await
     }
 
-    /// Starts etcd and kube-apiserver and waits until the apiserver is ready.
-    /// Fails (never skips) with a message naming what is missing or what the
-    /// processes logged.
+    /// Starts the control plane of the version `GRACEGUARD_KUBE` names and
+    /// waits until it serves. Fails (never skips) with a message naming what
+    /// is missing or what the processes logged.
     pub async fn start_with(opts: TestBedOptions) -> Result<Self> {
         graceguard_certs::install_crypto_provider();
-        let apiserver_bin = binaries::kube_apiserver()?;
-        let etcd_bin = binaries::etcd()?;
+        let version = KubeVersion::from_env()?;
+        let bins = ControlPlaneBins::find(version)?;
         // etcd fsyncs every write; tmpfs keeps that cheap when it exists.
         let dir = match Path::new("/dev/shm").is_dir() {
             true => tempfile::Builder::new()
@@ -69,11 +169,10 @@ impl TestBed {
         .context("creating the test bed's directory")?;
         let d = dir.path().to_path_buf();
 
-        // etcd.
         let (client_port, peer_port) = (free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let mut cmd = Command::new(&etcd_bin);
+        let mut cmd = Command::new(&bins.etcd);
         cmd.arg("--name=bed")
             .arg(format!("--data-dir={}", d.join("etcd").display()))
             .arg(format!("--listen-client-urls={etcd_url}"))
@@ -81,57 +180,70 @@ impl TestBed {
             .arg(format!("--listen-peer-urls={peer_url}"))
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
             .arg(format!("--initial-cluster=bed={peer_url}"))
-            .arg("--log-level=warn")
-            .arg("--logger=zap");
+            .arg("--log-level=warn");
         let etcd = Managed::spawn("etcd", cmd, &d.join("etcd.log"))?;
 
         // Certificates, service-account key, tokens, audit policy.
+        let pki = d.join("pki");
         let ca = graceguard_certs::Ca::new("graceguard-test-bed-ca")?;
         let serving = ca.issue_server(&["localhost".into()], &["127.0.0.1".parse()?])?;
-        ca.write_files(&serving, &d.join("pki"))?;
-        let (sa_key, sa_pub) = (d.join("pki/sa.key"), d.join("pki/sa.pub"));
+        ca.write_files(&serving, &pki)?;
+        let (sa_key, sa_pub) = (pki.join("sa.key"), pki.join("sa.pub"));
         let (private_pem, public_pem) = graceguard_certs::generate::key_pair_pem()?;
         std::fs::write(&sa_key, private_pem)?;
         std::fs::write(&sa_pub, public_pem)?;
-        let tokens: String = USERS
+        let tokens: String = IDENTITIES
             .iter()
-            .map(|u| format!("{},{u},{u},\"system:masters\"\n", token_for(u)))
+            .map(|i| {
+                format!(
+                    "{},{},{},\"{}\"\n",
+                    token_for(i.key),
+                    i.user,
+                    i.user,
+                    i.groups
+                )
+            })
             .collect();
         std::fs::write(d.join("tokens.csv"), tokens)?;
 
         let port = free_port()?;
         let url = format!("https://127.0.0.1:{port}");
-        let mut cmd = Command::new(&apiserver_bin);
+        let path = |p: &Path| p.display().to_string();
+        let mut cmd = Command::new(&bins.kube_apiserver);
         cmd.arg(format!("--etcd-servers={etcd_url}"))
             .arg("--bind-address=127.0.0.1")
             .arg("--advertise-address=127.0.0.1")
+            // 1.37 refuses a loopback address for the `kubernetes` Service's
+            // endpoints; nothing in the bed reaches the API server through it.
+            .arg("--endpoint-reconciler-type=none")
             .arg(format!("--secure-port={port}"))
-            .arg("--insecure-port=0")
-            .arg(format!(
-                "--tls-cert-file={}",
-                d.join("pki/tls.crt").display()
-            ))
+            .arg(format!("--tls-cert-file={}", path(&pki.join("tls.crt"))))
             .arg(format!(
                 "--tls-private-key-file={}",
-                d.join("pki/tls.key").display()
+                path(&pki.join("tls.key"))
             ))
-            .arg(format!(
-                "--token-auth-file={}",
-                d.join("tokens.csv").display()
-            ))
-            .arg("--authorization-mode=RBAC")
+            .arg(format!("--client-ca-file={}", path(&pki.join("ca.crt"))))
+            .arg(format!("--token-auth-file={}", path(&d.join("tokens.csv"))))
+            .arg("--authorization-mode=Node,RBAC")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg(format!("--service-account-key-file={}", sa_pub.display()))
+            .arg(format!("--service-account-key-file={}", path(&sa_pub)))
             .arg(format!(
                 "--service-account-signing-key-file={}",
-                sa_key.display()
+                path(&sa_key)
             ))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
-            // No controller-manager runs, so no default ServiceAccount would ever exist.
-            .arg("--disable-admission-plugins=ServiceAccount")
-            .arg("--enable-admission-plugins=ResourceQuota")
-            .arg(format!("--cert-dir={}", d.join("pki").display()))
+            .arg("--enable-admission-plugins=NodeRestriction,ResourceQuota")
+            .arg(format!("--cert-dir={}", path(&pki)))
             .arg("--v=1");
+        match version {
+            KubeVersion::V1_20 => {
+                // No controller-manager runs on 1.20, so no default ServiceAccount
+                // would ever exist for the ServiceAccount plugin to find.
+                cmd.arg("--insecure-port=0")
+                    .arg("--disable-admission-plugins=ServiceAccount");
+            }
+            KubeVersion::V1_37 => {}
+        }
         if opts.audit {
             std::fs::write(
                 d.join("audit-policy.yaml"),
@@ -139,35 +251,42 @@ impl TestBed {
             )?;
             cmd.arg(format!(
                 "--audit-policy-file={}",
-                d.join("audit-policy.yaml").display()
+                path(&d.join("audit-policy.yaml"))
             ))
-            .arg(format!(
-                "--audit-log-path={}",
-                d.join("audit.log").display()
-            ))
+            .arg(format!("--audit-log-path={}", path(&d.join("audit.log"))))
             .arg("--audit-log-mode=blocking");
         }
         let apiserver = Managed::spawn("kube-apiserver", cmd, &d.join("kube-apiserver.log"))?;
 
         let kubeconfig = d.join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &url, &d.join("pki/ca.crt"), "admin")?;
+        write_kubeconfig(&kubeconfig, &url, &pki.join("ca.crt"), ADMIN.key)?;
         let client = client_from(&kubeconfig).await?;
 
         let mut bed = Self {
+            controllers: Vec::new(),
             apiserver,
             etcd,
             dir: Some(dir),
+            bins,
+            version,
             client,
             url,
             kubeconfig,
             ns_counter: AtomicU32::new(0),
         };
         bed.wait_ready().await?;
+        bed.apply_rbac().await?;
+        // The node every bed registers at start, the one task pods are bound to.
+        bed.register_node(NODE).await?;
+        if version.has_controllers() {
+            bed.start_controllers(&sa_key)?;
+            bed.wait_controllers().await?;
+        }
         Ok(bed)
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             self.etcd.check_running()?;
             self.apiserver.check_running()?;
@@ -179,12 +298,189 @@ impl TestBed {
             };
             if Instant::now() > deadline {
                 bail!(
-                    "kube-apiserver did not become ready in 90 s (last answer: {last}); its log ends:\n{}",
-                    tail(&self.apiserver.log, 25)
+                    "kube-apiserver {} did not become ready in 120 s (last answer: {last}); its log ends:\n{}\netcd's log ends:\n{}",
+                    self.version.as_str(),
+                    tail(&self.apiserver.log, 25),
+                    tail(&self.etcd.log, 10)
                 );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// The bed's own ClusterRoles and bindings: users get the executor role,
+    /// `graceguard` the webhook's.
+    async fn apply_rbac(&self) -> Result<()> {
+        let roles: Api<ClusterRole> = Api::all(self.client.clone());
+        let bindings: Api<ClusterRoleBinding> = Api::all(self.client.clone());
+        for (name, rules, subject_kind, subject) in [
+            (
+                "graceguard-testbed:executor",
+                EXECUTOR_RULES,
+                "Group",
+                "testbed:users",
+            ),
+            (
+                "graceguard-testbed:webhook",
+                WEBHOOK_RULES,
+                "User",
+                "graceguard",
+            ),
+        ] {
+            let rules: serde_json::Value = serde_json::from_str(rules)?;
+            let role: ClusterRole =
+                serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules}))?;
+            roles
+                .create(&PostParams::default(), &role)
+                .await
+                .with_context(|| format!("creating ClusterRole {name}"))?;
+            let binding: ClusterRoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": subject_kind, "name": subject}],
+            }))?;
+            bindings
+                .create(&PostParams::default(), &binding)
+                .await
+                .with_context(|| format!("creating ClusterRoleBinding {name}"))?;
+        }
+        Ok(())
+    }
+
+    /// Registers Node `name` the way its kubelet does at boot, as
+    /// `system:node:<name>`: 4 CPUs, 8 GiB, 110 pods, Ready. The not-ready
+    /// taint that TaintNodesByCondition puts on every new node is then taken
+    /// off, as the node lifecycle controller does once the node reports Ready
+    /// (that controller does not run in the bed: nothing would heartbeat).
+    pub async fn register_node(&self, name: &str) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.client_as(name).await?);
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+            "status": {
+                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastHeartbeatTime": crate::kubelet::now_rfc3339(),
+                    "lastTransitionTime": crate::kubelet::now_rfc3339(),
+                }],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            },
+        }))?;
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("registering Node {name} as system:node:{name}"))?;
+        // Create keeps the status a kubelet sends on 1.20 but not on every
+        // version; post it through nodes/status as the kubelet's next update does.
+        let status = json!({"status": node.status});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .with_context(|| format!("posting Node {name}'s status as the node"))?;
+        Api::<Node>::all(self.client.clone())
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": null}})),
+            )
+            .await
+            .with_context(|| format!("removing the not-ready taint of Node {name}"))?;
+        Ok(())
+    }
+
+    fn start_controllers(&mut self, sa_key: &Path) -> Result<()> {
+        let d = self.dir().to_path_buf();
+        let (Some(kcm), Some(sched)) = (
+            self.bins.kube_controller_manager.clone(),
+            self.bins.kube_scheduler.clone(),
+        ) else {
+            bail!(
+                "no kube-controller-manager/kube-scheduler for {}",
+                self.version.as_str()
+            );
+        };
+        let kcm_kc = self.kubeconfig_for("controller-manager")?;
+        let mut cmd = Command::new(kcm);
+        cmd.arg(format!("--kubeconfig={}", kcm_kc.display()))
+            .arg(format!("--authentication-kubeconfig={}", kcm_kc.display()))
+            .arg(format!("--authorization-kubeconfig={}", kcm_kc.display()))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", free_port()?))
+            .arg(format!("--cert-dir={}", d.join("kcm-pki").display()))
+            .arg("--leader-elect=false")
+            // Each controller acts as its own service account, as kubeadm runs it.
+            .arg("--use-service-account-credentials=true")
+            .arg(format!(
+                "--service-account-private-key-file={}",
+                sa_key.display()
+            ))
+            .arg(format!("--root-ca-file={}", self.ca_file().display()))
+            .arg(format!("--controllers={}", CONTROLLERS.join(",")))
+            .arg("--v=1");
+        self.controllers.push(Managed::spawn(
+            "kube-controller-manager",
+            cmd,
+            &d.join("kube-controller-manager.log"),
+        )?);
+        let sched_kc = self.kubeconfig_for("scheduler")?;
+        let mut cmd = Command::new(sched);
+        cmd.arg(format!("--kubeconfig={}", sched_kc.display()))
+            .arg(format!(
+                "--authentication-kubeconfig={}",
+                sched_kc.display()
+            ))
+            .arg(format!("--authorization-kubeconfig={}", sched_kc.display()))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", free_port()?))
+            .arg(format!("--cert-dir={}", d.join("scheduler-pki").display()))
+            .arg("--leader-elect=false")
+            .arg("--v=1");
+        self.controllers.push(Managed::spawn(
+            "kube-scheduler",
+            cmd,
+            &d.join("kube-scheduler.log"),
+        )?);
+        Ok(())
+    }
+
+    /// The controller-manager is working once its service-account controller
+    /// has created `default/default`.
+    async fn wait_controllers(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            for c in &mut self.controllers {
+                c.check_running()?;
+            }
+            if self.default_service_account("default").await? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-controller-manager created no default ServiceAccount in 120 s; its log ends:\n{}",
+                    tail(&self.controllers[0].log, 25)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn default_service_account(&self, ns: &str) -> Result<bool> {
+        Ok(Api::<ServiceAccount>::namespaced(self.client.clone(), ns)
+            .get_opt("default")
+            .await?
+            .is_some())
+    }
+
+    /// Fails if a control-plane process has exited (with its log's tail).
+    pub fn check_running(&mut self) -> Result<()> {
+        self.etcd.check_running()?;
+        self.apiserver.check_running()?;
+        for c in &mut self.controllers {
+            c.check_running()?;
+        }
+        Ok(())
     }
 
     /// The bed's directory (logs, certificates, kubeconfigs).
@@ -200,19 +496,22 @@ impl TestBed {
         self.dir().join("pki/ca.crt")
     }
 
-    /// A kubeconfig that authenticates as `user` (one of [`USERS`]).
-    pub fn kubeconfig_for(&self, user: &str) -> Result<PathBuf> {
-        let path = self.dir().join(format!("kubeconfig-{user}"));
-        write_kubeconfig(&path, &self.url, &self.ca_file(), user)?;
+    /// A kubeconfig that authenticates as the identity `key` (see [`IDENTITIES`]).
+    pub fn kubeconfig_for(&self, key: &str) -> Result<PathBuf> {
+        let id = identity(key)?;
+        let path = self.dir().join(format!("kubeconfig-{}", id.key));
+        write_kubeconfig(&path, &self.url, &self.ca_file(), id.key)?;
         Ok(path)
     }
 
-    /// A client that authenticates as `user` (one of [`USERS`]).
-    pub async fn client_as(&self, user: &str) -> Result<Client> {
-        client_from(&self.kubeconfig_for(user)?).await
+    /// A client that authenticates as the identity `key` (see [`IDENTITIES`]).
+    pub async fn client_as(&self, key: &str) -> Result<Client> {
+        client_from(&self.kubeconfig_for(key)?).await
     }
 
-    /// A fresh namespace for one test, `prefix-N`.
+    /// A fresh namespace for one test, `prefix-N`. On 1.37 it returns once the
+    /// controller-manager has created its `default` ServiceAccount, which the
+    /// ServiceAccount admission plugin needs before any pod can be created.
     pub async fn namespace(&self, prefix: &str) -> Result<String> {
         let n = self.ns_counter.fetch_add(1, Ordering::Relaxed);
         let name = format!("{prefix}-{n}");
@@ -227,6 +526,15 @@ impl TestBed {
             .create(&PostParams::default(), &ns)
             .await
             .with_context(|| format!("creating namespace {name}"))?;
+        if self.version.has_controllers() {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !self.default_service_account(&name).await? {
+                if Instant::now() > deadline {
+                    bail!("no default ServiceAccount in namespace {name} after 60 s; is kube-controller-manager's serviceaccount-controller running?");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         Ok(name)
     }
 
@@ -242,16 +550,21 @@ impl TestBed {
         Ok(AuditLog::new(path))
     }
 
-    /// Runs kubectl against the bed as `user`; returns (success, stdout, stderr).
-    pub fn kubectl(&self, user: &str, args: &[&str]) -> Result<(bool, String, String)> {
-        let out = Command::new("kubectl")
+    /// The kubectl the bed uses (1.37's, for both versions).
+    pub fn kubectl_path(&self) -> &Path {
+        &self.bins.kubectl
+    }
+
+    /// Runs kubectl against the bed as the identity `key`; returns (success, stdout, stderr).
+    pub fn kubectl(&self, key: &str, args: &[&str]) -> Result<(bool, String, String)> {
+        let out = Command::new(&self.bins.kubectl)
             .arg(format!(
                 "--kubeconfig={}",
-                self.kubeconfig_for(user)?.display()
+                self.kubeconfig_for(key)?.display()
             ))
             .args(args)
             .output()
-            .context("running kubectl (it is expected on PATH)")?;
+            .with_context(|| format!("running {}", self.bins.kubectl.display()))?;
         Ok((
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -260,8 +573,28 @@ impl TestBed {
     }
 }
 
+/// The kube-controller-manager controllers the bed runs on 1.37.
+pub const CONTROLLERS: &[&str] = &[
+    "serviceaccount-token-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "namespace-controller",
+    "resourcequota-controller",
+    "garbage-collector-controller",
+    "pod-garbage-collector-controller",
+    "taint-eviction-controller",
+    "job-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "statefulset-controller",
+    "disruption-controller",
+];
+
 impl Drop for TestBed {
     fn drop(&mut self) {
+        for c in &mut self.controllers {
+            let _ = c.stop(Duration::from_secs(5));
+        }
         let _ = self.apiserver.stop(Duration::from_secs(5));
         let _ = self.etcd.stop(Duration::from_secs(5));
         if std::thread::panicking() {
@@ -273,18 +606,18 @@ impl Drop for TestBed {
     }
 }
 
-/// The static bearer token of a bed user.
-pub fn token_for(user: &str) -> String {
-    format!("graceguard-test-token-{user}")
+/// The static bearer token of a bed identity.
+pub fn token_for(key: &str) -> String {
+    format!("graceguard-test-token-{key}")
 }
 
-fn write_kubeconfig(path: &Path, url: &str, ca: &Path, user: &str) -> Result<()> {
+fn write_kubeconfig(path: &Path, url: &str, ca: &Path, key: &str) -> Result<()> {
     let cfg = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "bed", "cluster": {"server": url, "certificate-authority": ca}}],
-        "users": [{"name": user, "user": {"token": token_for(user)}}],
-        "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": user}}],
+        "users": [{"name": key, "user": {"token": token_for(key)}}],
+        "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": key}}],
         "current-context": "bed",
     });
     std::fs::write(path, serde_json::to_vec_pretty(&cfg)?)

@@ -1,12 +1,21 @@
-//! A simulated kubelet for pods bound to a fake node.
+//! A simulated kubelet that is a node.
 //!
 //! The bed runs no kubelet, so nothing would ever move a pod out of Pending or
-//! finish a graceful deletion. This plays that part the way a kubelet does: it
-//! marks bound pods Running, and once a pod has a deletionTimestamp it waits a
-//! configurable share of the grace period and then deletes it with grace 0 and a
-//! uid precondition (the kubelet's status manager does exactly this).
-//! Tests can also end a pod, and set `DisruptionTarget` the scheduler's way
-//! (condition before the delete) or the kubelet's way (with the terminal phase).
+//! finish a graceful deletion. This plays that part with the node's own
+//! identity (`system:node:<name>`, so the Node authorizer and NodeRestriction
+//! judge every request as they judge a kubelet's), never as admin:
+//! * a bound Pending pod becomes Running through a status patch that, like the
+//!   kubelet's status manager, merges conditions by type and so keeps the ones
+//!   other components wrote (`DisruptionTarget` among them);
+//! * once a pod has a deletionTimestamp it waits a configurable share of the
+//!   grace period and then finishes the deletion as a kubelet does: a final
+//!   status update (phase Failed, containers terminated), then a delete with
+//!   grace 0 and a uid precondition.
+//!
+//! Tests can also end a pod, report the kubelet's own `TerminationByKubelet`
+//! disruption, and, with kube-scheduler's identity, set `DisruptionTarget` the
+//! way the scheduler does before a preemption (on 1.20, where no scheduler
+//! writes that condition).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -18,7 +27,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
+use serde_json::{json, Value};
+
+use crate::control_plane::{TestBed, NODE};
 
 /// The message [`Kubelet::mark_preempted`] sets.
 pub const PREEMPTION_MESSAGE: &str = "Preempted by a pod on node node-1";
@@ -34,6 +45,7 @@ pub enum FinishDeletions {
 
 #[derive(Clone, Debug)]
 pub struct KubeletOptions {
+    /// The node it is; its identity is the bed's identity of that name.
     pub node: String,
     /// Move bound Pending pods to Running.
     pub run_pods: bool,
@@ -43,7 +55,7 @@ pub struct KubeletOptions {
 impl Default for KubeletOptions {
     fn default() -> Self {
         Self {
-            node: crate::pods::NODE.into(),
+            node: NODE.into(),
             run_pods: true,
             finish_deletions: FinishDeletions::Manual,
         }
@@ -64,41 +76,59 @@ impl Terminal {
             Terminal::Failed => "Failed",
         }
     }
+
+    fn exit_code(self) -> i32 {
+        match self {
+            Terminal::Succeeded => 0,
+            // What `sleep` answers to the SIGTERM of a graceful deletion.
+            Terminal::Failed => 143,
+        }
+    }
 }
 
 /// A running simulated kubelet; stops when dropped.
 pub struct Kubelet {
-    client: Client,
+    /// Authenticated as the node.
+    node: Client,
+    /// Authenticated as kube-scheduler, for [`Kubelet::mark_disruption_target`].
+    scheduler: Client,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Kubelet {
-    /// Starts watching pods bound to `opts.node` in every namespace.
-    pub fn start(client: Client, opts: KubeletOptions) -> Self {
-        let c = client.clone();
+    /// Starts watching the pods bound to `opts.node` (which must be registered:
+    /// the bed registers [`NODE`]), with that node's identity.
+    pub async fn start(bed: &TestBed, opts: KubeletOptions) -> Result<Self> {
+        let node = bed.client_as(&opts.node).await?;
+        let scheduler = bed.client_as("scheduler").await?;
+        let c = node.clone();
         let task = tokio::spawn(async move { run(c, opts).await });
-        Self { client, task }
+        Ok(Self {
+            node,
+            scheduler,
+            task,
+        })
     }
 
     /// Finishes the graceful deletion of `ns/name` now, as the kubelet does when
-    /// the containers have stopped: a delete with grace 0 and a uid precondition.
+    /// the containers have stopped: final status, then delete with grace 0.
     pub async fn finish_deletion(&self, ns: &str, name: &str) -> Result<()> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let api: Api<Pod> = Api::namespaced(self.node.clone(), ns);
         let pod = api
             .get(name)
             .await
-            .with_context(|| format!("reading pod {ns}/{name}"))?;
-        finish(&api, name, pod.uid()).await
+            .with_context(|| format!("reading pod {ns}/{name} as its node"))?;
+        finish(&api, &pod).await
     }
 
     /// Ends `ns/name` in a terminal phase, as the kubelet reports a container's exit.
     pub async fn end_pod(&self, ns: &str, name: &str, phase: Terminal) -> Result<()> {
-        let status = json!({"status": {"phase": phase.as_str()}});
-        patch_status(&self.client, ns, name, &status).await
+        let status = terminal_status(phase, None);
+        patch_status(&self.node, ns, name, &status).await
     }
 
     /// Sets `DisruptionTarget=True` with `reason` the scheduler's way: the
-    /// condition alone, before the delete (kube-scheduler, taint manager, Eviction API).
+    /// condition alone, before the delete, sent as `system:kube-scheduler`.
     pub async fn mark_disruption_target(
         &self,
         ns: &str,
@@ -107,7 +137,7 @@ impl Kubelet {
         message: &str,
     ) -> Result<()> {
         let status = json!({"status": {"conditions": [disruption_condition(reason, message)]}});
-        patch_status(&self.client, ns, name, &status).await
+        patch_status(&self.scheduler, ns, name, &status).await
     }
 
     /// [`Kubelet::mark_disruption_target`] as kube-scheduler does before a
@@ -117,8 +147,8 @@ impl Kubelet {
             .await
     }
 
-    /// Sets `DisruptionTarget=True` the kubelet's way: together with the
-    /// terminal phase Failed (TerminationByKubelet, DeletionByPodGC).
+    /// The kubelet's own disruption (node pressure, shutdown): `DisruptionTarget=True`
+    /// together with the terminal phase Failed, sent as the node.
     pub async fn terminate_with_disruption(
         &self,
         ns: &str,
@@ -126,11 +156,11 @@ impl Kubelet {
         reason: &str,
         message: &str,
     ) -> Result<()> {
-        let status = json!({"status": {
-            "phase": "Failed",
-            "conditions": [disruption_condition(reason, message)],
-        }});
-        patch_status(&self.client, ns, name, &status).await
+        let status = terminal_status(
+            Terminal::Failed,
+            Some(disruption_condition(reason, message)),
+        );
+        patch_status(&self.node, ns, name, &status).await
     }
 }
 
@@ -140,7 +170,7 @@ impl Drop for Kubelet {
     }
 }
 
-fn disruption_condition(reason: &str, message: &str) -> serde_json::Value {
+fn disruption_condition(reason: &str, message: &str) -> Value {
     json!({
         "type": "DisruptionTarget",
         "status": "True",
@@ -150,18 +180,34 @@ fn disruption_condition(reason: &str, message: &str) -> serde_json::Value {
     })
 }
 
-fn now_rfc3339() -> String {
+/// Now, as the API writes times.
+pub fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
 }
 
-async fn patch_status(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    status: &serde_json::Value,
-) -> Result<()> {
+/// The status a kubelet reports when a pod's containers have ended: the
+/// phase, not-ready conditions, terminated containers; `extra` is one more
+/// condition (the kubelet's own DisruptionTarget).
+fn terminal_status(phase: Terminal, extra: Option<Value>) -> Value {
+    let now = now_rfc3339();
+    let mut conditions = vec![
+        json!({"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}),
+        json!({"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}),
+    ];
+    conditions.extend(extra);
+    json!({"status": {
+        "phase": phase.as_str(),
+        "conditions": conditions,
+        "containerStatuses": [{
+            "name": "main", "image": "busybox:1.36", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": phase.exit_code(), "reason": if phase.exit_code() == 0 { "Completed" } else { "Error" }, "finishedAt": now}},
+        }],
+    }})
+}
+
+async fn patch_status(client: &Client, ns: &str, name: &str, status: &Value) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     // Strategic merge: conditions merge by type, as the scheduler's and kubelet's patches do.
     api.patch_status(name, &PatchParams::default(), &Patch::Strategic(status))
@@ -170,21 +216,71 @@ async fn patch_status(
     Ok(())
 }
 
-async fn finish(api: &Api<Pod>, name: &str, uid: Option<String>) -> Result<()> {
+fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// A kubelet's end of a graceful deletion: the final status (unless the pod
+/// already ended), then the delete with grace 0 and the pod's uid as precondition.
+async fn finish(api: &Api<Pod>, pod: &Pod) -> Result<()> {
+    let name = pod.name_any();
+    if !is_terminal(pod) {
+        match api
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Strategic(terminal_status(Terminal::Failed, None)),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => {
+                return Err(e).with_context(|| format!("posting the final status of pod {name}"))
+            }
+        }
+    }
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {
-            uid,
+            uid: pod.uid(),
             resource_version: None,
         }),
         ..Default::default()
     };
-    match api.delete(name, &dp).await {
+    match api.delete(&name, &dp).await {
         Ok(_) => Ok(()),
         // Already gone, or replaced by a pod with another uid: nothing to finish.
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e).with_context(|| format!("finishing the deletion of pod {name}")),
     }
+}
+
+/// The status update that starts a pod: phase Running, the kubelet's own
+/// conditions (merged by type, so others stay), a running container. It carries
+/// the pod's resourceVersion, so it fails rather than resurrect a pod that
+/// ended meanwhile.
+fn running_status(resource_version: &str) -> Value {
+    let now = now_rfc3339();
+    json!({
+        "metadata": {"resourceVersion": resource_version},
+        "status": {
+            "phase": "Running",
+            "startTime": now,
+            "conditions": [
+                {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+                {"type": "Ready", "status": "True", "lastTransitionTime": now},
+            ],
+            "containerStatuses": [{
+                "name": "main", "image": "busybox:1.36", "imageID": "", "ready": true, "restartCount": 0, "started": true,
+                "state": {"running": {"startedAt": now}},
+            }],
+        },
+    })
 }
 
 async fn run(client: Client, opts: KubeletOptions) {
@@ -227,7 +323,16 @@ async fn run(client: Client, opts: KubeletOptions) {
                     let wait = Duration::from_secs_f64((grace * share).max(0.0));
                     tokio::spawn(async move {
                         tokio::time::sleep(wait).await;
-                        if let Err(e) = finish(&api, &name, Some(uid)).await {
+                        // The pod as it is now: a test may have ended it meanwhile.
+                        let current = match api.get_opt(&name).await {
+                            Ok(Some(p)) if p.uid().as_deref() == Some(uid.as_str()) => p,
+                            Ok(_) => return,
+                            Err(e) => {
+                                eprintln!("simulated kubelet: reading {name}: {e}");
+                                pod
+                            }
+                        };
+                        if let Err(e) = finish(&api, &current).await {
                             eprintln!("simulated kubelet: {e:#}");
                         }
                     });
@@ -243,31 +348,22 @@ async fn run(client: Client, opts: KubeletOptions) {
         if opts.run_pods && phase == "Pending" {
             let first = started.lock().map(|mut s| s.insert(uid)).unwrap_or(false);
             if first {
-                // Only a pod that is still Pending: a test may have ended it meanwhile,
-                // and a kubelet never resurrects a finished pod.
-                let now = now_rfc3339();
-                let patch = json!([
-                    {"op": "test", "path": "/status/phase", "value": "Pending"},
-                    {"op": "replace", "path": "/status/phase", "value": "Running"},
-                    {"op": "add", "path": "/status/startTime", "value": now},
-                    {"op": "add", "path": "/status/conditions", "value": [
-                        {"type": "Ready", "status": "True", "lastTransitionTime": now}
-                    ]},
-                ]);
-                let patch: json_patch::Patch = match serde_json::from_value(patch) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        eprintln!("simulated kubelet: bad patch: {e}");
-                        continue;
-                    }
-                };
+                let rv = pod.resource_version().unwrap_or_default();
                 match api
-                    .patch_status(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Strategic(running_status(&rv)),
+                    )
                     .await
                 {
                     Ok(_) => {}
-                    // The test op failed (no longer Pending) or the pod is gone.
-                    Err(kube::Error::Api(s)) if s.code == 422 || s.code == 404 || s.code == 409 => {
+                    // Changed meanwhile (a conflict) or gone: a kubelet never
+                    // resurrects a finished pod; the next event decides.
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                        if let Ok(mut set) = started.lock() {
+                            set.remove(&pod.uid().unwrap_or_default());
+                        }
                     }
                     Err(e) => eprintln!("simulated kubelet: marking {ns}/{name} Running: {e}"),
                 }

@@ -21,6 +21,7 @@ pub mod quota;
 pub mod scenario;
 pub mod webhook;
 
+pub use binaries::KubeVersion;
 pub use control_plane::{TestBed, TestBedOptions};
 
 /// Any failure of the test bed, with what to do about it in the message.

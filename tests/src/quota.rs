@@ -1,63 +1,140 @@
-//! ResourceQuota helpers. No quota controller runs in the bed, so a test sets
-//! `status.hard`/`status.used` by hand; the ResourceQuota admission plugin then
-//! charges every admitted Create to `status.used`, exactly as in a cluster.
+//! ResourceQuota helpers.
+//!
+//! The ResourceQuota admission plugin charges every admitted Create to
+//! `status.used`; the quota controller (kube-controller-manager) fills
+//! `status.hard` when a quota appears and recomputes `status.used` when pods
+//! end or go. On 1.37 the real controller does both and these helpers only
+//! wait for it; on 1.20, where no controller-manager runs, they write what
+//! the controller would (`status.used.pods` = the namespace's pods that still
+//! count), so the admission plugin sees the same thing either way.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+
+use crate::control_plane::TestBed;
 
 /// The name of the quota these helpers manage.
 pub const QUOTA: &str = "pods";
 
-/// Creates (or updates) quota `pods` in `ns` with `hard` pods and sets its
-/// status to `used` of `hard`.
-pub async fn set_pods_quota(client: &Client, ns: &str, hard: u32, used: u32) -> Result<()> {
-    let (h, u) = (hard.to_string(), used.to_string());
-    set_quota(client, ns, &[("pods", &h)], &[("pods", &u)]).await
+/// How long the quota controller may take to catch up.
+const CONTROLLER_WAIT: Duration = Duration::from_secs(60);
+
+/// Creates quota `pods` in `ns` limiting pods to `hard`, and waits until it is
+/// in force (its status covers the limit).
+pub async fn set_pods_quota(bed: &TestBed, ns: &str, hard: u32) -> Result<()> {
+    set_quota(bed, ns, &[("pods", &hard.to_string())]).await
 }
 
-/// Creates (or updates) quota `pods` in `ns` with `hard` limits, and sets its
-/// status to `hard` and `used` (resource, quantity) as the quota controller would.
-pub async fn set_quota(
-    client: &Client,
-    ns: &str,
-    hard: &[(&str, &str)],
-    used: &[(&str, &str)],
-) -> Result<()> {
-    let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
-    let map = |kv: &[(&str, &str)]| -> BTreeMap<String, Quantity> {
-        kv.iter()
-            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-            .collect()
-    };
-    if api.get_opt(QUOTA).await?.is_none() {
-        let rq = ResourceQuota {
-            metadata: ObjectMeta {
-                name: Some(QUOTA.into()),
-                ..Default::default()
-            },
-            spec: Some(ResourceQuotaSpec {
-                hard: Some(map(hard)),
-                ..Default::default()
-            }),
+/// Creates quota `pods` in `ns` with `hard` limits (resource, quantity) and
+/// waits until it is in force. Only `pods` may be in use when it is created.
+pub async fn set_quota(bed: &TestBed, ns: &str, hard: &[(&str, &str)]) -> Result<()> {
+    let api: Api<ResourceQuota> = Api::namespaced(bed.client.clone(), ns);
+    let map: BTreeMap<String, Quantity> = hard
+        .iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+        .collect();
+    let rq = ResourceQuota {
+        metadata: ObjectMeta {
+            name: Some(QUOTA.into()),
             ..Default::default()
-        };
-        api.create(&PostParams::default(), &rq)
-            .await
-            .with_context(|| format!("creating quota {ns}/{QUOTA}"))?;
-    } else {
-        let spec = serde_json::json!({"spec": {"hard": map(hard)}});
-        api.patch(QUOTA, &PatchParams::default(), &Patch::Merge(&spec))
-            .await?;
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(map.clone()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    api.create(&PostParams::default(), &rq)
+        .await
+        .with_context(|| format!("creating quota {ns}/{QUOTA}"))?;
+    if bed.version.has_controllers() {
+        let deadline = Instant::now() + CONTROLLER_WAIT;
+        loop {
+            let status = api.get(QUOTA).await?.status.unwrap_or_default();
+            let in_force = status.hard.as_ref() == Some(&map)
+                && status
+                    .used
+                    .as_ref()
+                    .is_some_and(|u| map.keys().all(|k| u.contains_key(k)));
+            if in_force {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the quota controller did not fill the status of {ns}/{QUOTA} within {CONTROLLER_WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
-    let status = serde_json::json!({"status": {"hard": map(hard), "used": map(used)}});
+    let pods = counted_pods(&bed.client, ns).await?;
+    let used: BTreeMap<String, Quantity> = map
+        .keys()
+        .map(|k| {
+            let v = if k == "pods" { pods } else { 0 };
+            (k.clone(), Quantity(v.to_string()))
+        })
+        .collect();
+    let status = serde_json::json!({"status": {"hard": map, "used": used}});
     api.patch_status(QUOTA, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .with_context(|| format!("setting the status of quota {ns}/{QUOTA}"))?;
+    Ok(())
+}
+
+/// The pods of `ns` a quota counts: not ended, and not past the end of a
+/// graceful deletion (the quota controller's rule).
+pub async fn counted_pods(client: &Client, ns: &str) -> Result<i64> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let n = pods
+        .items
+        .iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                return false;
+            }
+            match (
+                &p.metadata.deletion_timestamp,
+                p.metadata.deletion_grace_period_seconds,
+            ) {
+                (Some(t), Some(g)) => t.0.as_second() + g >= now.as_second(),
+                _ => true,
+            }
+        })
+        .count();
+    Ok(i64::try_from(n)?)
+}
+
+/// After pods ended or went: on 1.37, waits until the quota controller has
+/// recomputed `status.used.pods`; on 1.20, writes what it would compute.
+pub async fn recalculate(bed: &TestBed, ns: &str) -> Result<()> {
+    let api: Api<ResourceQuota> = Api::namespaced(bed.client.clone(), ns);
+    if bed.version.has_controllers() {
+        let deadline = Instant::now() + CONTROLLER_WAIT;
+        loop {
+            let want = counted_pods(&bed.client, ns).await?;
+            if used_pods(&bed.client, ns).await? == want {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the quota controller did not recompute {ns}/{QUOTA} to {want} pods within {CONTROLLER_WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let want = counted_pods(&bed.client, ns).await?;
+    let status = serde_json::json!({"status": {"used": {"pods": want.to_string()}}});
+    api.patch_status(QUOTA, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .with_context(|| format!("recomputing the status of quota {ns}/{QUOTA}"))?;
     Ok(())
 }
 

@@ -15,7 +15,7 @@ async fn each_colliding_create_is_already_exists_and_leaks_one_quota_charge() ->
     let bed = TestBed::start().await?;
     let ns = bed.namespace("leak").await?;
     let n = 10;
-    let r = graceful_delete_collision(&bed.client, &ns, "bare", n, 100).await?;
+    let r = graceful_delete_collision(&bed, &ns, "bare", n, 100).await?;
     assert_eq!(r.already_exists, n, "{r:?}");
     assert_eq!(r.forbidden + r.other, 0, "{r:?}");
     assert!(r.first_answer.contains("being deleted"), "{r:?}");
@@ -30,7 +30,7 @@ async fn with_quota_full_the_colliding_create_is_forbidden_not_already_exists() 
     let bed = TestBed::start().await?;
     let ns = bed.namespace("full").await?;
     // hard = 1: the original pod fills the quota.
-    let r = graceful_delete_collision(&bed.client, &ns, "bare", 3, 1).await?;
+    let r = graceful_delete_collision(&bed, &ns, "bare", 3, 1).await?;
     assert_eq!(r.forbidden, 3, "{r:?}");
     assert_eq!(r.first_answer_code, 403, "{r:?}");
     assert!(r.first_answer.contains("exceeded quota"), "{r:?}");
@@ -42,8 +42,8 @@ async fn with_quota_full_the_colliding_create_is_forbidden_not_already_exists() 
 async fn once_the_kubelet_finishes_the_deletion_the_name_can_be_created_again() -> R {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("reuse").await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
-    let r = graceful_delete_collision(&bed.client, &ns, "bare", 1, 100).await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let r = graceful_delete_collision(&bed, &ns, "bare", 1, 100).await?;
     assert_eq!(r.already_exists, 1, "{r:?}");
 
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
@@ -63,12 +63,13 @@ async fn the_simulated_kubelet_runs_pods_and_finishes_deletions_after_a_share_of
     let bed = TestBed::start().await?;
     let ns = bed.namespace("kubelet").await?;
     let _kubelet = Kubelet::start(
-        bed.client.clone(),
+        &bed,
         KubeletOptions {
             finish_deletions: FinishDeletions::AfterShareOfGrace(0.1),
             ..Default::default()
         },
-    );
+    )
+    .await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     assert_eq!(
         pods::create(&api, &pods::task_pod("p", 10)).await?,

@@ -28,8 +28,8 @@ async fn bed_with_webhook(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn colliding_creates_are_already_exists_and_charge_no_quota() -> R {
     let (bed, webhook, ns) = bed_with_webhook(&[], false).await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
-    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 50, 100).await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let r = graceful_delete_collision(&bed, &ns, "graceguard", 50, 100).await?;
     assert_eq!(r.already_exists, 50, "{r:?}");
     assert_eq!(r.first_answer_code, 409, "{r:?}");
     assert!(r.first_answer.contains("no quota was charged"), "{r:?}");
@@ -90,7 +90,7 @@ async fn retry_create(api: &Api<Pod>, name: &str) -> anyhow::Result<CreateOutcom
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_quota_full_the_colliding_create_is_409_not_403() -> R {
     let (bed, _webhook, ns) = bed_with_webhook(&[], false).await?;
-    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 3, 1).await?;
+    let r = graceful_delete_collision(&bed, &ns, "graceguard", 3, 1).await?;
     assert_eq!(r.already_exists, 3, "{r:?}");
     assert_eq!(r.forbidden, 0, "{r:?}");
     assert_eq!(r.first_answer_code, 409, "{r:?}");
@@ -116,7 +116,7 @@ fn assert_retry(out: &CreateOutcome, max_left: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_mode_answers_429_with_the_grace_time_left() -> R {
     let (bed, _webhook, ns) = bed_with_webhook(&["--mode", "retry"], false).await?;
-    let r = graceful_delete_collision(&bed.client, &ns, "graceguard-retry", 1, 100).await?;
+    let r = graceful_delete_collision(&bed, &ns, "graceguard-retry", 1, 100).await?;
     assert_eq!(r.first_answer_code, 429, "{r:?}");
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     // The pod was deleted with its 60 s grace: at most 60 s are left.
@@ -128,7 +128,7 @@ async fn retry_mode_answers_429_with_the_grace_time_left() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_label_overrides_the_install_wide_mode() -> R {
     let (bed, _webhook, ns) = bed_with_webhook(&[], false).await?;
-    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 1, 100).await?;
+    let r = graceful_delete_collision(&bed, &ns, "graceguard", 1, 100).await?;
     assert_eq!(r.first_answer_code, 409, "{r:?}");
     let label = serde_json::json!({"metadata": {"labels": {"graceguard.io/mode": "retry"}}});
     Api::<Namespace>::all(bed.client.clone())
@@ -151,7 +151,7 @@ async fn a_namespace_label_overrides_the_install_wide_mode() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_webhook_fails_open() -> R {
     let (bed, mut webhook, ns) = bed_with_webhook(&[], false).await?;
-    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 1, 100).await?;
+    let r = graceful_delete_collision(&bed, &ns, "graceguard", 1, 100).await?;
     assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
     webhook.kill();
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
@@ -174,7 +174,7 @@ async fn a_killed_webhook_fails_open() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets() -> R {
     let (bed, webhook, ns) = bed_with_webhook(&[], true).await?;
-    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 1, 100).await?;
+    let r = graceful_delete_collision(&bed, &ns, "graceguard", 1, 100).await?;
     assert_eq!(r.already_exists, 1, "{r:?}");
     let alice = bed.client_as("alice").await?;
     let api: Api<Pod> = Api::namespaced(alice, &ns);
@@ -220,7 +220,7 @@ async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_turns_readiness_off_keeps_serving_then_exits_cleanly() -> R {
     let (bed, mut webhook, ns) = bed_with_webhook(&["--shutdown-delay", "3s"], false).await?;
-    let r = graceful_delete_collision(&bed.client, &ns, "graceguard", 2, 100).await?;
+    let r = graceful_delete_collision(&bed, &ns, "graceguard", 2, 100).await?;
     assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
     webhook.sigterm();
     // During the delay: not ready (endpoints drop it), but still answering.

@@ -23,7 +23,7 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
     let ns = bed.namespace("disrupt").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register(&bed, ALL).await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     assert_eq!(
         pods::create(&api, &pods::task_pod("train-0", 60)).await?,

@@ -54,7 +54,7 @@ async fn audit_count(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preempted_attempt_is_waited_out_then_one_create_under_the_next_name() -> R {
     let (bed, ns, alice) = bed().await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let mut task = RunningTask::start(alice, spec("train", &ns), pods::task_pod("template", 30));
     task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
         .await?;
@@ -153,8 +153,14 @@ async fn a_preempted_attempt_is_waited_out_then_one_create_under_the_next_name()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_quota_is_waited_out_with_backoff_without_spending_attempts() -> R {
     let (bed, ns, alice) = bed().await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
-    quota::set_pods_quota(&bed.client, &ns, 1, 1).await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    // One pod fills the quota (charged by the admission plugin, as any Create).
+    quota::set_pods_quota(&bed, &ns, 1).await?;
+    let admin: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert_eq!(
+        pods::create(&admin, &pods::task_pod("filler", 0)).await?,
+        CreateOutcome::Created
+    );
     let mut task = RunningTask::start(alice, spec("wait", &ns), pods::task_pod("template", 30));
     task.wait_for(MIN, |t| t.phase == "WaitingForResources")
         .await?;
@@ -169,7 +175,9 @@ async fn a_full_quota_is_waited_out_with_backoff_without_spending_attempts() -> 
     );
     assert!(task.seen.iter().all(|t| t.attempt == 0), "{:?}", task.seen);
 
-    quota::set_pods_quota(&bed.client, &ns, 1, 0).await?;
+    // The filler goes; the quota controller (played by the bed on 1.20) frees its charge.
+    kubelet.finish_deletion(&ns, "filler").await?;
+    quota::recalculate(&bed, &ns).await?;
     let queued = task
         .wait_for(Duration::from_secs(90), |t| t.phase == "Queued")
         .await?;
@@ -195,13 +203,7 @@ async fn a_full_quota_is_waited_out_with_backoff_without_spending_attempts() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_larger_than_the_hard_limit_fails_at_once() -> R {
     let (bed, ns, alice) = bed().await?;
-    quota::set_quota(
-        &bed.client,
-        &ns,
-        &[("pods", "10"), ("requests.cpu", "1")],
-        &[("pods", "0"), ("requests.cpu", "0")],
-    )
-    .await?;
+    quota::set_quota(&bed, &ns, &[("pods", "10"), ("requests.cpu", "1")]).await?;
     let mut template = pods::task_pod("template", 30);
     if let Some(c) = template
         .spec
@@ -263,13 +265,14 @@ async fn three_deletions_in_a_row_fail_the_task_as_a_system_failure() -> R {
     let (bed, ns, alice) = bed().await?;
     // Pods never reach Running; every deletion finishes at once.
     let _kubelet = Kubelet::start(
-        bed.client.clone(),
+        &bed,
         KubeletOptions {
             run_pods: false,
             finish_deletions: FinishDeletions::AfterShareOfGrace(0.0),
             ..Default::default()
         },
-    );
+    )
+    .await?;
     let mut task = RunningTask::start(alice, spec("flaky", &ns), pods::task_pod("template", 30));
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     for attempt in 0..3 {
@@ -324,7 +327,7 @@ async fn lease(bed: &TestBed, ns: &str, instance: &str, renewed_secs_ago: i64) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     let (bed, ns, alice) = bed().await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     lease(&bed, &ns, "dead-exec", 600).await?;
     lease(&bed, &ns, "live-exec", 0).await?;
@@ -398,7 +401,7 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubelet_termination_is_a_system_failure_not_the_users() -> R {
     let (bed, ns, alice) = bed().await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let mut task = RunningTask::start(alice, spec("evicted", &ns), pods::task_pod("template", 30));
     task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
         .await?;

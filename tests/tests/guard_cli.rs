@@ -30,7 +30,7 @@ spec:
 async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("cli").await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let manifest = bed.dir().join("nightly.yaml");
     std::fs::write(&manifest, POD_YAML)?;
     let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;

@@ -38,6 +38,9 @@ pub struct AuditRecord {
     /// Livelock records: denials counted in the window, and its length.
     pub denials_in_window: Option<u64>,
     pub window_seconds: Option<u64>,
+    /// Follow-up tagging: what asked for it, and the reads/patches it took.
+    pub source: Option<&'static str>,
+    pub attempts: Option<u32>,
 }
 
 impl AuditRecord {
@@ -68,6 +71,8 @@ impl AuditRecord {
             phase = self.phase.as_deref(),
             denials_in_window = self.denials_in_window,
             window_seconds = self.window_seconds,
+            source = self.source,
+            attempts = self.attempts,
             "audit"
         );
     }

@@ -12,6 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::net::TcpListener;
 
 use crate::confirm::Confirmer;
+use crate::follow_up::{self, FollowUp};
 use crate::handlers::App;
 use crate::livelock::LivelockDetector;
 use crate::meta_index::MetaIndex;
@@ -97,6 +98,12 @@ pub struct ServeArgs {
     /// Service's endpoints drop this pod before it stops accepting.
     #[arg(long, env = "GRACEGUARD_SHUTDOWN_DELAY", default_value = "5s", value_parser = duration)]
     pub shutdown_delay: Duration,
+    /// Tag pods afterwards, under graceguard's own identity, where a tag cannot
+    /// go into the request itself: a node's status update (NodeRestriction
+    /// refuses changed labels) and an eviction's condition (written outside
+    /// admission). Needs RBAC `patch` on pods; off keeps graceguard read-only.
+    #[arg(long, env = "GRACEGUARD_FOLLOW_UP_TAGGING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub follow_up_tagging: bool,
     /// How long in-flight reviews may take to finish after SIGTERM.
     #[arg(long, env = "GRACEGUARD_SHUTDOWN_GRACE", default_value = "20s", value_parser = duration)]
     pub shutdown_grace: Duration,
@@ -232,6 +239,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
         ),
         livelock: LivelockDetector::new(args.livelock_window, args.livelock_threshold),
         metrics: metrics.clone(),
+        follow_up: if args.follow_up_tagging {
+            FollowUp::spawn(
+                client.clone(),
+                metrics.clone(),
+                follow_up::Settings::default(),
+            )
+        } else {
+            FollowUp::disabled()
+        },
         mode: args.mode,
         shutting_down: AtomicBool::new(false),
     });

@@ -12,9 +12,10 @@ use axum::response::Response;
 use crate::audit::AuditRecord;
 use crate::collision::{self, AllowReason, Verdict};
 use crate::confirm::Confirmer;
+use crate::follow_up::{FollowUp, Source};
 use crate::livelock::LivelockDetector;
 use crate::metrics::{
-    Endpoint, EndpointLabels, ExplainedLabels, Metrics, ReasonLabels, ReviewLabels,
+    reason_labels, Endpoint, EndpointLabels, ExplainedLabels, Metrics, ReviewLabels,
 };
 use crate::mode::Mode;
 use crate::pod_index::{NamespaceModes, PodIndex};
@@ -28,6 +29,8 @@ pub struct App {
     pub confirmer: Confirmer,
     pub livelock: LivelockDetector,
     pub metrics: Metrics,
+    /// Tags what cannot be tagged inside its request (node updates, evictions).
+    pub follow_up: FollowUp,
     /// The install-wide mode; a namespace label overrides it.
     pub mode: Mode,
     /// Set on SIGTERM: readiness goes false while in-flight reviews finish.
@@ -62,6 +65,11 @@ pub async fn validate_pods_delete(State(app): State<Arc<App>>, body: Bytes) -> R
     handle(&app, Endpoint::deletion_audit, &body).await
 }
 
+/// `POST /validate/pods-eviction`: the eviction audit.
+pub async fn validate_pods_eviction(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    handle(&app, Endpoint::eviction_audit, &body).await
+}
+
 async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
     let start = Instant::now();
     let req = match review::parse(body) {
@@ -76,6 +84,7 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
         Endpoint::collision_guard => collision_guard(app, &req).await,
         Endpoint::disruption_tagger => disruption_tagger(app, &req),
         Endpoint::deletion_audit => deletion_audit(app, &req),
+        Endpoint::eviction_audit => eviction_audit(app, &req),
     };
     let elapsed = start.elapsed();
     let (user, groups) = req.user();
@@ -141,13 +150,34 @@ fn disruption_tagger(app: &App, req: &Request) -> (Answer, AuditRecord) {
         rec.patched = Some(false);
         return (Answer::allow(), rec);
     };
+    if req.is_from_node() {
+        // Never change a node's request: NodeRestriction would refuse it (the
+        // API server re-runs the plugin after a webhook's patch) and the kubelet
+        // would retry forever. Tag it afterwards under our own identity.
+        app.metrics.node_requests_left_unchanged.inc();
+        rec.patched = Some(false);
+        rec.reason = if req.dry_run {
+            "node_request_dry_run"
+        } else if app.follow_up.request(
+            &req.namespace,
+            &req.name,
+            pod.metadata.uid.as_deref(),
+            Source::NodeStatusUpdate,
+        ) {
+            "node_request_follow_up"
+        } else if app.follow_up.is_enabled() {
+            "node_request_follow_up_pending"
+        } else {
+            "node_request_unchanged"
+        }
+        .into();
+        return (Answer::allow(), rec);
+    }
     match serde_json::to_vec(&patch) {
         Ok(bytes) => {
             app.metrics
                 .disruption_tags
-                .get_or_create(&ReasonLabels {
-                    reason: tagger::label_value(&d.reason),
-                })
+                .get_or_create(&reason_labels(&d.reason))
                 .inc();
             rec.reason = "tagged".into();
             rec.patched = Some(true);
@@ -185,6 +215,34 @@ fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
         .deletions_audited
         .get_or_create(&ExplainedLabels { explained })
         .inc();
+    (Answer::allow(), rec)
+}
+
+/// Evictions delete through the registry, past every DELETE webhook, and write
+/// their `DisruptionTarget` outside admission: the `pods/eviction` request is
+/// the one place to see them. One record per request; the pod is tagged
+/// afterwards, once the Eviction API has written its condition.
+fn eviction_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
+    if !req.is_pods("CREATE", "eviction") {
+        let rec = AuditRecord {
+            reason: "not_an_eviction".into(),
+            ..Default::default()
+        };
+        return (Answer::allow(), rec);
+    }
+    app.metrics.evictions_audited.inc();
+    let uid = app.pods.get(&req.namespace, &req.name).map(|p| p.uid);
+    if !req.dry_run {
+        app.follow_up
+            .request(&req.namespace, &req.name, uid.as_deref(), Source::Eviction);
+    }
+    let rec = AuditRecord {
+        reason: "eviction".into(),
+        uid,
+        grace_period_seconds: req.grace_period_seconds,
+        disruption_reason: Some("EvictionByEvictionAPI".into()),
+        ..Default::default()
+    };
     (Answer::allow(), rec)
 }
 

@@ -17,7 +17,10 @@
 //! * [`review`]: AdmissionReview parsing and the error answers.
 //! * [`audit`]: the audit record written for every decision.
 //! * [`tagger`] and [`disruption`]: tagging pods with their DisruptionTarget reason.
-//! * [`deletion_audit`]: who deleted a pod, and whether a disruption explains it.
+//! * [`deletion_audit`]: who deleted a pod, and whether a disruption explains it;
+//!   evictions, which no DELETE webhook sees, in [`handlers`]' eviction audit.
+//! * [`follow_up`]: tagging afterwards what cannot be tagged in its request
+//!   (a node's status update, an eviction's condition).
 //! * [`server`]: HTTPS and health listeners, routing, graceful shutdown.
 
 pub mod audit;
@@ -26,6 +29,7 @@ pub mod collision;
 pub mod confirm;
 pub mod deletion_audit;
 pub mod disruption;
+pub mod follow_up;
 pub mod handlers;
 pub mod livelock;
 pub mod logging;

@@ -9,13 +9,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// The three admission endpoints.
+/// The admission endpoints.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum Endpoint {
     collision_guard,
     disruption_tagger,
     deletion_audit,
+    eviction_audit,
 }
 
 impl Endpoint {
@@ -24,6 +25,7 @@ impl Endpoint {
             Endpoint::collision_guard => "collision_guard",
             Endpoint::disruption_tagger => "disruption_tagger",
             Endpoint::deletion_audit => "deletion_audit",
+            Endpoint::eviction_audit => "eviction_audit",
         }
     }
 }
@@ -42,6 +44,29 @@ pub struct EndpointLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
+}
+
+/// The `DisruptionTarget` reasons Kubernetes writes; any other is counted as
+/// `Other`, so a status writer cannot grow the metric without bound.
+pub const KNOWN_REASONS: &[&str] = &[
+    "PreemptionByScheduler",
+    "DeletionByTaintManager",
+    "EvictionByEvictionAPI",
+    "DeletionByPodGC",
+    "TerminationByKubelet",
+];
+
+/// The `disruption_tags` labels for `reason`.
+pub fn reason_labels(reason: &str) -> ReasonLabels {
+    let known = KNOWN_REASONS.iter().find(|r| **r == reason);
+    ReasonLabels {
+        reason: known.map_or("Other", |r| r).to_string(),
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FollowUpLabels {
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -63,6 +88,10 @@ pub struct Metrics {
     pub livelock_suspected: Counter,
     pub disruption_tags: Family<ReasonLabels, Counter>,
     pub deletions_audited: Family<ExplainedLabels, Counter>,
+    pub evictions_audited: Counter,
+    pub node_requests_left_unchanged: Counter,
+    pub follow_ups: Family<FollowUpLabels, Counter>,
+    pub follow_ups_dropped: Counter,
 }
 
 impl Metrics {
@@ -84,6 +113,10 @@ impl Metrics {
             livelock_suspected: Counter::default(),
             disruption_tags: Family::default(),
             deletions_audited: Family::default(),
+            evictions_audited: Counter::default(),
+            node_requests_left_unchanged: Counter::default(),
+            follow_ups: Family::default(),
+            follow_ups_dropped: Counter::default(),
         };
         let mut r = Registry::with_prefix("graceguard");
         r.register(
@@ -136,6 +169,26 @@ impl Metrics {
             "deletions_audited",
             "Pod deletions audited, by whether a DisruptionTarget condition explains them",
             m.deletions_audited.clone(),
+        );
+        r.register(
+            "evictions_audited",
+            "Eviction requests audited (evictions never reach the DELETE webhook)",
+            m.evictions_audited.clone(),
+        );
+        r.register(
+            "node_requests_left_unchanged",
+            "Node status updates carrying an untagged DisruptionTarget, allowed unchanged (NodeRestriction would refuse a tag)",
+            m.node_requests_left_unchanged.clone(),
+        );
+        r.register(
+            "follow_up_tags",
+            "Follow-up tagging under graceguard's own identity, by outcome",
+            m.follow_ups.clone(),
+        );
+        r.register(
+            "follow_up_tags_dropped",
+            "Follow-up tagging requests dropped because the queue was full",
+            m.follow_ups_dropped.clone(),
         );
         (m, Arc::new(r))
     }

@@ -158,7 +158,8 @@ pub struct Request {
     pub dry_run: bool,
     pub object: Option<Pod>,
     pub old_object: Option<Pod>,
-    /// `options.gracePeriodSeconds` (DELETE).
+    /// `options.gracePeriodSeconds` (DELETE), or the Eviction's
+    /// `deleteOptions.gracePeriodSeconds` (`pods/eviction` CREATE).
     pub grace_period_seconds: Option<i64>,
 }
 
@@ -171,6 +172,21 @@ impl Request {
             && self.sub_resource == subresource
     }
 
+    /// True when a node sent it (user `system:node:*` or group `system:nodes`):
+    /// such a request is never changed, since NodeRestriction refuses a node's
+    /// update whose labels were changed on the way.
+    pub fn is_from_node(&self) -> bool {
+        self.user_info
+            .username
+            .as_deref()
+            .is_some_and(|u| u.starts_with("system:node:"))
+            || self
+                .user_info
+                .groups
+                .as_ref()
+                .is_some_and(|g| g.iter().any(|g| g == "system:nodes"))
+    }
+
     /// The requesting user's name and groups (comma-separated).
     pub fn user(&self) -> (String, Option<String>) {
         let user = self.user_info.username.clone().unwrap_or_default();
@@ -179,11 +195,21 @@ impl Request {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct DeleteOptions {
     #[serde(default)]
     grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    dry_run: Vec<String>,
+}
+
+/// A `policy/v1` (or `v1beta1`) Eviction, as far as graceguard reads one.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Eviction {
+    #[serde(default)]
+    delete_options: Option<DeleteOptions>,
 }
 
 fn pod(raw: Option<&RawValue>, field: &'static str) -> Result<Option<Pod>, ReviewError> {
@@ -200,7 +226,8 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
     let review: ReviewIn = serde_json::from_slice(body).map_err(ReviewError::Json)?;
     let r = review.request.ok_or(ReviewError::NoRequest)?;
     let pods = r.resource.group.is_empty() && r.resource.resource == "pods";
-    let (object, old_object) = if pods {
+    let eviction = pods && r.sub_resource.as_deref() == Some("eviction");
+    let (object, old_object) = if pods && !eviction {
         (
             pod(r.object.as_deref(), "request.object")?,
             pod(r.old_object.as_deref(), "request.oldObject")?,
@@ -208,11 +235,18 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
     } else {
         (None, None)
     };
-    let grace_period_seconds = r
-        .options
-        .as_deref()
-        .and_then(|o| serde_json::from_str::<DeleteOptions>(o.get()).ok())
-        .and_then(|o| o.grace_period_seconds);
+    let options = if eviction {
+        // A missing or unreadable Eviction body still gets its audit record.
+        r.object
+            .as_deref()
+            .and_then(|o| serde_json::from_str::<Eviction>(o.get()).ok())
+            .and_then(|e| e.delete_options)
+    } else {
+        r.options
+            .as_deref()
+            .and_then(|o| serde_json::from_str::<DeleteOptions>(o.get()).ok())
+    }
+    .unwrap_or_default();
     Ok(Request {
         api_version: if review.api_version.is_empty() {
             "admission.k8s.io/v1".into()
@@ -226,10 +260,10 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
         namespace: r.namespace.unwrap_or_default(),
         operation: r.operation,
         user_info: r.user_info,
-        dry_run: r.dry_run.unwrap_or(false),
+        dry_run: r.dry_run.unwrap_or(false) || !options.dry_run.is_empty(),
         object,
         old_object,
-        grace_period_seconds,
+        grace_period_seconds: options.grace_period_seconds,
     })
 }
 

@@ -42,6 +42,10 @@ pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
             "/validate/pods-delete",
             post(handlers::validate_pods_delete),
         )
+        .route(
+            "/validate/pods-eviction",
+            post(handlers::validate_pods_eviction),
+        )
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(
             ServiceBuilder::new()

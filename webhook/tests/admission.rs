@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::Router;
 use graceguard_webhook::confirm::{Confirmer, Fetch};
+use graceguard_webhook::follow_up::FollowUp;
 use graceguard_webhook::handlers::App;
 use graceguard_webhook::livelock::LivelockDetector;
 use graceguard_webhook::meta_index::MetaIndex;
@@ -66,6 +67,7 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: M
         confirmer: Confirmer::new(fetch, Duration::from_secs(1), 100, metrics.clone()),
         livelock: LivelockDetector::new(Duration::from_secs(10), 5),
         metrics,
+        follow_up: FollowUp::disabled(),
         mode,
         shutting_down: AtomicBool::new(false),
     });
@@ -378,4 +380,89 @@ async fn the_deletion_audit_allows_and_reads_who_grace_and_disruption() {
     assert_eq!(rec.grace_period_seconds, Some(60));
     assert_eq!(rec.disruption_reason, None);
     assert_eq!(rec.reason, "unexplained");
+}
+
+/// The 02 fixture (a status update adding DisruptionTarget), sent by `user` in `groups`.
+fn status_update_from(user: &str, groups: &[&str]) -> Vec<u8> {
+    let mut v: Value =
+        serde_json::from_slice(&fixture("02-update-pods-status.json")).expect("json");
+    v["request"]["userInfo"] = serde_json::json!({"username": user, "groups": groups});
+    serde_json::to_vec(&v).expect("json")
+}
+
+#[tokio::test]
+async fn a_node_s_status_update_is_never_changed() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    // By user name, and by group alone (a node credential with another name).
+    for body in [
+        status_update_from("system:node:n1", &["system:nodes", "system:authenticated"]),
+        status_update_from("kubelet-n1", &["system:nodes"]),
+    ] {
+        let (status, v) = post(&h.router, "/mutate/pods-status", body).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(v["response"]["allowed"], true);
+        assert!(v["response"].get("patch").is_none(), "{v}");
+        assert!(v["response"].get("patchType").is_none(), "{v}");
+    }
+    // Anyone else's identical update is tagged in admission.
+    let (_, v) = post(
+        &h.router,
+        "/mutate/pods-status",
+        status_update_from(
+            "system:serviceaccount:kube-system:pod-garbage-collector",
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(v["response"]["patchType"], "JSONPatch", "{v}");
+}
+
+fn eviction(grace: Option<i64>, dry_run: bool) -> Vec<u8> {
+    let mut opts = serde_json::json!({});
+    if let Some(g) = grace {
+        opts["gracePeriodSeconds"] = g.into();
+    }
+    if dry_run {
+        opts["dryRun"] = serde_json::json!(["All"]);
+    }
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "e-1",
+            "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "eviction",
+            "name": "train-0",
+            "namespace": "ns",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice", "groups": ["testbed:users"]},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                       "metadata": {"name": "train-0", "namespace": "ns"}, "deleteOptions": opts},
+            "dryRun": false,
+        }
+    }))
+    .expect("json")
+}
+
+#[tokio::test]
+async fn the_eviction_audit_always_allows_and_reads_grace_and_dry_run() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let (status, v) = post(
+        &h.router,
+        "/validate/pods-eviction",
+        eviction(Some(30), false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(v["response"]["uid"], "e-1");
+
+    let req = graceguard_webhook::review::parse(&eviction(Some(30), false)).expect("parse");
+    assert!(req.is_pods("CREATE", "eviction"));
+    assert_eq!(req.grace_period_seconds, Some(30));
+    assert!(!req.dry_run);
+    let req = graceguard_webhook::review::parse(&eviction(None, true)).expect("parse");
+    assert_eq!(req.grace_period_seconds, None);
+    assert!(req.dry_run, "deleteOptions.dryRun makes it a dry run");
 }

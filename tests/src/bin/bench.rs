@@ -496,7 +496,7 @@ async fn livelock_storm(s: &Sizes, bed: &TestBed, webhook: &WebhookProcess) -> R
 async fn guard_recovery() -> Result<()> {
     let bed = TestBed::start_with(TestBedOptions { audit: true }).await?;
     let ns = bed.namespace("recovery").await?;
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let alice = bed.client_as("alice").await?;
     let mut task = RunningTask::start(alice, spec("train", &ns), pods::task_pod("template", 30));
     let minute = Duration::from_secs(60);

@@ -40,7 +40,7 @@ async fn run(args: &Args) -> Result<()> {
         "mode bare: {} colliding Creates on a Terminating pod, no graceguard",
         args.creates
     );
-    reports.push(graceful_delete_collision(&bed.client, &ns, "bare", args.creates, 100).await?);
+    reports.push(graceful_delete_collision(&bed, &ns, "bare", args.creates, 100).await?);
 
     let ns = bed.namespace("demo-graceguard").await?;
     eprintln!(
@@ -57,8 +57,7 @@ async fn run(args: &Args) -> Result<()> {
             ],
         )
         .await?;
-    let mut guarded =
-        graceful_delete_collision(&bed.client, &ns, "graceguard", args.creates, 100).await?;
+    let mut guarded = graceful_delete_collision(&bed, &ns, "graceguard", args.creates, 100).await?;
     let n = args.creates as usize + 1;
     guarded.audit_record = webhook
         .wait_records("collision_guard", &ns, testbed::scenario::POD, n)
@@ -67,7 +66,7 @@ async fn run(args: &Args) -> Result<()> {
         .find(|r| r["decision"] == "deny");
     reports.push(guarded);
 
-    let kubelet = Kubelet::start(bed.client.clone(), KubeletOptions::default());
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let ns = bed.namespace("demo-guard").await?;
     eprintln!("mode guard: the task launched by graceguard's guard; its pod is deleted gracefully and stays Terminating for 3 s");
     reports

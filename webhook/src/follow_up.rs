@@ -1,0 +1,371 @@
+//! Tagging afterwards, under graceguard's own identity.
+//!
+//! Two kinds of `DisruptionTarget` cannot be tagged inside the request that
+//! carries them:
+//! * a node's `pods/status` update (the kubelet's own `TerminationByKubelet`,
+//!   or any later status of a pod tagged nowhere yet): NodeRestriction refuses
+//!   a node's status update whose labels differ from the stored pod's, and the
+//!   API server re-runs it after a mutating webhook changes the object, so a
+//!   tag added there fails the kubelet's update, every retry (see
+//!   [`crate::handlers`]: node requests are never changed);
+//! * the Eviction API's condition, written by the registry outside admission
+//!   right after the `pods/eviction` request is admitted.
+//!
+//! For both, the admission endpoint asks for a follow-up: a worker reads the
+//! pod shortly after, derives the tags from its condition exactly as the inline
+//! tagger does ([`crate::tagger::patch_for`]), and PATCHes the pod's metadata
+//! with a uid test, so a replaced pod is never tagged. Idempotent, bounded
+//! (a few retries with backoff, then given up and audited as such), never on
+//! an admission request's path: asking never waits, and a full queue drops the
+//! request (counted) rather than slow admission down. Each follow-up writes
+//! one audit record with its outcome and the delay from request to tag.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{Patch as JsonPatch, PatchOperation, TestOperation};
+use k8s_openapi::api::core::v1::Pod as K8sPod;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use tokio::sync::mpsc;
+
+use crate::audit::AuditRecord;
+use crate::metrics::{FollowUpLabels, Metrics};
+use crate::review::Pod;
+use crate::{disruption, tagger};
+
+/// Why a follow-up was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A node's status update carried an untagged DisruptionTarget.
+    NodeStatusUpdate,
+    /// A `pods/eviction` request was admitted.
+    Eviction,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::NodeStatusUpdate => "node_status_update",
+            Source::Eviction => "eviction",
+        }
+    }
+}
+
+/// How follow-ups retry.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Reads or patches per follow-up before it is given up.
+    pub attempts: usize,
+    /// Backoff between attempts: from `min_delay`, doubling, capped at `max_delay`.
+    pub min_delay: Duration,
+    pub max_delay: Duration,
+    /// Follow-ups waiting at once; more are dropped (and counted).
+    pub queue: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            attempts: 8,
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+            queue: 4096,
+        }
+    }
+}
+
+struct Job {
+    namespace: String,
+    name: String,
+    uid: Option<String>,
+    source: Source,
+    asked: Instant,
+}
+
+/// The handle admission endpoints ask through. Cheap to clone.
+#[derive(Clone)]
+pub struct FollowUp {
+    inner: Option<Arc<Inner>>,
+}
+
+struct Inner {
+    tx: mpsc::Sender<Job>,
+    /// namespace/name of the follow-ups queued or running: one at a time per pod.
+    pending: Mutex<HashSet<(String, String)>>,
+    metrics: Metrics,
+}
+
+/// What one follow-up ended with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Tagged,
+    AlreadyTagged,
+    /// The pod is gone, or its name now belongs to another pod.
+    Gone,
+    /// No `DisruptionTarget=True` appeared within the attempts.
+    NoDisruptionTarget,
+    /// Every attempt failed (the last error is in the audit record).
+    GaveUp,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Tagged => "tagged",
+            Outcome::AlreadyTagged => "already_tagged",
+            Outcome::Gone => "gone",
+            Outcome::NoDisruptionTarget => "no_disruption_target",
+            Outcome::GaveUp => "gave_up",
+        }
+    }
+}
+
+impl FollowUp {
+    /// Follow-ups off (`--follow-up-tagging=false`): asking does nothing.
+    pub fn disabled() -> Self {
+        Self { inner: None }
+    }
+
+    /// Starts the worker, which tags through `client`.
+    pub fn spawn(client: Client, metrics: Metrics, settings: Settings) -> Self {
+        let (tx, rx) = mpsc::channel(settings.queue.max(1));
+        let inner = Arc::new(Inner {
+            tx,
+            pending: Mutex::new(HashSet::new()),
+            metrics,
+        });
+        tokio::spawn(worker(rx, client, Arc::downgrade(&inner), settings));
+        Self { inner: Some(inner) }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Asks for `namespace/name` (`uid` when known) to be tagged shortly.
+    /// Never waits; returns whether the request was queued (false: disabled,
+    /// one already pending for that pod, or the queue is full).
+    pub fn request(&self, namespace: &str, name: &str, uid: Option<&str>, source: Source) -> bool {
+        let Some(inner) = &self.inner else {
+            return false;
+        };
+        let key = (namespace.to_string(), name.to_string());
+        {
+            let mut pending = inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if !pending.insert(key.clone()) {
+                return false;
+            }
+        }
+        let job = Job {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            uid: uid.map(str::to_string),
+            source,
+            asked: Instant::now(),
+        };
+        if inner.tx.try_send(job).is_err() {
+            inner
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            inner.metrics.follow_ups_dropped.inc();
+            tracing::warn!(
+                namespace,
+                name,
+                "follow-up tagging queue full; this pod stays untagged"
+            );
+            return false;
+        }
+        true
+    }
+}
+
+async fn worker(
+    mut rx: mpsc::Receiver<Job>,
+    client: Client,
+    inner: std::sync::Weak<Inner>,
+    settings: Settings,
+) {
+    while let Some(job) = rx.recv().await {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let client = client.clone();
+        // Each follow-up runs on its own: one slow pod must not hold up the rest.
+        tokio::spawn(async move {
+            let (outcome, rec) = run(&client, &job, settings).await;
+            inner
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(job.namespace.clone(), job.name.clone()));
+            inner
+                .metrics
+                .follow_ups
+                .get_or_create(&FollowUpLabels {
+                    outcome: outcome.as_str(),
+                })
+                .inc();
+            if outcome == Outcome::Tagged {
+                if let Some(reason) = &rec.disruption_reason {
+                    inner
+                        .metrics
+                        .disruption_tags
+                        .get_or_create(&crate::metrics::reason_labels(reason))
+                        .inc();
+                }
+            }
+            rec.emit();
+        });
+    }
+}
+
+/// The JSONPatch that tags a pod: a test of its uid, then the tag operations.
+pub fn guarded_patch(uid: &str, tags: JsonPatch) -> JsonPatch {
+    let mut ops = vec![PatchOperation::Test(TestOperation {
+        path: PointerBuf::from_tokens(["metadata", "uid"]),
+        value: serde_json::Value::String(uid.to_string()),
+    })];
+    ops.extend(tags.0);
+    JsonPatch(ops)
+}
+
+/// The pod as graceguard's decisions read it.
+fn lean(pod: &K8sPod) -> Option<Pod> {
+    serde_json::to_value(pod)
+        .ok()
+        .and_then(|v| serde_json::from_value(v).ok())
+}
+
+async fn run(client: &Client, job: &Job, settings: Settings) -> (Outcome, AuditRecord) {
+    let api: Api<K8sPod> = Api::namespaced(client.clone(), &job.namespace);
+    let mut rec = AuditRecord {
+        event: "follow_up",
+        endpoint: "disruption_tagger",
+        decision: "allow",
+        namespace: job.namespace.clone(),
+        name: job.name.clone(),
+        uid: job.uid.clone(),
+        source: Some(job.source.as_str()),
+        ..Default::default()
+    };
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(settings.min_delay)
+        .with_max_delay(settings.max_delay)
+        .with_max_times(settings.attempts.saturating_sub(1))
+        .with_jitter()
+        .build();
+    let mut attempts = 0u32;
+    let mut last_error = None;
+    let outcome = loop {
+        attempts += 1;
+        match attempt(&api, job).await {
+            Ok(Step::Done(outcome, d)) => {
+                rec.disruption_reason = d;
+                break outcome;
+            }
+            Ok(Step::NotYet) => last_error = None,
+            Err(e) => last_error = Some(e),
+        }
+        match delays.next() {
+            Some(d) => tokio::time::sleep(d).await,
+            None if last_error.is_some() => break Outcome::GaveUp,
+            None => break Outcome::NoDisruptionTarget,
+        }
+    };
+    rec.reason = outcome.as_str().into();
+    rec.patched = Some(outcome == Outcome::Tagged);
+    rec.attempts = Some(attempts);
+    rec.detail = last_error.filter(|_| outcome == Outcome::GaveUp);
+    rec.latency_us = u64::try_from(job.asked.elapsed().as_micros()).unwrap_or(u64::MAX);
+    (outcome, rec)
+}
+
+enum Step {
+    Done(Outcome, Option<String>),
+    /// No condition yet (the Eviction API writes it a moment after admission).
+    NotYet,
+}
+
+async fn attempt(api: &Api<K8sPod>, job: &Job) -> Result<Step, String> {
+    let what = format!("pod {}/{}", job.namespace, job.name);
+    let Some(pod) = api
+        .get_opt(&job.name)
+        .await
+        .map_err(|e| format!("reading {what}: {e}"))?
+    else {
+        return Ok(Step::Done(Outcome::Gone, None));
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if job.uid.as_ref().is_some_and(|want| *want != uid) {
+        return Ok(Step::Done(Outcome::Gone, None));
+    }
+    let Some(lean) = lean(&pod) else {
+        return Err(format!("{what} could not be read as a pod"));
+    };
+    let Some(d) = disruption::of_pod(&lean) else {
+        return Ok(Step::NotYet);
+    };
+    let Some(tags) = tagger::patch_for(&lean.metadata, &d) else {
+        return Ok(Step::Done(Outcome::AlreadyTagged, Some(d.reason)));
+    };
+    let patch: Patch<()> = Patch::Json(guarded_patch(&uid, tags));
+    match api.patch(&job.name, &PatchParams::default(), &patch).await {
+        Ok(_) => Ok(Step::Done(Outcome::Tagged, Some(d.reason))),
+        // The uid test failed: the name now belongs to another pod.
+        Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("test") => {
+            Ok(Step::Done(Outcome::Gone, None))
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Step::Done(Outcome::Gone, None)),
+        Err(e) => Err(format!(
+            "patching {what}'s tags: {e} (graceguard needs RBAC `patch` on pods for follow-up tagging)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_patch_tests_the_uid_first() {
+        let tags: JsonPatch = serde_json::from_value(
+            json!([{"op": "add", "path": "/metadata/labels/graceguard.io~1disruption", "value": "TerminationByKubelet"}]),
+        )
+        .expect("patch");
+        let p = serde_json::to_value(guarded_patch("u-1", tags)).expect("json");
+        assert_eq!(
+            p,
+            json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u-1"},
+                {"op": "add", "path": "/metadata/labels/graceguard.io~1disruption", "value": "TerminationByKubelet"},
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn asking_never_waits_and_one_pod_is_pending_once() {
+        let (metrics, _) = Metrics::new();
+        let (tx, _rx) = mpsc::channel(1);
+        let f = FollowUp {
+            inner: Some(Arc::new(Inner {
+                tx,
+                pending: Mutex::new(HashSet::new()),
+                metrics: metrics.clone(),
+            })),
+        };
+        assert!(f.request("ns", "a", Some("u"), Source::Eviction));
+        // Same pod again while pending: not queued twice.
+        assert!(!f.request("ns", "a", Some("u"), Source::NodeStatusUpdate));
+        // Queue (capacity 1) full: dropped at once, counted, not pending.
+        assert!(!f.request("ns", "b", None, Source::Eviction));
+        assert_eq!(metrics.follow_ups_dropped.get(), 1);
+        assert!(!FollowUp::disabled().request("ns", "c", None, Source::Eviction));
+    }
+}
