@@ -93,6 +93,51 @@ pub async fn delete_gracefully(
     Ok(())
 }
 
+/// Evicts `ns/name` through the Eviction API (`pods/eviction` CREATE), as
+/// `kubectl drain` and the cluster-autoscaler do: `policy/v1` on 1.37,
+/// `policy/v1beta1` on 1.20 (which has no v1). A refusal (429 for a
+/// PodDisruptionBudget, 404) is an outcome, not an error.
+pub async fn evict(
+    client: &kube::Client,
+    version: crate::KubeVersion,
+    ns: &str,
+    name: &str,
+    grace: Option<i64>,
+    dry_run: bool,
+) -> anyhow::Result<CreateOutcome> {
+    let api_version = if version.minor() >= 22 {
+        "policy/v1"
+    } else {
+        "policy/v1beta1"
+    };
+    let mut options = serde_json::json!({});
+    if let Some(g) = grace {
+        options["gracePeriodSeconds"] = g.into();
+    }
+    if dry_run {
+        options["dryRun"] = serde_json::json!(["All"]);
+    }
+    let body = serde_json::json!({
+        "apiVersion": api_version,
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": ns},
+        "deleteOptions": options,
+    });
+    let req = http::Request::post(format!("/api/v1/namespaces/{ns}/pods/{name}/eviction"))
+        .header("Content-Type", "application/json")
+        .body(serde_json::to_vec(&body)?)?;
+    match client.request_text(req).await {
+        Ok(_) => Ok(CreateOutcome::Created),
+        Err(kube::Error::Api(s)) => Ok(CreateOutcome::Refused {
+            code: s.code,
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+            retry_after_seconds: s.details.as_ref().map_or(0, |d| d.retry_after_seconds),
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// How long the wait helpers below wait before failing the test.
 const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 

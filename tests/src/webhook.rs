@@ -23,7 +23,7 @@ use crate::binaries;
 use crate::control_plane::TestBed;
 use crate::process::{free_port, tail, Managed};
 
-/// The three admission endpoints graceguard serves.
+/// The admission endpoints graceguard serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hook {
     /// Validating, pods CREATE.
@@ -32,7 +32,17 @@ pub enum Hook {
     DisruptionTagger,
     /// Validating, pods DELETE.
     DeletionAudit,
+    /// Validating, pods/eviction CREATE.
+    EvictionAudit,
 }
+
+/// Every endpoint, registered as the chart registers them.
+pub const ALL_HOOKS: &[Hook] = &[
+    Hook::CollisionGuard,
+    Hook::DisruptionTagger,
+    Hook::DeletionAudit,
+    Hook::EvictionAudit,
+];
 
 impl Hook {
     fn path(self) -> &'static str {
@@ -40,6 +50,7 @@ impl Hook {
             Hook::CollisionGuard => "/validate/pods",
             Hook::DisruptionTagger => "/mutate/pods-status",
             Hook::DeletionAudit => "/validate/pods-delete",
+            Hook::EvictionAudit => "/validate/pods-eviction",
         }
     }
 
@@ -48,6 +59,7 @@ impl Hook {
             Hook::CollisionGuard => "collision-guard.graceguard.io",
             Hook::DisruptionTagger => "disruption-tagger.graceguard.io",
             Hook::DeletionAudit => "deletion-audit.graceguard.io",
+            Hook::EvictionAudit => "eviction-audit.graceguard.io",
         }
     }
 
@@ -57,6 +69,7 @@ impl Hook {
             Hook::CollisionGuard => "collision_guard",
             Hook::DisruptionTagger => "disruption_tagger",
             Hook::DeletionAudit => "deletion_audit",
+            Hook::EvictionAudit => "eviction_audit",
         }
     }
 
@@ -65,6 +78,7 @@ impl Hook {
             Hook::CollisionGuard => ("CREATE", "pods"),
             Hook::DisruptionTagger => ("UPDATE", "pods/status"),
             Hook::DeletionAudit => ("DELETE", "pods"),
+            Hook::EvictionAudit => ("CREATE", "pods/eviction"),
         };
         RuleWithOperations {
             api_groups: Some(vec![String::new()]),
@@ -74,6 +88,28 @@ impl Hook {
             scope: Some("Namespaced".into()),
         }
     }
+}
+
+/// The chart's `matchConditions` (charts/graceguard/files/match-conditions.yaml).
+const MATCH_CONDITIONS: &str = include_str!("../../charts/graceguard/files/match-conditions.yaml");
+
+fn match_conditions(hook: Hook) -> Result<Value> {
+    let all: Value = serde_yaml_ng::from_str(MATCH_CONDITIONS)
+        .context("reading charts/graceguard/files/match-conditions.yaml")?;
+    let key = match hook {
+        Hook::CollisionGuard => "collisionGuard",
+        Hook::DisruptionTagger => "disruptionTagger",
+        _ => return Ok(Value::Array(Vec::new())),
+    };
+    Ok(all[key].clone())
+}
+
+/// How [`WebhookProcess::register_with`] registers the endpoints.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Registration {
+    /// Add the chart's `matchConditions` (Kubernetes >= 1.30), so the API server
+    /// calls graceguard only for the requests that matter.
+    pub match_conditions: bool,
 }
 
 /// The label that opts a namespace out, as the chart does.
@@ -186,9 +222,20 @@ impl WebhookProcess {
     /// Registers `hooks` with the bed's API server (failurePolicy Ignore) and
     /// waits until the API server demonstrably calls each of them.
     pub async fn register(&self, bed: &TestBed, hooks: &[Hook]) -> Result<()> {
+        self.register_with(bed, hooks, Registration::default())
+            .await
+    }
+
+    /// [`WebhookProcess::register`] with options.
+    pub async fn register_with(
+        &self,
+        bed: &TestBed,
+        hooks: &[Hook],
+        how: Registration,
+    ) -> Result<()> {
         // One shape for both kinds of webhook; each type reads the fields it has.
         let spec = |h: &Hook| -> Result<Value> {
-            Ok(serde_json::json!({
+            let mut spec = serde_json::json!({
                 "name": h.name(),
                 "clientConfig": {
                     "url": format!("{}{}", self.url, h.path()),
@@ -202,7 +249,11 @@ impl WebhookProcess {
                 "matchPolicy": "Equivalent",
                 "namespaceSelector": opt_out(),
                 "reinvocationPolicy": "Never",
-            }))
+            });
+            if how.match_conditions {
+                spec["matchConditions"] = match_conditions(*h)?;
+            }
+            Ok(spec)
         };
         let validating: Vec<ValidatingWebhook> = hooks
             .iter()
@@ -238,13 +289,13 @@ impl WebhookProcess {
                 .await
                 .context("registering the mutating webhook")?;
         }
-        self.wait_effective(bed, hooks).await
+        self.wait_effective(bed, hooks, how).await
     }
 
     /// The API server picks up webhook configurations asynchronously. Probe
     /// requests (in namespace `graceguard-probe`, dry-run where possible) are
     /// sent until the webhook has logged one for each hook.
-    async fn wait_effective(&self, bed: &TestBed, hooks: &[Hook]) -> Result<()> {
+    async fn wait_effective(&self, bed: &TestBed, hooks: &[Hook], how: Registration) -> Result<()> {
         const NS: &str = "graceguard-probe";
         const POD: &str = "registration-probe";
         let ns = Namespace {
@@ -278,9 +329,19 @@ impl WebhookProcess {
                             .await?;
                     }
                     Hook::DisruptionTagger => {
-                        let status =
+                        // With matchConditions only a DisruptionTarget reaches the
+                        // tagger: the probe pod carries one with a reason that never
+                        // matches its label.
+                        let mut status =
                             serde_json::json!({"status": {"message": format!("probe {n}")}});
-                        api.patch_status(POD, &PatchParams::default(), &Patch::Merge(&status))
+                        if how.match_conditions {
+                            status["status"]["conditions"] = serde_json::json!([{
+                                "type": "DisruptionTarget", "status": "True",
+                                "reason": format!("RegistrationProbe{n}"),
+                                "message": "probe", "lastTransitionTime": crate::kubelet::now_rfc3339(),
+                            }]);
+                        }
+                        api.patch_status(POD, &PatchParams::default(), &Patch::Strategic(&status))
                             .await?;
                     }
                     Hook::DeletionAudit => {
@@ -289,6 +350,9 @@ impl WebhookProcess {
                             ..Default::default()
                         };
                         api.delete(POD, &dp).await?;
+                    }
+                    Hook::EvictionAudit => {
+                        crate::pods::evict(&bed.client, bed.version, NS, POD, None, true).await?;
                     }
                 }
             }

@@ -105,10 +105,7 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
             .as_str()
     );
     assert!(
-        d["groups"]
-            .as_str()
-            .unwrap_or("")
-            .contains("system:masters"),
+        d["groups"].as_str().unwrap_or("").contains("testbed:users"),
         "{d}"
     );
     // The delete was allowed: the pod is Terminating with the requested grace.
