@@ -164,3 +164,31 @@ pub async fn wait_gone(api: &Api<Pod>, name: &str, uid: &str) -> anyhow::Result<
         .map_err(|_| anyhow::anyhow!("pod {name} was still there after {WAIT:?}"))??;
     Ok(())
 }
+
+/// Waits until pod `name` carries label `key` = `value`; returns the pod.
+pub async fn wait_label(api: &Api<Pod>, name: &str, key: &str, value: &str) -> anyhow::Result<Pod> {
+    let labelled = kube::runtime::wait::await_condition(api.clone(), name, |p: Option<&Pod>| {
+        p.and_then(|p| p.metadata.labels.as_ref()?.get(key))
+            .is_some_and(|v| v == value)
+    });
+    match tokio::time::timeout(WAIT, labelled).await {
+        Ok(Ok(Some(pod))) => Ok(pod),
+        Ok(Ok(None)) => anyhow::bail!("pod {name} is gone before it got label {key}={value}"),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => {
+            let now = api.get_opt(name).await?.and_then(|p| p.metadata.labels);
+            anyhow::bail!(
+                "pod {name} did not get label {key}={value} within {WAIT:?}; its labels: {now:?}"
+            )
+        }
+    }
+}
+
+/// The `graceguard.io/disruption` label of a stored pod.
+pub fn disruption_label(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get("graceguard.io/disruption")
+        .map(String::as_str)
+}

@@ -1,0 +1,165 @@
+//! What a kubelet sends goes through unchanged with graceguard installed, with
+//! the Node authorizer and NodeRestriction on (both Kubernetes versions), and
+//! every DisruptionTarget still ends up tagged; evictions, which no DELETE
+//! webhook sees, are audited once each.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, ResourceExt};
+use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
+use testbed::pods::{self, disruption_label, CreateOutcome};
+use testbed::webhook::{WebhookProcess, ALL_HOOKS};
+use testbed::{KubeVersion, TestBed};
+
+type R = anyhow::Result<()>;
+
+const LABEL: &str = "graceguard.io/disruption";
+
+async fn running_pod(bed: &TestBed, ns: &str, name: &str, grace: i64) -> anyhow::Result<Api<Pod>> {
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    assert_eq!(
+        pods::create(&api, &pods::task_pod(name, grace)).await?,
+        CreateOutcome::Created
+    );
+    pods::wait_running(&api, name).await?;
+    Ok(api)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_s_own_disruption_is_allowed_unchanged_then_tagged_and_its_pod_finishes() -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("kubelet-disruption").await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, ALL_HOOKS).await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api = running_pod(&bed, &ns, "k1", 30).await?;
+    let uid = api.get("k1").await?.uid().unwrap_or_default();
+    // Being deleted (say the node is shutting down), so the kubelet ends it
+    // and then removes it.
+    pods::delete_gracefully(&api, "k1", None).await?;
+
+    // The kubelet reports its own disruption with the terminal phase, as the node.
+    // Changing it would make NodeRestriction answer 403 "cannot update labels
+    // through pod status", and the kubelet would retry forever.
+    kubelet
+        .terminate_with_disruption(&ns, "k1", "TerminationByKubelet", "node shutting down")
+        .await?;
+    let tagged = pods::wait_label(&api, "k1", LABEL, "TerminationByKubelet").await?;
+    assert_eq!(
+        tagged
+            .annotations()
+            .get("graceguard.io/disruption-message")
+            .map(String::as_str),
+        Some("node shutting down")
+    );
+    let recs = webhook
+        .wait_records("disruption_tagger", &ns, "k1", 3)
+        .await?;
+    let node_update = recs
+        .iter()
+        .find(|r| {
+            r["user"] == "system:node:node-1" && r["disruption_reason"] == "TerminationByKubelet"
+        })
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(node_update["reason"], "node_request_follow_up", "{recs:?}");
+    assert_eq!(node_update["patched"], false, "{recs:?}");
+    let follow_up: Vec<_> = recs.iter().filter(|r| r["event"] == "follow_up").collect();
+    assert_eq!(follow_up.len(), 1, "{recs:?}");
+    assert_eq!(follow_up[0]["reason"], "tagged");
+    assert_eq!(follow_up[0]["source"], "node_status_update");
+    assert_eq!(
+        follow_up[0]["user"], "",
+        "a follow-up is no request of anyone's"
+    );
+
+    // The node's next status update and its final delete (grace 0) go through.
+    kubelet.end_pod(&ns, "k1", Terminal::Failed).await?;
+    kubelet.finish_deletion(&ns, "k1").await?;
+    pods::wait_gone(&api, "k1", &uid).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_written_before_graceguard_saw_it_is_tagged_after_the_node_s_next_update() -> R
+{
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("late-tag").await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api = running_pod(&bed, &ns, "p1", 30).await?;
+    // Written while graceguard is not installed (or by the Eviction API,
+    // outside admission): nothing tags it.
+    kubelet.mark_preempted(&ns, "p1").await?;
+    pods::delete_gracefully(&api, "p1", None).await?;
+    assert_eq!(disruption_label(&api.get("p1").await?), None);
+
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, ALL_HOOKS).await?;
+    // The kubelet's final status update carries the untagged condition.
+    kubelet.end_pod(&ns, "p1", Terminal::Failed).await?;
+    let pod = pods::wait_label(&api, "p1", LABEL, "PreemptionByScheduler").await?;
+    assert_eq!(pod.status.and_then(|s| s.phase).as_deref(), Some("Failed"));
+    let uid = pod.metadata.uid.unwrap_or_default();
+    // Its final delete, grace 0, as the node.
+    kubelet.finish_deletion(&ns, "p1").await?;
+    pods::wait_gone(&api, "p1", &uid).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_eviction_is_audited_exactly_once_and_tagged_where_the_api_writes_its_condition() -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("evict").await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, ALL_HOOKS).await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api = running_pod(&bed, &ns, "e1", 30).await?;
+    let alice = bed.client_as("alice").await?;
+
+    // A dry run first: audited as one, the pod left alone.
+    let dry = pods::evict(&alice, bed.version, &ns, "e1", Some(20), true).await?;
+    assert_eq!(dry, CreateOutcome::Created, "{dry:?}");
+    let out = pods::evict(&alice, bed.version, &ns, "e1", Some(20), false).await?;
+    assert_eq!(out, CreateOutcome::Created, "{out:?}");
+    let pod = api.get("e1").await?;
+    assert!(
+        pod.metadata.deletion_timestamp.is_some(),
+        "evicted: Terminating"
+    );
+    assert_eq!(pod.metadata.deletion_grace_period_seconds, Some(20));
+
+    let recs = webhook.wait_records("eviction_audit", &ns, "e1", 2).await?;
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    assert_eq!(recs[0]["dry_run"], true);
+    let rec = &recs[1];
+    assert_eq!(rec["user"], "alice");
+    assert_eq!(rec["dry_run"], false);
+    assert_eq!(rec["grace_period_seconds"], 20);
+    assert_eq!(rec["reason"], "eviction");
+    assert_eq!(rec["disruption_reason"], "EvictionByEvictionAPI");
+    assert_eq!(rec["uid"], pod.uid().unwrap_or_default().as_str());
+    // The eviction deleted it through the registry: no DELETE webhook call.
+    assert!(webhook.records_for("deletion_audit", &ns, "e1")?.is_empty());
+
+    if bed.version >= KubeVersion::V1_37 {
+        // Since 1.26 the Eviction API writes DisruptionTarget outside
+        // admission; graceguard tags it afterwards.
+        pods::wait_label(&api, "e1", LABEL, "EvictionByEvictionAPI").await?;
+    }
+    // The kubelet finishes the deletion as the node: final status, delete grace 0.
+    kubelet.finish_deletion(&ns, "e1").await?;
+    pods::wait_gone(&api, "e1", &pod.uid().unwrap_or_default()).await?;
+    let recs = webhook.records_for("eviction_audit", &ns, "e1")?;
+    assert_eq!(
+        recs.len(),
+        2,
+        "still one record per eviction request: {recs:?}"
+    );
+    let deletes = webhook.records_for("deletion_audit", &ns, "e1")?;
+    assert!(
+        deletes
+            .iter()
+            .all(|d| d["already_terminating"] == true && d["user"] == "system:node:node-1"),
+        "the only DELETE is the kubelet's final one: {deletes:?}"
+    );
+    Ok(())
+}
