@@ -354,6 +354,9 @@ impl TestBed {
     /// (that controller does not run in the bed: nothing would heartbeat).
     pub async fn register_node(&self, name: &str) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.client_as(name).await?);
+        if nodes.get_opt(name).await?.is_some() {
+            return Ok(());
+        }
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
             "status": {

@@ -13,6 +13,7 @@ pub mod audit_log;
 pub mod bench;
 pub mod binaries;
 pub mod control_plane;
+pub mod disruptions;
 pub mod guard_task;
 pub mod kubelet;
 pub mod pods;

@@ -11,6 +11,33 @@ pub const NODE: &str = "node-1";
 /// after a graceful delete until the simulated kubelet confirms it), with
 /// `grace` seconds of termination grace.
 pub fn task_pod(name: &str, grace: i64) -> Pod {
+    task_pod_on(name, grace, Some(NODE))
+}
+
+/// A task pod left for kube-scheduler to place (1.37), with `priority_class`
+/// and `cpu` requested, so a node fills up and a higher priority preempts.
+pub fn schedulable_pod(name: &str, grace: i64, priority_class: &str, cpu: &str) -> Pod {
+    let mut pod = task_pod_on(name, grace, None);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.priority_class_name = Some(priority_class.into());
+        if let Some(c) = spec.containers.first_mut() {
+            c.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                requests: Some(
+                    [(
+                        "cpu".to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu.into()),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            });
+        }
+    }
+    pod
+}
+
+/// [`task_pod`] bound to `node`, or unbound (`None`) for the scheduler to place.
+pub fn task_pod_on(name: &str, grace: i64, node: Option<&str>) -> Pod {
     Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -18,7 +45,7 @@ pub fn task_pod(name: &str, grace: i64) -> Pod {
             ..Default::default()
         },
         spec: Some(PodSpec {
-            node_name: Some(NODE.into()),
+            node_name: node.map(str::to_string),
             termination_grace_period_seconds: Some(grace),
             restart_policy: Some("Never".into()),
             containers: vec![Container {

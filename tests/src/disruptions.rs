@@ -1,0 +1,278 @@
+//! Disruptions only real components produce (Kubernetes 1.37): kube-scheduler
+//! preempting a pod, and `kubectl drain` evicting a node's pods through the
+//! Eviction API. `scripts/demo` prints these reports and the end-to-end tests
+//! assert on them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+
+use crate::binaries::KubeVersion;
+use crate::kubelet::{FinishDeletions, Kubelet, KubeletOptions};
+use crate::pods::{self, CreateOutcome};
+use crate::webhook::WebhookProcess;
+use crate::TestBed;
+
+/// The label the tagger writes.
+pub const LABEL: &str = "graceguard.io/disruption";
+
+/// PriorityClasses for preemption: victims run at [`LOW`], preemptors at [`HIGH`].
+pub const LOW: &str = "graceguard-test-low";
+pub const HIGH: &str = "graceguard-test-high";
+
+/// Creates [`LOW`] and [`HIGH`] unless they exist (cluster-scoped: once per bed).
+pub async fn priority_classes(bed: &TestBed) -> Result<()> {
+    let api: Api<PriorityClass> = Api::all(bed.client.clone());
+    for (name, value) in [(LOW, 100), (HIGH, 1_000_000)] {
+        if api.get_opt(name).await?.is_some() {
+            continue;
+        }
+        let pc = PriorityClass {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            value,
+            preemption_policy: Some("PreemptLowerPriority".into()),
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &pc)
+            .await
+            .with_context(|| format!("creating PriorityClass {name}"))?;
+    }
+    Ok(())
+}
+
+/// The `graceguard.io/disruption` label of every pod of a namespace, as last
+/// seen by a watch: a pod's tag stays known after the pod is gone.
+pub struct LabelWatch {
+    seen: Arc<Mutex<HashMap<String, String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LabelWatch {
+    pub fn start(client: Client, ns: &str) -> Self {
+        let seen: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+        let s = Arc::clone(&seen);
+        let api: Api<Pod> = Api::namespaced(client, ns);
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(ev) = events.next().await {
+                let Ok(pod) = ev else { continue };
+                if let Some(v) = pods::disruption_label(&pod) {
+                    if let Ok(mut m) = s.lock() {
+                        m.insert(pod.name_any(), v.to_string());
+                    }
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// The label last seen on pod `name`.
+    pub fn label(&self, name: &str) -> Option<String> {
+        self.seen.lock().ok()?.get(name).cloned()
+    }
+}
+
+impl Drop for LabelWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What the scheduler-preemption scenario shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct SchedulerPreemptionReport {
+    pub scenario: &'static str,
+    pub kube_version: &'static str,
+    pub victim: String,
+    pub preemptor: String,
+    /// The victim carried `graceguard.io/disruption=PreemptionByScheduler`.
+    pub tagged: bool,
+    pub disruption_label: Option<String>,
+    /// The webhook's deletion audit records for the victim while it was
+    /// running (the scheduler's delete; the kubelet's final delete of the
+    /// terminating pod is not counted).
+    pub delete_audit_records: usize,
+    /// Who deleted the victim, by the audit record.
+    pub deleted_by: String,
+    /// The node the preemptor ended up Running on.
+    pub preemptor_node: Option<String>,
+}
+
+/// kube-scheduler preempts a running low-priority pod for a high-priority one
+/// on a full node. Needs the tagger and deletion audit registered; the
+/// victim's node is [`crate::pods::NODE`], run by `kubelet`.
+pub async fn scheduler_preemption(
+    bed: &TestBed,
+    webhook: &WebhookProcess,
+    kubelet: &Kubelet,
+    ns: &str,
+) -> Result<SchedulerPreemptionReport> {
+    bed.version
+        .require(KubeVersion::V1_37, "a kube-scheduler that preempts")?;
+    priority_classes(bed).await?;
+    let alice: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, ns);
+    let watch = LabelWatch::start(bed.client.clone(), ns);
+    // The node has 4 CPUs: 3 for the victim leave no room for the preemptor's 3.
+    let out = pods::create(&alice, &pods::schedulable_pod("victim", 30, LOW, "3")).await?;
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating the victim: {out:?}"
+    );
+    pods::wait_running(&alice, "victim").await?;
+    let victim_uid = alice.get("victim").await?.uid().unwrap_or_default();
+    let out = pods::create(&alice, &pods::schedulable_pod("preemptor", 30, HIGH, "3")).await?;
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating the preemptor: {out:?}"
+    );
+
+    // The scheduler writes DisruptionTarget, then deletes the victim gracefully.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let victim = loop {
+        let p = alice.get("victim").await?;
+        if p.metadata.deletion_timestamp.is_some() {
+            break p;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "kube-scheduler did not preempt the victim within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let label = pods::disruption_label(&victim).map(str::to_string);
+    let records = webhook
+        .wait_records("deletion_audit", ns, "victim", 1)
+        .await?;
+    let by_scheduler: Vec<_> = records
+        .iter()
+        .filter(|r| r["already_terminating"] == false)
+        .collect();
+    let deleted_by = by_scheduler
+        .first()
+        .and_then(|r| r["user"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    // The kubelet finishes the victim; the preemptor takes its place.
+    kubelet.finish_deletion(ns, "victim").await?;
+    pods::wait_gone(&alice, "victim", &victim_uid).await?;
+    pods::wait_running(&alice, "preemptor").await?;
+    let preemptor_node = alice.get("preemptor").await?.spec.and_then(|s| s.node_name);
+    let label = label.or_else(|| watch.label("victim"));
+    Ok(SchedulerPreemptionReport {
+        scenario: "scheduler-preemption",
+        kube_version: bed.version.as_str(),
+        victim: "victim".into(),
+        preemptor: "preemptor".into(),
+        tagged: label.as_deref() == Some("PreemptionByScheduler"),
+        disruption_label: label,
+        delete_audit_records: by_scheduler.len(),
+        deleted_by,
+        preemptor_node,
+    })
+}
+
+/// What the drain scenario shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct DrainReport {
+    pub scenario: &'static str,
+    pub kube_version: &'static str,
+    pub node: String,
+    pub pods: usize,
+    /// Pods seen with `graceguard.io/disruption=EvictionByEvictionAPI`.
+    pub tagged: usize,
+    pub eviction_audit_records: usize,
+    /// Pods with exactly one eviction record.
+    pub audited_once: usize,
+    /// `kubectl drain` exited 0.
+    pub drain_completed: bool,
+    pub drain_seconds: f64,
+}
+
+/// `kubectl drain` of a node running `n` task pods (real Eviction API, real
+/// kubectl 1.37). The node's kubelet finishes each deletion after a fifth of
+/// its 30 s grace. Needs the eviction audit registered (and the tagger's
+/// follow-up on, which is the default).
+pub async fn drain(
+    bed: &TestBed,
+    webhook: &WebhookProcess,
+    ns: &str,
+    n: usize,
+) -> Result<DrainReport> {
+    bed.version
+        .require(KubeVersion::V1_37, "the Eviction API's DisruptionTarget")?;
+    const NODE: &str = "node-2";
+    bed.register_node(NODE).await?;
+    let _kubelet = Kubelet::start(
+        bed,
+        KubeletOptions {
+            node: NODE.into(),
+            finish_deletions: FinishDeletions::AfterShareOfGrace(0.2),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let watch = LabelWatch::start(bed.client.clone(), ns);
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let names: Vec<String> = (0..n).map(|i| format!("drained-{i}")).collect();
+    for name in &names {
+        let out = pods::create(&api, &pods::task_pod_on(name, 30, Some(NODE))).await?;
+        ensure!(out == CreateOutcome::Created, "creating {name}: {out:?}");
+    }
+    for name in &names {
+        pods::wait_running(&api, name).await?;
+    }
+    let started = Instant::now();
+    let (ok, _, err) = bed.kubectl(
+        "admin",
+        &[
+            "drain",
+            NODE,
+            "--force",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=120s",
+        ],
+    )?;
+    let drain_seconds = started.elapsed().as_secs_f64();
+    if !ok {
+        eprintln!("kubectl drain {NODE} failed: {err}");
+    }
+    let mut eviction_audit_records = 0;
+    let mut audited_once = 0;
+    for name in &names {
+        let recs = webhook.wait_records("eviction_audit", ns, name, 1).await?;
+        let real = recs.iter().filter(|r| r["dry_run"] == false).count();
+        eviction_audit_records += real;
+        audited_once += usize::from(real == 1);
+    }
+    let tagged = names
+        .iter()
+        .filter(|name| watch.label(name).as_deref() == Some("EvictionByEvictionAPI"))
+        .count();
+    Ok(DrainReport {
+        scenario: "drain",
+        kube_version: bed.version.as_str(),
+        node: NODE.into(),
+        pods: n,
+        tagged,
+        eviction_audit_records,
+        audited_once,
+        drain_completed: ok,
+        drain_seconds,
+    })
+}
