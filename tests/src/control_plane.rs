@@ -106,6 +106,8 @@ pub struct TestBedOptions {
     /// Write the apiserver's audit log (metadata level, every request), so a
     /// test can count requests by verb, resource and user.
     pub audit: bool,
+    /// The Kubernetes version to run; `GRACEGUARD_KUBE` (default 1.37) when `None`.
+    pub version: Option<KubeVersion>,
 }
 
 pub use crate::pods::NODE;
@@ -157,7 +159,10 @@ impl TestBed {
     /// is missing or what the processes logged.
     pub async fn start_with(opts: TestBedOptions) -> Result<Self> {
         graceguard_certs::install_crypto_provider();
-        let version = KubeVersion::from_env()?;
+        let version = match opts.version {
+            Some(v) => v,
+            None => KubeVersion::from_env()?,
+        };
         let bins = ControlPlaneBins::find(version)?;
         // etcd fsyncs every write; tmpfs keeps that cheap when it exists.
         let dir = match Path::new("/dev/shm").is_dir() {

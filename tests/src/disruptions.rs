@@ -173,6 +173,8 @@ pub async fn scheduler_preemption(
     pods::wait_running(&alice, "preemptor").await?;
     let preemptor_node = alice.get("preemptor").await?.spec.and_then(|s| s.node_name);
     let label = label.or_else(|| watch.label("victim"));
+    // Free the node for whatever runs next.
+    pods::delete_gracefully(&alice, "preemptor", Some(0)).await?;
     Ok(SchedulerPreemptionReport {
         scenario: "scheduler-preemption",
         kube_version: bed.version.as_str(),
@@ -275,4 +277,64 @@ pub async fn drain(
         drain_completed: ok,
         drain_seconds,
     })
+}
+
+/// flyteorg/flyte#8066 with a real preemption: a naive executor runs task pod
+/// `flyte-a0-0` (low priority, 3 of the node's 4 CPUs); kube-scheduler preempts
+/// it for a high-priority pod; while it is Terminating, the executor reads it
+/// as an unexpected deletion and re-creates the same name `laps` times, every
+/// 80 ms (Flyte loops at about 12 Hz). The leak is read from the real quota
+/// controller's status. `mode` names the run (`bare`, or `graceguard` with the
+/// collision guard registered). Afterwards `kubelet` finishes the preempted
+/// pod and the intruder is removed, so the node is free again.
+pub async fn flyte_seed_naive(
+    bed: &TestBed,
+    kubelet: &Kubelet,
+    ns: &str,
+    mode: &str,
+    laps: u32,
+) -> Result<crate::scenario::CollisionReport> {
+    bed.version
+        .require(KubeVersion::V1_37, "a kube-scheduler that preempts")?;
+    priority_classes(bed).await?;
+    crate::quota::set_pods_quota(bed, ns, 10).await?;
+    let executor: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, ns);
+    let pod = pods::schedulable_pod("flyte-a0-0", 30, LOW, "3");
+    let out = pods::create(&executor, &pod).await?;
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating flyte-a0-0: {out:?}"
+    );
+    pods::wait_running(&executor, "flyte-a0-0").await?;
+    let intruder = pods::schedulable_pod(crate::scenario::INTRUDER, 0, HIGH, "3");
+    let out = pods::create(&executor, &intruder).await?;
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating the intruder: {out:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while executor
+        .get("flyte-a0-0")
+        .await?
+        .metadata
+        .deletion_timestamp
+        .is_none()
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "kube-scheduler did not preempt flyte-a0-0 within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut r = crate::scenario::CollisionReport {
+        scenario: "flyte-seed",
+        mode: mode.into(),
+        kube_version: bed.version.as_str(),
+        ..Default::default()
+    };
+    crate::scenario::collide(&executor, &pod, laps, Duration::from_millis(80), &mut r).await?;
+    r.leaked_quota_charges = crate::scenario::leaked_charges(&bed.client, ns).await?;
+    kubelet.finish_deletion(ns, "flyte-a0-0").await?;
+    pods::delete_gracefully(&executor, crate::scenario::INTRUDER, Some(0)).await?;
+    Ok(r)
 }

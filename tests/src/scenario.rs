@@ -14,6 +14,9 @@ use serde::Serialize;
 use crate::pods::{self, CreateOutcome};
 use crate::quota;
 
+/// The high-priority pod that preempts a task in the preemption scenarios.
+pub const INTRUDER: &str = "intruder";
+
 /// Name of the pod the scenario collides on.
 pub const POD: &str = "train-a0-0";
 
@@ -22,6 +25,8 @@ pub const POD: &str = "train-a0-0";
 pub struct CollisionReport {
     pub scenario: &'static str,
     pub mode: String,
+    /// The Kubernetes version the scenario ran on.
+    pub kube_version: &'static str,
     /// Colliding Creates issued while the pod was Terminating.
     pub creates: u32,
     pub already_exists: u32,
@@ -81,10 +86,25 @@ pub async fn graceful_delete_collision(
     let mut r = CollisionReport {
         scenario: "graceful-delete-collision",
         mode: mode.into(),
+        kube_version: bed.version.as_str(),
         ..Default::default()
     };
+    collide(&api, &pod, creates, std::time::Duration::ZERO, &mut r).await?;
+    r.leaked_quota_charges = leaked_charges(client, ns).await?;
+    Ok(r)
+}
+
+/// A looping executor's laps: `creates` Creates of `pod` while its name is
+/// held by a Terminating pod, `every` apart, each answer counted into `r`.
+pub async fn collide(
+    api: &Api<Pod>,
+    pod: &Pod,
+    creates: u32,
+    every: std::time::Duration,
+    r: &mut CollisionReport,
+) -> Result<()> {
     for i in 0..creates {
-        let out = pods::create(&api, &pod).await?;
+        let out = pods::create(api, pod).await?;
         if i == 0 {
             r.first_answer_code = out.code();
             if let CreateOutcome::Refused { message, .. } = &out {
@@ -92,6 +112,7 @@ pub async fn graceful_delete_collision(
             }
         }
         r.creates += 1;
+        r.creates_while_terminating += 1;
         if out.is_already_exists() {
             r.already_exists += 1;
         } else if out.is_forbidden() {
@@ -99,10 +120,9 @@ pub async fn graceful_delete_collision(
         } else {
             r.other += 1;
         }
+        tokio::time::sleep(every).await;
     }
-    r.leaked_quota_charges = leaked_charges(client, ns).await?;
-    r.creates_while_terminating = r.creates;
-    Ok(r)
+    Ok(())
 }
 
 /// What the preemption scenario shows an operator.
@@ -110,6 +130,7 @@ pub async fn graceful_delete_collision(
 pub struct PreemptionReport {
     pub scenario: &'static str,
     pub mode: &'static str,
+    pub kube_version: &'static str,
     pub pod: String,
     /// The `graceguard.io/disruption` label on the stored pod.
     pub disruption_label: Option<String>,
@@ -194,6 +215,7 @@ pub async fn preemption(
     Ok(PreemptionReport {
         scenario: "preemption",
         mode: "graceguard",
+        kube_version: bed.version.as_str(),
         pod: name.into(),
         disruption_label: label,
         disruption_message: message,
@@ -202,8 +224,18 @@ pub async fn preemption(
     })
 }
 
-/// The same graceful deletion, with the task launched by graceguard's guard
-/// (as user `alice`): the running attempt is deleted gracefully, stays
+/// How the guard's running attempt is disrupted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disruption {
+    /// An admin deletes it gracefully (`kubectl delete pod`).
+    GracefulDelete,
+    /// kube-scheduler preempts it for a higher-priority pod (1.37): the
+    /// attempt asks for 3 of the node's 4 CPUs, so does the intruder.
+    Preemption,
+}
+
+/// The same disruption, with the task launched by graceguard's guard (as user
+/// `alice`): the running attempt is deleted gracefully or preempted, stays
 /// Terminating for `terminating` before the simulated kubelet finishes it, and
 /// the guard recovers. Creates are counted from the apiserver's audit log, so
 /// the bed must run with `audit: true`.
@@ -212,13 +244,30 @@ pub async fn guard_graceful_delete(
     kubelet: &crate::kubelet::Kubelet,
     ns: &str,
     terminating: std::time::Duration,
+    how: Disruption,
 ) -> Result<CollisionReport> {
+    use crate::disruptions::{priority_classes, HIGH, LOW};
     use crate::guard_task::{spec, RunningTask};
     use std::time::Duration;
     const MIN: Duration = Duration::from_secs(60);
     quota::set_pods_quota(bed, ns, 100).await?;
     let alice = bed.client_as("alice").await?;
-    let mut task = RunningTask::start(alice, spec("train-a0", ns), pods::task_pod("template", 60));
+    let (scenario, task_name, template) = match how {
+        Disruption::GracefulDelete => (
+            "graceful-delete-collision",
+            "train-a0",
+            pods::task_pod("template", 60),
+        ),
+        Disruption::Preemption => {
+            priority_classes(bed).await?;
+            (
+                "flyte-seed",
+                "flyte-a0",
+                pods::schedulable_pod("template", 30, LOW, "3"),
+            )
+        }
+    };
+    let mut task = RunningTask::start(alice.clone(), spec(task_name, ns), template);
     let first = task
         .wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
         .await?;
@@ -234,12 +283,26 @@ pub async fn guard_graceful_delete(
     let before_creates = creates(&audit)?.len();
 
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-    pods::delete_gracefully(&api, &first.pod, None).await?;
+    match how {
+        Disruption::GracefulDelete => pods::delete_gracefully(&api, &first.pod, None).await?,
+        Disruption::Preemption => {
+            let intruder = pods::schedulable_pod(INTRUDER, 0, HIGH, "3");
+            let out = pods::create(&api, &intruder).await?;
+            ensure!(
+                out == CreateOutcome::Created,
+                "creating the intruder: {out:?}"
+            );
+        }
+    }
     task.wait_for(MIN, |t| t.phase == "ShuttingDown").await?;
     tokio::time::sleep(terminating).await;
     let while_terminating = creates(&audit)?.len() - before_creates;
     let leaked = leaked_charges(&bed.client, ns).await?;
     kubelet.finish_deletion(ns, &first.pod).await?;
+    if how == Disruption::Preemption {
+        // The intruder is done; the next attempt fits on the node again.
+        pods::delete_gracefully(&api, INTRUDER, Some(0)).await?;
+    }
     let next = task
         .wait_for(MIN, |t| t.phase == "Running" && t.attempt == 1)
         .await?;
@@ -254,8 +317,9 @@ pub async fn guard_graceful_delete(
 
     let after: Vec<u16> = creates(&audit)?.split_off(before_creates);
     Ok(CollisionReport {
-        scenario: "graceful-delete-collision",
+        scenario,
         mode: "guard".into(),
+        kube_version: bed.version.as_str(),
         creates: after.len() as u32,
         already_exists: after.iter().filter(|c| **c == 409).count() as u32,
         forbidden: after.iter().filter(|c| **c == 403).count() as u32,

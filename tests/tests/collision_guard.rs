@@ -18,7 +18,11 @@ async fn bed_with_webhook(
     args: &[&str],
     audit: bool,
 ) -> anyhow::Result<(TestBed, WebhookProcess, String)> {
-    let bed = TestBed::start_with(TestBedOptions { audit }).await?;
+    let bed = TestBed::start_with(TestBedOptions {
+        audit,
+        ..Default::default()
+    })
+    .await?;
     let ns = bed.namespace("guard").await?;
     let webhook = WebhookProcess::start(&bed, args).await?;
     webhook.register(&bed, &[Hook::CollisionGuard]).await?;

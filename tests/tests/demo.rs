@@ -1,5 +1,7 @@
-//! `scripts/demo --json`, end to end: the numbers it prints come from the API
-//! server, and they must show the leak without graceguard and none with it.
+//! `scripts/demo --json`, end to end on the version `GRACEGUARD_KUBE` names
+//! (scripts/test runs it on both): the numbers it prints come from the API
+//! server, and they must show the leak without graceguard and none with it;
+//! on 1.37 also with a real preemption (the Flyte seed) and a real drain.
 
 use std::process::Command;
 
@@ -7,8 +9,10 @@ use serde_json::Value;
 
 #[test]
 fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyhow::Result<()> {
+    let version = testbed::KubeVersion::from_env()?;
     let out = Command::new(env!("CARGO_BIN_EXE_graceguard-demo"))
-        .args(["--json", "--creates", "7"])
+        .args(["--json", "--creates", "7", "--kube"])
+        .arg(format!("1.{}", version.minor()))
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -20,12 +24,17 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
         .lines()
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()?;
-    let mode = |m: &str| {
+    assert!(
+        runs.iter().all(|r| r["kube_version"] == version.as_str()),
+        "every object names the version: {runs:?}"
+    );
+    let find = |scenario: &str, m: &str| {
         runs.iter()
-            .find(|r| r["scenario"] == "graceful-delete-collision" && r["mode"] == m)
+            .find(|r| r["scenario"] == scenario && r["mode"] == m)
             .cloned()
             .unwrap_or(Value::Null)
     };
+    let mode = |m: &str| find("graceful-delete-collision", m);
     let (bare, gg, guard) = (mode("bare"), mode("graceguard"), mode("guard"));
     assert_eq!(bare["creates"], 7);
     assert_eq!(bare["already_exists"], 7);
@@ -44,5 +53,34 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     assert_eq!(pre["disruption_label"], "PreemptionByScheduler", "{pre}");
     assert_eq!(pre["deletion_audit"]["user"], "alice");
     assert_eq!(pre["deletion_audit"]["grace_period_seconds"], 45);
+
+    let scenario = |s: &str| runs.iter().find(|r| r["scenario"] == s).cloned();
+    if version < testbed::KubeVersion::V1_37 {
+        assert!(scenario("scheduler-preemption").is_none() && scenario("drain").is_none());
+        return Ok(());
+    }
+    // The Flyte seed with a real preemption: the naive loop leaks one pod of
+    // quota per lap (read from the real quota controller's status), not with
+    // the webhook, and the guard creates nothing while the pod terminates.
+    let (bare, gg, guard) = (
+        find("flyte-seed", "bare"),
+        find("flyte-seed", "graceguard"),
+        find("flyte-seed", "guard"),
+    );
+    assert_eq!(bare["already_exists"], 7, "{bare}");
+    assert_eq!(bare["leaked_quota_charges"], 7, "{bare}");
+    assert_eq!(gg["already_exists"], 7, "{gg}");
+    assert_eq!(gg["leaked_quota_charges"], 0, "{gg}");
+    assert_eq!(guard["creates_while_terminating"], 0, "{guard}");
+    assert_eq!(guard["leaked_quota_charges"], 0, "{guard}");
+    assert_eq!(guard["attempts_burned"], 0, "{guard}");
+    let s = scenario("scheduler-preemption").unwrap_or(Value::Null);
+    assert_eq!(s["tagged"], true, "{s}");
+    assert_eq!(s["delete_audit_records"], 1, "{s}");
+    let d = scenario("drain").unwrap_or(Value::Null);
+    assert_eq!(d["drain_completed"], true, "{d}");
+    assert_eq!(d["pods"], 3, "{d}");
+    assert_eq!(d["tagged"], 3, "{d}");
+    assert_eq!(d["eviction_audit_records"], 3, "{d}");
     Ok(())
 }

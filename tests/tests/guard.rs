@@ -28,7 +28,11 @@ fn alice_creates(e: &AuditEvent, ns: &str) -> bool {
 }
 
 async fn bed() -> anyhow::Result<(TestBed, String, kube::Client)> {
-    let bed = TestBed::start_with(TestBedOptions { audit: true }).await?;
+    let bed = TestBed::start_with(TestBedOptions {
+        audit: true,
+        ..Default::default()
+    })
+    .await?;
     let ns = bed.namespace("guard").await?;
     let alice = bed.client_as("alice").await?;
     Ok((bed, ns, alice))

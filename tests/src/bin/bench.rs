@@ -494,7 +494,11 @@ async fn livelock_storm(s: &Sizes, bed: &TestBed, webhook: &WebhookProcess) -> R
 /// apiserver audit log) and the delay from the old pod's disappearance to the
 /// next attempt's Create.
 async fn guard_recovery() -> Result<()> {
-    let bed = TestBed::start_with(TestBedOptions { audit: true }).await?;
+    let bed = TestBed::start_with(TestBedOptions {
+        audit: true,
+        ..Default::default()
+    })
+    .await?;
     let ns = bed.namespace("recovery").await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let alice = bed.client_as("alice").await?;

@@ -1,14 +1,19 @@
 //! `scripts/demo`: replays the graceful-delete collision against a real
-//! kube-apiserver and shows what it costs.
+//! control plane and shows what it costs; on 1.37 also a real scheduler
+//! preemption (the Flyte seed among them) and a real `kubectl drain`.
 
 use anyhow::Result;
 use clap::Parser;
+use testbed::disruptions::{
+    drain, flyte_seed_naive, scheduler_preemption, DrainReport, SchedulerPreemptionReport,
+};
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::scenario::{
-    graceful_delete_collision, guard_graceful_delete, preemption, CollisionReport, PreemptionReport,
+    graceful_delete_collision, guard_graceful_delete, preemption, CollisionReport, Disruption,
+    PreemptionReport,
 };
-use testbed::webhook::{Hook, WebhookProcess};
-use testbed::{TestBed, TestBedOptions};
+use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
+use testbed::{KubeVersion, TestBed, TestBedOptions};
 
 #[derive(Parser)]
 #[command(about = "Replay the graceful-delete collision against a real kube-apiserver")]
@@ -19,6 +24,20 @@ struct Args {
     /// Colliding Creates to issue while the pod is Terminating.
     #[arg(long, default_value_t = 10)]
     creates: u32,
+    /// The Kubernetes version to run on: 1.37 (with kube-scheduler and
+    /// kube-controller-manager) or 1.20 (the oldest supported).
+    #[arg(long, env = "GRACEGUARD_KUBE", default_value = "1.37", value_parser = kube_version)]
+    kube: KubeVersion,
+}
+
+fn kube_version(s: &str) -> Result<KubeVersion, String> {
+    match s {
+        "1.37" | "v1.37.2" => Ok(KubeVersion::V1_37),
+        "1.20" | "v1.20.2" => Ok(KubeVersion::V1_20),
+        other => Err(format!(
+            "{other:?} is not a version the demo has; use 1.20 or 1.37"
+        )),
+    }
 }
 
 #[tokio::main]
@@ -31,9 +50,15 @@ async fn main() {
 }
 
 async fn run(args: &Args) -> Result<()> {
-    eprintln!("starting etcd + kube-apiserver v1.20.2 on loopback...");
-    let bed = TestBed::start_with(TestBedOptions { audit: true }).await?;
+    let version = args.kube.as_str();
+    eprintln!("starting a control plane on loopback: Kubernetes {version}...");
+    let bed = TestBed::start_with(TestBedOptions {
+        audit: true,
+        version: Some(args.kube),
+    })
+    .await?;
     let mut reports: Vec<CollisionReport> = Vec::new();
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
 
     let ns = bed.namespace("demo-bare").await?;
     eprintln!(
@@ -41,36 +66,61 @@ async fn run(args: &Args) -> Result<()> {
         args.creates
     );
     reports.push(graceful_delete_collision(&bed, &ns, "bare", args.creates, 100).await?);
+    let flyte_bare = match args.kube {
+        KubeVersion::V1_37 => {
+            eprintln!("flyte seed, bare: kube-scheduler preempts a task pod; a naive executor re-creates its name every 80 ms");
+            let ns = bed.namespace("demo-flyte-bare").await?;
+            Some(flyte_seed_naive(&bed, &kubelet, &ns, "bare", args.creates).await?)
+        }
+        KubeVersion::V1_20 => None,
+    };
 
     let ns = bed.namespace("demo-graceguard").await?;
     eprintln!(
         "mode graceguard: the same, with graceguard-webhook registered in front of the API server"
     );
     let webhook = WebhookProcess::start(&bed, &[]).await?;
-    webhook
-        .register(
-            &bed,
-            &[
-                Hook::CollisionGuard,
-                Hook::DisruptionTagger,
-                Hook::DeletionAudit,
-            ],
-        )
-        .await?;
+    webhook.register(&bed, ALL_HOOKS).await?;
     let mut guarded = graceful_delete_collision(&bed, &ns, "graceguard", args.creates, 100).await?;
     let n = args.creates as usize + 1;
     guarded.audit_record = webhook
-        .wait_records("collision_guard", &ns, testbed::scenario::POD, n)
+        .wait_records(
+            Hook::CollisionGuard.endpoint(),
+            &ns,
+            testbed::scenario::POD,
+            n,
+        )
         .await?
         .into_iter()
         .find(|r| r["decision"] == "deny");
     reports.push(guarded);
 
-    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let ns = bed.namespace("demo-guard").await?;
     eprintln!("mode guard: the task launched by graceguard's guard; its pod is deleted gracefully and stays Terminating for 3 s");
+    let three = std::time::Duration::from_secs(3);
     reports
-        .push(guard_graceful_delete(&bed, &kubelet, &ns, std::time::Duration::from_secs(3)).await?);
+        .push(guard_graceful_delete(&bed, &kubelet, &ns, three, Disruption::GracefulDelete).await?);
+
+    let mut scheduler: Option<SchedulerPreemptionReport> = None;
+    let mut drained: Option<DrainReport> = None;
+    if args.kube == KubeVersion::V1_37 {
+        reports.extend(flyte_bare);
+        eprintln!("flyte seed, graceguard: the same naive executor with the webhook registered");
+        let ns = bed.namespace("demo-flyte-graceguard").await?;
+        reports.push(flyte_seed_naive(&bed, &kubelet, &ns, "graceguard", args.creates).await?);
+        eprintln!("flyte seed, guard: the task launched by the guard, preempted by kube-scheduler");
+        let ns = bed.namespace("demo-flyte-guard").await?;
+        reports
+            .push(guard_graceful_delete(&bed, &kubelet, &ns, three, Disruption::Preemption).await?);
+        eprintln!(
+            "scheduler preemption: kube-scheduler preempts a low-priority pod on a full node"
+        );
+        let ns = bed.namespace("demo-scheduler").await?;
+        scheduler = Some(scheduler_preemption(&bed, &webhook, &kubelet, &ns).await?);
+        eprintln!("drain: kubectl drain of a node running 3 pods (Eviction API)");
+        let ns = bed.namespace("demo-drain").await?;
+        drained = Some(drain(&bed, &webhook, &ns, 3).await?);
+    }
 
     eprintln!("preemption: a running pod is marked DisruptionTarget (as kube-scheduler does), then deleted by alice");
     let ns = bed.namespace("demo-preemption").await?;
@@ -81,9 +131,34 @@ async fn run(args: &Args) -> Result<()> {
             println!("{}", serde_json::to_string(r)?);
         }
         println!("{}", serde_json::to_string(&preempted)?);
+        if let Some(s) = &scheduler {
+            println!("{}", serde_json::to_string(s)?);
+        }
+        if let Some(d) = &drained {
+            println!("{}", serde_json::to_string(d)?);
+        }
     } else {
+        println!("graceguard demo on Kubernetes {version}\n");
         print_table(&reports);
         print_preemption(&preempted)?;
+        if let Some(s) = &scheduler {
+            println!(
+                "\nscheduler preemption: {} preempted by kube-scheduler for {} (on {}); tagged {} ({}); {} deletion audit record(s), deleted by {}",
+                s.victim,
+                s.preemptor,
+                s.preemptor_node.as_deref().unwrap_or("?"),
+                s.tagged,
+                s.disruption_label.as_deref().unwrap_or("-"),
+                s.delete_audit_records,
+                s.deleted_by
+            );
+        }
+        if let Some(d) = &drained {
+            println!(
+                "drain: kubectl drain {} completed {} in {:.1} s; {} pods, {} tagged EvictionByEvictionAPI, {} eviction audit records ({} pods audited exactly once)",
+                d.node, d.drain_completed, d.drain_seconds, d.pods, d.tagged, d.eviction_audit_records, d.audited_once
+            );
+        }
     }
     Ok(())
 }
