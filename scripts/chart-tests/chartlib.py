@@ -179,3 +179,8 @@ def verify_chain(ca_pem: str, cert_pem: str) -> None:
 def cert_dns_names(cert_pem: str) -> set[str]:
     text = openssl("x509", "-noout", "-ext", "subjectAltName", stdin=cert_pem)
     return {part.strip()[len("DNS:"):] for part in text.replace("\n", ",").split(",") if part.strip().startswith("DNS:")}
+
+
+def yaml_file(path: Path) -> Any:
+    """A YAML file of the chart, parsed (e.g. files/match-conditions.yaml)."""
+    return yaml.safe_load(path.read_text())

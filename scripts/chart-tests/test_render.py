@@ -24,7 +24,9 @@ WEBHOOKS = {
     "collisionGuard": ("collision-guard.graceguard.io", "ValidatingWebhookConfiguration", "/validate/pods", "CREATE", "pods"),
     "disruptionTagger": ("disruption-tagger.graceguard.io", "MutatingWebhookConfiguration", "/mutate/pods-status", "UPDATE", "pods/status"),
     "deletionAudit": ("deletion-audit.graceguard.io", "ValidatingWebhookConfiguration", "/validate/pods-delete", "DELETE", "pods"),
+    "evictionAudit": ("eviction-audit.graceguard.io", "ValidatingWebhookConfiguration", "/validate/pods-eviction", "CREATE", "pods/eviction"),
 }
+MATCH_CONDITIONS = cl.yaml_file(cl.CHART_DIR / "files" / "match-conditions.yaml")
 IGNORE_EXPR = {"key": "graceguard.io/ignore", "operator": "NotIn", "values": ["true"]}
 
 
@@ -184,14 +186,20 @@ class PerValuesFile:
         else:
             self.fail(f"unknown certs.mode {mode}")
 
-    def test_rbac_is_read_only_pods_and_namespaces(self) -> None:
+    def test_rbac_reads_pods_and_namespaces_and_patches_pods_only_for_the_follow_up(self) -> None:
         role = self.r.one("ClusterRole")
-        self.assertEqual(len(role["rules"]), 1)
+        tagger = self.merged["webhooks"]["disruptionTagger"]
+        follow_up = tagger["enabled"] and tagger["followUp"]
+        self.assertEqual(len(role["rules"]), 2 if follow_up else 1)
         rule = role["rules"][0]
         self.assertEqual(rule["apiGroups"], [""])
         self.assertEqual(sorted(rule["resources"]), ["namespaces", "pods"])
         self.assertEqual(sorted(rule["verbs"]), ["get", "list", "watch"])
         self.assertEqual(set(rule), {"apiGroups", "resources", "verbs"})
+        if follow_up:
+            self.assertEqual(role["rules"][1], {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]})
+        env = {e["name"]: e.get("value") for e in self.pod_spec()["containers"][0]["env"]}
+        self.assertEqual(env["GRACEGUARD_FOLLOW_UP_TAGGING"], "true" if follow_up else "false")
         self.assertEqual(self.r.of_kind("Role") + self.r.of_kind("RoleBinding"), [])
         binding = self.r.one("ClusterRoleBinding")
         self.assertEqual(binding["roleRef"], {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -332,7 +340,7 @@ class TestDefaults(unittest.TestCase):
         r = cl.render_objects({})
         self.assertEqual(r.one("Deployment")["spec"]["replicas"], 2)
         self.assertEqual(len(r.of_kind("PodDisruptionBudget")), 1)
-        self.assertEqual(len(r.webhook_configurations()), 3)
+        self.assertEqual(len(r.webhook_configurations()), 4)
         for cfg in r.webhook_configurations():
             for wh in cfg["webhooks"]:
                 self.assertEqual(wh["failurePolicy"], "Ignore", wh["name"])
@@ -368,7 +376,7 @@ class TestOptions(unittest.TestCase):
 
     def test_kubernetes_1_20_render(self) -> None:
         r = cl.render_objects({}, kube_version="v1.20.2")
-        self.assertEqual(len(r.webhook_configurations()), 3)
+        self.assertEqual(len(r.webhook_configurations()), 4)
         # 1.20 namespaces lack kubernetes.io/metadata.name: NOTES tells how to exclude them.
         self.assertIn("kubectl label namespace kube-system graceguard graceguard.io/ignore=true", r.notes)
         self.assertNotIn("kubectl label namespace kube-system", cl.render_objects({}).notes)
@@ -386,7 +394,7 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(r.one("Deployment")["metadata"]["name"], "gg")
         self.assertEqual(r.one("Service")["metadata"]["name"], "gg")
         self.assertEqual({c["metadata"]["name"] for c in r.webhook_configurations()},
-                         {"gg-collision-guard", "gg-disruption-tagger", "gg-deletion-audit"})
+                         {"gg-collision-guard", "gg-disruption-tagger", "gg-deletion-audit", "gg-eviction-audit"})
         r = cl.render_objects({}, name="prod")
         self.assertEqual(r.one("Deployment")["metadata"]["name"], "prod-graceguard")
         r = cl.render_objects({"nameOverride": "guard"}, name="prod")
@@ -464,6 +472,33 @@ class TestOptions(unittest.TestCase):
         r = cl.render_objects(off)
         self.assertEqual(r.webhook_configurations(), [])
         self.assertEqual(r.one("Deployment")["spec"]["replicas"], 2)
+
+    def test_match_conditions_only_where_the_server_has_them(self) -> None:
+        def conditions(r: cl.Rendered) -> dict[str, Any]:
+            return {wh["name"]: wh.get("matchConditions") for cfg in r.webhook_configurations() for wh in cfg["webhooks"]}
+
+        new = conditions(cl.render_objects({}, kube_version="v1.37.2"))
+        self.assertEqual(new["collision-guard.graceguard.io"], MATCH_CONDITIONS["collisionGuard"])
+        self.assertEqual(new["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"])
+        # The audits see every deletion and eviction.
+        self.assertIsNone(new["deletion-audit.graceguard.io"])
+        self.assertIsNone(new["eviction-audit.graceguard.io"])
+        for version in ("v1.29.9", "v1.20.2"):
+            self.assertEqual(set(conditions(cl.render_objects({}, kube_version=version)).values()), {None}, version)
+        off = conditions(cl.render_objects({"webhooks": {"matchConditions": False}}, kube_version="v1.37.2"))
+        self.assertEqual(set(off.values()), {None})
+
+    def test_follow_up_off_keeps_rbac_read_only(self) -> None:
+        r = cl.render_objects({"webhooks": {"disruptionTagger": {"enabled": True, "followUp": False}}})
+        role = r.one("ClusterRole")
+        self.assertEqual([sorted(rule["verbs"]) for rule in role["rules"]], [["get", "list", "watch"]])
+        self.assertIn("left untagged (disruptionTagger.followUp is false)", r.notes)
+
+    def test_notes_say_how_each_disruption_source_is_tagged(self) -> None:
+        notes = cl.render_objects({}).notes
+        for source in ("PreemptionByScheduler", "TerminationByKubelet", "EvictionByEvictionAPI", "DeletionByPodGC"):
+            self.assertIn(source, notes)
+        self.assertIn("never in the node's request", notes)
 
     def test_extra_env(self) -> None:
         env = [{"name": "RUST_LOG", "value": "debug"}]

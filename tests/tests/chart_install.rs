@@ -29,7 +29,8 @@ fn repo_root() -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_chart_installs_and_its_service_account_can_only_read_pods_and_namespaces() -> R {
+async fn the_chart_installs_and_its_service_account_reads_pods_and_namespaces_and_only_patches_pods(
+) -> R {
     let py = python()?;
     let bed = TestBed::start().await?;
     let out = Command::new(&py)
@@ -52,8 +53,10 @@ async fn the_chart_installs_and_its_service_account_can_only_read_pods_and_names
     let (sa_ns, sa_name) = sa.split_once('/').context("serviceaccount=NS/NAME")?;
     let who = format!("--as=system:serviceaccount:{sa_ns}:{sa_name}");
 
-    // Exactly get/list/watch on pods and namespaces; nothing else.
+    // Exactly get/list/watch on pods and namespaces, and patch on pods for the
+    // tagger's follow-up (on by default); nothing else.
     let allowed = [
+        ("patch", "pods"),
         ("get", "pods"),
         ("list", "pods"),
         ("watch", "pods"),
@@ -64,7 +67,7 @@ async fn the_chart_installs_and_its_service_account_can_only_read_pods_and_names
     let denied = [
         ("create", "pods"),
         ("update", "pods"),
-        ("patch", "pods"),
+        ("patch", "pods --subresource=status"),
         ("delete", "pods"),
         ("deletecollection", "pods"),
         ("create", "namespaces"),
@@ -74,15 +77,15 @@ async fn the_chart_installs_and_its_service_account_can_only_read_pods_and_names
         ("list", "configmaps"),
         ("create", "events"),
         ("list", "nodes"),
-        ("create", "pods/eviction"),
+        ("create", "pods --subresource=eviction"),
         ("update", "validatingwebhookconfigurations"),
     ];
     for (verb, resource) in allowed.iter().chain(denied.iter()) {
         let want = allowed.contains(&(*verb, *resource));
-        let (ok, answer, err) = bed.kubectl(
-            "admin",
-            &["auth", "can-i", verb, resource, "--all-namespaces", &who],
-        )?;
+        let mut args = vec!["auth", "can-i", verb];
+        args.extend(resource.split(' '));
+        args.extend(["--all-namespaces", &who]);
+        let (ok, answer, err) = bed.kubectl("admin", &args)?;
         assert_eq!(ok, want, "can-i {verb} {resource}: {answer} {err}");
         assert_eq!(
             answer.trim(),
@@ -91,7 +94,9 @@ async fn the_chart_installs_and_its_service_account_can_only_read_pods_and_names
         );
     }
 
-    // The three webhooks are registered, fail open, and skip their own namespace.
+    // The four webhooks are registered, fail open, and skip their own namespace;
+    // on 1.37 the API server accepted the chart's matchConditions (it compiles
+    // the CEL when the configuration is created).
     let sel = ListParams::default().labels("app.kubernetes.io/instance=graceguard");
     let v = Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
         .list(&sel)
@@ -115,11 +120,23 @@ async fn the_chart_installs_and_its_service_account_can_only_read_pods_and_names
                 w["clientConfig"]["caBundle"]
                     .as_str()
                     .is_some_and(|b| !b.is_empty()),
+                w["matchConditions"].as_array().map_or(0, Vec::len),
             ));
         }
     }
-    assert_eq!(hooks.len(), 3, "{hooks:?}");
-    for (name, policy, selector, ca) in &hooks {
+    assert_eq!(hooks.len(), 4, "{hooks:?}");
+    for (name, policy, selector, ca, conditions) in &hooks {
+        let filtered = matches!(
+            name.as_str(),
+            "collision-guard.graceguard.io" | "disruption-tagger.graceguard.io"
+        );
+        let want = usize::from(filtered && bed.version >= testbed::KubeVersion::V1_37);
+        assert_eq!(
+            *conditions,
+            want,
+            "{name}: matchConditions on {}",
+            bed.version.as_str()
+        );
         assert_eq!(policy.as_deref(), Some("Ignore"), "{name}");
         assert!(*ca, "{name} has a caBundle");
         let sel = serde_json::to_string(selector)?;

@@ -200,3 +200,17 @@ objectSelector:
 {{- else }}{{ fail (printf "%q is not a duration of the form N(ms|s|m|h)" .) }}
 {{- end }}
 {{- end }}
+
+{{/*
+matchConditions of one webhook, from files/match-conditions.yaml, on clusters
+that have them (Kubernetes >= 1.30) and unless webhooks.matchConditions is
+false. Call with (dict "root" $ "hook" "collisionGuard").
+*/}}
+{{- define "graceguard.matchConditions" -}}
+{{- $root := .root -}}
+{{- if and $root.Values.webhooks.matchConditions (semverCompare ">=1.30.0-0" $root.Capabilities.KubeVersion.Version) -}}
+{{- $all := $root.Files.Get "files/match-conditions.yaml" | fromYaml -}}
+matchConditions:
+  {{- toYaml (get $all .hook) | nindent 2 }}
+{{- end -}}
+{{- end }}
