@@ -148,6 +148,7 @@ async fn run(args: &Args) -> Result<()> {
     drop(webhook);
     drop(bed);
     guard_recovery().await?;
+    tag_delay(if q { 5 } else { 20 }).await?;
     table(format!("done in {:.0} s", started.elapsed().as_secs_f64()));
     Ok(())
 }
@@ -533,12 +534,13 @@ async fn guard_recovery() -> Result<()> {
         .iter()
         .filter(|e| e.is("create", "pods", &ns) && e.user.username == "alice")
         .count();
-    // The simulated kubelet's finishing delete is the last admin delete of
-    // train-0 (the first is the graceful one).
+    // The simulated kubelet's finishing delete, sent as its node.
     let gone = after
         .iter()
         .filter(|e| {
-            e.is("delete", "pods", &ns) && e.name() == "train-0" && e.user.username == "admin"
+            e.is("delete", "pods", &ns)
+                && e.name() == "train-0"
+                && e.user.username == "system:node:node-1"
         })
         .filter_map(|e| e.completed_us())
         .next_back();
@@ -557,6 +559,86 @@ async fn guard_recovery() -> Result<()> {
         "note": "alice's requests from the graceful delete of attempt 0 until attempt 1 ran; delay from the finishing delete's completion to the next Create's arrival (apiserver audit timestamps)"}),
     );
     table(format!("guard_recovery  {creates} Create(s); {delay_ms:.1} ms from the old pod gone to the next Create; requests: {by_verb:?}"));
+    Ok(())
+}
+
+/// How long a DisruptionTarget stays untagged when graceguard must tag it
+/// afterwards: a kubelet's own `TerminationByKubelet` (never changed in the
+/// node's request) and, on 1.37, an eviction (condition written outside
+/// admission). Measured from the request's return to the label being readable
+/// (GET every 5 ms), and as the webhook's own follow-up latency (request seen
+/// to tag written, from its audit records).
+async fn tag_delay(n: usize) -> Result<()> {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("tag-delay").await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, testbed::webhook::ALL_HOOKS).await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let alice = bed.client_as("alice").await?;
+    let mut sources = vec!["node_status_update"];
+    if bed.version >= testbed::KubeVersion::V1_37 {
+        sources.push("eviction");
+    }
+    for source in sources {
+        let mut seen_ms = Vec::new();
+        for i in 0..n {
+            let name = format!(
+                "{}-{i}",
+                if source == "eviction" {
+                    "evicted"
+                } else {
+                    "ended"
+                }
+            );
+            let out = pods::create(&api, &pods::task_pod(&name, 30)).await?;
+            if out != CreateOutcome::Created {
+                bail!("creating {ns}/{name}: {out:?}");
+            }
+            pods::wait_running(&api, &name).await?;
+            let want = if source == "eviction" {
+                pods::evict(&alice, bed.version, &ns, &name, None, false).await?;
+                "EvictionByEvictionAPI"
+            } else {
+                pods::delete_gracefully(&api, &name, None).await?;
+                kubelet
+                    .terminate_with_disruption(&ns, &name, "TerminationByKubelet", "bench")
+                    .await?;
+                "TerminationByKubelet"
+            };
+            let t0 = Instant::now();
+            loop {
+                let pod = api.get(&name).await?;
+                if pods::disruption_label(&pod) == Some(want) {
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(30) {
+                    bail!("{ns}/{name} was not tagged {want} within 30 s");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            seen_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+            kubelet.finish_deletion(&ns, &name).await?;
+        }
+        let mut follow_up_ms: Vec<f64> = webhook
+            .audit_records()?
+            .iter()
+            .filter(|r| {
+                r["event"] == "follow_up" && r["source"] == source && r["reason"] == "tagged"
+            })
+            .filter_map(|r| r["latency_us"].as_f64())
+            .map(|us| us / 1000.0)
+            .collect();
+        let med = percentile_f64(&mut seen_ms, 50.0);
+        let max = seen_ms.iter().copied().fold(0.0, f64::max);
+        let fu = percentile_f64(&mut follow_up_ms, 50.0);
+        emit(
+            json!({"group": "tag_delay", "source": source, "kube_version": bed.version.as_str(), "pods": n,
+            "median_ms": round3(med), "max_ms": round3(max), "follow_up_median_ms": round3(fu), "follow_ups_tagged": follow_up_ms.len(),
+            "note": "from the disrupting request's return to the label being readable (GET every 5 ms); follow_up: the webhook's own request-to-tag latency"}),
+        );
+        table(format!("tag_delay       {source}: median {med:.1} ms, max {max:.1} ms to the label ({n} pods); follow-up {fu:.1} ms median inside the webhook"));
+    }
     Ok(())
 }
 
