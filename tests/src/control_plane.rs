@@ -409,48 +409,49 @@ impl TestBed {
                 self.version.as_str()
             );
         };
-        let kcm_kc = self.kubeconfig_for("controller-manager")?;
-        let mut cmd = Command::new(kcm);
-        cmd.arg(format!("--kubeconfig={}", kcm_kc.display()))
-            .arg(format!("--authentication-kubeconfig={}", kcm_kc.display()))
-            .arg(format!("--authorization-kubeconfig={}", kcm_kc.display()))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={}", free_port()?))
-            .arg(format!("--cert-dir={}", d.join("kcm-pki").display()))
-            .arg("--leader-elect=false")
-            // Each controller acts as its own service account, as kubeadm runs it.
+        let mut kcm_cmd = self.component("controller-manager", &kcm)?;
+        // Each controller acts as its own service account, as kubeadm runs it.
+        kcm_cmd
             .arg("--use-service-account-credentials=true")
             .arg(format!(
                 "--service-account-private-key-file={}",
                 sa_key.display()
             ))
             .arg(format!("--root-ca-file={}", self.ca_file().display()))
-            .arg(format!("--controllers={}", CONTROLLERS.join(",")))
-            .arg("--v=1");
-        self.controllers.push(Managed::spawn(
-            "kube-controller-manager",
-            cmd,
-            &d.join("kube-controller-manager.log"),
-        )?);
-        let sched_kc = self.kubeconfig_for("scheduler")?;
-        let mut cmd = Command::new(sched);
-        cmd.arg(format!("--kubeconfig={}", sched_kc.display()))
-            .arg(format!(
-                "--authentication-kubeconfig={}",
-                sched_kc.display()
-            ))
-            .arg(format!("--authorization-kubeconfig={}", sched_kc.display()))
-            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--controllers={}", CONTROLLERS.join(",")));
+        let sched_cmd = self.component("scheduler", &sched)?;
+        for (name, cmd) in [
+            ("kube-controller-manager", kcm_cmd),
+            ("kube-scheduler", sched_cmd),
+        ] {
+            let log = d.join(format!("{name}.log"));
+            self.controllers.push(Managed::spawn(name, cmd, &log)?);
+        }
+        Ok(())
+    }
+
+    /// A control-plane component's command with the flags both share: its own
+    /// identity's kubeconfig (for its API calls and its delegated
+    /// authentication), a loopback port, no leader election.
+    fn component(&self, key: &str, bin: &Path) -> Result<Command> {
+        let kc = self.kubeconfig_for(key)?;
+        let mut cmd = Command::new(bin);
+        for flag in [
+            "kubeconfig",
+            "authentication-kubeconfig",
+            "authorization-kubeconfig",
+        ] {
+            cmd.arg(format!("--{flag}={}", kc.display()));
+        }
+        cmd.arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={}", free_port()?))
-            .arg(format!("--cert-dir={}", d.join("scheduler-pki").display()))
+            .arg(format!(
+                "--cert-dir={}",
+                self.dir().join(format!("{key}-pki")).display()
+            ))
             .arg("--leader-elect=false")
             .arg("--v=1");
-        self.controllers.push(Managed::spawn(
-            "kube-scheduler",
-            cmd,
-            &d.join("kube-scheduler.log"),
-        )?);
-        Ok(())
+        Ok(cmd)
     }
 
     /// The controller-manager is working once its service-account controller

@@ -94,7 +94,12 @@ impl CreateOutcome {
 
 /// Creates `pod`; a refusal by the API server is an outcome, not an error.
 pub async fn create(api: &Api<Pod>, pod: &Pod) -> anyhow::Result<CreateOutcome> {
-    match api.create(&PostParams::default(), pod).await {
+    outcome(api.create(&PostParams::default(), pod).await)
+}
+
+/// A write's result as an outcome: the API server's refusal is one, not an error.
+fn outcome<T>(res: Result<T, kube::Error>) -> anyhow::Result<CreateOutcome> {
+    match res {
         Ok(_) => Ok(CreateOutcome::Created),
         Err(kube::Error::Api(s)) => Ok(CreateOutcome::Refused {
             code: s.code,
@@ -153,16 +158,7 @@ pub async fn evict(
     let req = http::Request::post(format!("/api/v1/namespaces/{ns}/pods/{name}/eviction"))
         .header("Content-Type", "application/json")
         .body(serde_json::to_vec(&body)?)?;
-    match client.request_text(req).await {
-        Ok(_) => Ok(CreateOutcome::Created),
-        Err(kube::Error::Api(s)) => Ok(CreateOutcome::Refused {
-            code: s.code,
-            reason: s.reason.clone(),
-            message: s.message.clone(),
-            retry_after_seconds: s.details.as_ref().map_or(0, |d| d.retry_after_seconds),
-        }),
-        Err(e) => Err(e.into()),
-    }
+    outcome(client.request_text(req).await)
 }
 
 /// How long the wait helpers below wait before failing the test.
