@@ -116,6 +116,10 @@ async fn get_path(sender: &mut Sender, path: &str) -> Result<String, hyper::Erro
         .header("host", "localhost")
         .body(Empty::new())
         .expect("request");
+    // An HTTP/1 connection takes the next request only once the previous
+    // response is fully processed; sending before that fails with "connection
+    // was not ready" on a busy machine. Waiting for readiness makes it exact.
+    sender.ready().await?;
     let resp = sender.send_request(req).await?;
     assert_eq!(resp.status(), 200);
     let body = resp.into_body().collect().await?.to_bytes();
