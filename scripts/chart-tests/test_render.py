@@ -27,6 +27,19 @@ WEBHOOKS = {
     "evictionAudit": ("eviction-audit.graceguard.io", "ValidatingWebhookConfiguration", "/validate/pods-eviction", "CREATE", "pods/eviction"),
 }
 MATCH_CONDITIONS = cl.yaml_file(cl.CHART_DIR / "files" / "match-conditions.yaml")
+
+
+def other_kinds(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """The collision guard's kinds besides pods, as (group, resource)."""
+    cg = values["webhooks"]["collisionGuard"]
+    if not cg["enabled"]:
+        return []
+    out = []
+    for kind in cg["kinds"]:
+        if kind != "pods":
+            resource, _, group = kind.partition(".")
+            out.append((group, resource))
+    return out
 IGNORE_EXPR = {"key": "graceguard.io/ignore", "operator": "NotIn", "values": ["true"]}
 
 
@@ -95,7 +108,17 @@ class PerValuesFile:
         wcfg = self.merged["webhooks"]
         rendered_names = {wh["name"] for cfg in self.r.webhook_configurations() for wh in cfg["webhooks"]}
         expected_names = {WEBHOOKS[k][0] for k in WEBHOOKS if wcfg[k]["enabled"]}
+        others = other_kinds(self.merged)
+        if others:
+            expected_names.add("collision-guard-kinds.graceguard.io")
         self.assertEqual(rendered_names, expected_names)
+        if others:
+            cfg, wh = self.r.webhook("collision-guard-kinds.graceguard.io")
+            self.assertEqual(cfg["metadata"]["name"], self.r.webhook("collision-guard.graceguard.io")[0]["metadata"]["name"])
+            self.assertEqual(wh["failurePolicy"], "Ignore")
+            self.assertEqual(wh["clientConfig"]["service"]["path"], "/validate/collision")
+            self.assertEqual([(r["apiGroups"], r["resources"], r["operations"]) for r in wh["rules"]],
+                             [([g], [res], ["CREATE"]) for g, res in others])
         service = self.r.one("Service")
         https_port = next(p for p in service["spec"]["ports"] if p["name"] == "https")
         excluded = set(wcfg["excludeNamespaces"]) | {NAMESPACE, "kube-system"}
@@ -104,7 +127,7 @@ class PerValuesFile:
                 continue
             cfg, wh = self.r.webhook(name)
             self.assertEqual(cfg["kind"], kind, name)
-            self.assertEqual(len(cfg["webhooks"]), 1, name)
+            self.assertEqual(len(cfg["webhooks"]), 2 if key == "collisionGuard" and others else 1, name)
             self.assertEqual(wh["rules"], [{
                 "apiGroups": [""], "apiVersions": ["v1"], "operations": [op],
                 "resources": [resource], "scope": "Namespaced",
@@ -186,18 +209,24 @@ class PerValuesFile:
         else:
             self.fail(f"unknown certs.mode {mode}")
 
-    def test_rbac_reads_pods_and_namespaces_and_patches_pods_only_for_the_follow_up(self) -> None:
+    def test_rbac_reads_what_it_indexes_and_patches_pods_only_for_the_follow_up(self) -> None:
         role = self.r.one("ClusterRole")
         tagger = self.merged["webhooks"]["disruptionTagger"]
         follow_up = tagger["enabled"] and tagger["followUp"]
-        self.assertEqual(len(role["rules"]), 2 if follow_up else 1)
-        rule = role["rules"][0]
-        self.assertEqual(rule["apiGroups"], [""])
-        self.assertEqual(sorted(rule["resources"]), ["namespaces", "pods"])
-        self.assertEqual(sorted(rule["verbs"]), ["get", "list", "watch"])
-        self.assertEqual(set(rule), {"apiGroups", "resources", "verbs"})
+        read = ("get", "list", "watch")
+        want = {("", "pods", read), ("", "namespaces", read)}
+        others = other_kinds(self.merged)
+        if others:
+            want |= {("", "resourcequotas", read)} | {(g, r, read) for g, r in others}
         if follow_up:
-            self.assertEqual(role["rules"][1], {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]})
+            want.add(("", "pods", ("patch",)))
+        got = set()
+        for rule in role["rules"]:
+            self.assertEqual(set(rule), {"apiGroups", "resources", "verbs"})
+            for g in rule["apiGroups"]:
+                for r in rule["resources"]:
+                    got.add((g, r, tuple(sorted(rule["verbs"]))))
+        self.assertEqual(got, want)
         env = {e["name"]: e.get("value") for e in self.pod_spec()["containers"][0]["env"]}
         self.assertEqual(env["GRACEGUARD_FOLLOW_UP_TAGGING"], "true" if follow_up else "false")
         self.assertEqual(self.r.of_kind("Role") + self.r.of_kind("RoleBinding"), [])
@@ -491,7 +520,7 @@ class TestOptions(unittest.TestCase):
     def test_follow_up_off_keeps_rbac_read_only(self) -> None:
         r = cl.render_objects({"webhooks": {"disruptionTagger": {"enabled": True, "followUp": False}}})
         role = r.one("ClusterRole")
-        self.assertEqual([sorted(rule["verbs"]) for rule in role["rules"]], [["get", "list", "watch"]])
+        self.assertTrue(all(sorted(rule["verbs"]) == ["get", "list", "watch"] for rule in role["rules"]), role)
         self.assertIn("left untagged (disruptionTagger.followUp is false)", r.notes)
 
     def test_notes_say_how_each_disruption_source_is_tagged(self) -> None:
@@ -499,6 +528,24 @@ class TestOptions(unittest.TestCase):
         for source in ("PreemptionByScheduler", "TerminationByKubelet", "EvictionByEvictionAPI", "DeletionByPodGC"):
             self.assertIn(source, notes)
         self.assertIn("never in the node's request", notes)
+
+    def test_collision_kinds_drive_rules_rbac_and_the_flag(self) -> None:
+        r = cl.render_objects({"webhooks": {"collisionGuard": {"enabled": True, "failurePolicy": "Fail",
+                                                               "kinds": ["persistentvolumeclaims", "widgets.example.com"]}}})
+        names = {wh["name"] for cfg in r.webhook_configurations() for wh in cfg["webhooks"]}
+        self.assertNotIn("collision-guard.graceguard.io", names, "pods left out of kinds")
+        _, wh = r.webhook("collision-guard-kinds.graceguard.io")
+        self.assertEqual(wh["failurePolicy"], "Ignore", "only pods may use Fail")
+        self.assertEqual([(x["apiGroups"], x["resources"]) for x in wh["rules"]],
+                         [([""], ["persistentvolumeclaims"]), (["example.com"], ["widgets"])])
+        env = {e["name"]: e.get("value") for e in r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+        self.assertEqual(env["GRACEGUARD_COLLISION_KINDS"], "persistentvolumeclaims,widgets.example.com")
+        rules = r.one("ClusterRole")["rules"]
+        self.assertIn({"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["get", "list", "watch"]}, rules)
+        only_pods = cl.render_objects({"webhooks": {"collisionGuard": {"enabled": True, "failurePolicy": "Ignore", "kinds": ["pods"]}}})
+        env = {e["name"]: e.get("value") for e in only_pods.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+        self.assertEqual(env["GRACEGUARD_COLLISION_KINDS"], "")
+        self.assertNotIn("resourcequotas", str(only_pods.one("ClusterRole")["rules"]))
 
     def test_extra_env(self) -> None:
         env = [{"name": "RUST_LOG", "value": "debug"}]

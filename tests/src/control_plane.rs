@@ -116,7 +116,10 @@ pub use crate::pods::NODE;
 /// user `graceguard` so the bed's webhook runs with exactly that.
 pub const WEBHOOK_RULES: &str = r#"[
   {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-  {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
+  {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+  {"apiGroups": [""], "resources": ["resourcequotas", "persistentvolumeclaims", "services", "configmaps"], "verbs": ["get", "list", "watch"]},
+  {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},
+  {"apiGroups": ["graceguard.test"], "resources": ["widgets"], "verbs": ["get", "list", "watch"]}
 ]"#;
 
 /// What a namespace-level executor account may do (alice, bob): workloads,
@@ -597,6 +600,7 @@ pub const CONTROLLERS: &[&str] = &[
     "deployment-controller",
     "statefulset-controller",
     "disruption-controller",
+    "persistentvolumeclaim-protection-controller",
 ];
 
 impl Drop for TestBed {

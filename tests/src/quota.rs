@@ -34,6 +34,36 @@ pub async fn set_pods_quota(bed: &TestBed, ns: &str, hard: u32) -> Result<()> {
 /// Creates quota `pods` in `ns` with `hard` limits (resource, quantity) and
 /// waits until it is in force. Only `pods` may be in use when it is created.
 pub async fn set_quota(bed: &TestBed, ns: &str, hard: &[(&str, &str)]) -> Result<()> {
+    set_named_quota(bed, ns, QUOTA, hard).await
+}
+
+/// [`set_quota`] for a quota named `name`.
+pub async fn set_named_quota(
+    bed: &TestBed,
+    ns: &str,
+    name: &str,
+    hard: &[(&str, &str)],
+) -> Result<()> {
+    create_named(bed, ns, name, hard).await?;
+    let deadline = Instant::now() + CONTROLLER_WAIT;
+    while !in_force(bed, ns, name).await? {
+        if Instant::now() > deadline {
+            bail!("the quota controller did not fill the status of {ns}/{name} within {CONTROLLER_WAIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Creates quota `name` in `ns` with `hard` limits. On 1.20 it also writes the
+/// status the quota controller would (only `pods` may be in use); on 1.37 the
+/// real controller fills it: see [`in_force`].
+pub async fn create_named(
+    bed: &TestBed,
+    ns: &str,
+    name: &str,
+    hard: &[(&str, &str)],
+) -> Result<()> {
     let api: Api<ResourceQuota> = Api::namespaced(bed.client.clone(), ns);
     let map: BTreeMap<String, Quantity> = hard
         .iter()
@@ -41,7 +71,7 @@ pub async fn set_quota(bed: &TestBed, ns: &str, hard: &[(&str, &str)]) -> Result
         .collect();
     let rq = ResourceQuota {
         metadata: ObjectMeta {
-            name: Some(QUOTA.into()),
+            name: Some(name.into()),
             ..Default::default()
         },
         spec: Some(ResourceQuotaSpec {
@@ -52,24 +82,9 @@ pub async fn set_quota(bed: &TestBed, ns: &str, hard: &[(&str, &str)]) -> Result
     };
     api.create(&PostParams::default(), &rq)
         .await
-        .with_context(|| format!("creating quota {ns}/{QUOTA}"))?;
+        .with_context(|| format!("creating quota {ns}/{name}"))?;
     if bed.version.has_controllers() {
-        let deadline = Instant::now() + CONTROLLER_WAIT;
-        loop {
-            let status = api.get(QUOTA).await?.status.unwrap_or_default();
-            let in_force = status.hard.as_ref() == Some(&map)
-                && status
-                    .used
-                    .as_ref()
-                    .is_some_and(|u| map.keys().all(|k| u.contains_key(k)));
-            if in_force {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("the quota controller did not fill the status of {ns}/{QUOTA} within {CONTROLLER_WAIT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        return Ok(());
     }
     let pods = counted_pods(&bed.client, ns).await?;
     let used: BTreeMap<String, Quantity> = map
@@ -80,10 +95,28 @@ pub async fn set_quota(bed: &TestBed, ns: &str, hard: &[(&str, &str)]) -> Result
         })
         .collect();
     let status = serde_json::json!({"status": {"hard": map, "used": used}});
-    api.patch_status(QUOTA, &PatchParams::default(), &Patch::Merge(&status))
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
-        .with_context(|| format!("setting the status of quota {ns}/{QUOTA}"))?;
+        .with_context(|| format!("setting the status of quota {ns}/{name}"))?;
     Ok(())
+}
+
+/// Whether quota `name` is in force: its status covers every limit it sets.
+/// (The quota controller fills a count of a custom resource only once it
+/// watches that resource, after its next discovery; a change to such an
+/// object then makes it recompute.)
+pub async fn in_force(bed: &TestBed, ns: &str, name: &str) -> Result<bool> {
+    let rq = Api::<ResourceQuota>::namespaced(bed.client.clone(), ns)
+        .get(name)
+        .await
+        .with_context(|| format!("reading quota {ns}/{name}"))?;
+    let hard = rq.spec.and_then(|s| s.hard).unwrap_or_default();
+    let status = rq.status.unwrap_or_default();
+    Ok(status.hard.as_ref() == Some(&hard)
+        && status
+            .used
+            .as_ref()
+            .is_some_and(|u| hard.keys().all(|k| u.contains_key(k))))
 }
 
 /// The pods of `ns` a quota counts: not ended, and not past the end of a
@@ -156,4 +189,17 @@ pub async fn used_pods(client: &Client, ns: &str) -> Result<i64> {
             used.0
         )
     })
+}
+
+/// `status.used[resource]` of quota `name` in `ns`, as the apiserver has it now.
+pub async fn used(client: &Client, ns: &str, name: &str, resource: &str) -> Result<String> {
+    let rq = Api::<ResourceQuota>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .with_context(|| format!("reading quota {ns}/{name}"))?;
+    rq.status
+        .and_then(|s| s.used)
+        .and_then(|u| u.get(resource).cloned())
+        .map(|q| q.0)
+        .with_context(|| format!("quota {ns}/{name} has no status.used[{resource:?}]"))
 }

@@ -6,7 +6,7 @@
 //! so every lap leaks one pod of quota. `scripts/demo` and the tests run this
 //! same code, with and without graceguard in front of the API server.
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use serde::Serialize;
@@ -337,4 +337,93 @@ pub async fn guard_graceful_delete(
         ),
         audit_record: None,
     })
+}
+
+/// What the PVC row of the demo shows: a claim held Terminating by
+/// `kubernetes.io/pvc-protection` (a pod still uses it), re-created `creates`
+/// times (kubernetes/kubernetes#119593).
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PvcReport {
+    pub scenario: &'static str,
+    pub mode: String,
+    pub kube_version: &'static str,
+    pub creates: u32,
+    pub already_exists: u32,
+    /// Growth of the quota's `status.used.persistentvolumeclaims` and
+    /// `requests.storage` (in Gi) over the colliding Creates.
+    pub leaked_pvcs: i64,
+    pub leaked_storage_gi: i64,
+}
+
+/// Runs the PVC scenario in `ns` under quota `storage` (10 claims, 20Gi): a
+/// 1Gi claim used by a pod is deleted, then created again `creates` times.
+pub async fn pvc_collision(
+    bed: &crate::TestBed,
+    ns: &str,
+    mode: &str,
+    creates: u32,
+) -> Result<PvcReport> {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use kube::api::{DeleteParams, PostParams};
+    quota::set_named_quota(
+        bed,
+        ns,
+        "storage",
+        &[
+            ("persistentvolumeclaims", "10"),
+            ("requests.storage", "20Gi"),
+        ],
+    )
+    .await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(bed.client.clone(), ns);
+    let claim: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    claims.create(&PostParams::default(), &claim).await?;
+    let mut user = pods::task_pod("data-user", 30);
+    if let Some(spec) = user.spec.as_mut() {
+        spec.volumes = Some(vec![serde_json::from_value(
+            serde_json::json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}}),
+        )?]);
+    }
+    let out = pods::create(&Api::namespaced(bed.client.clone(), ns), &user).await?;
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating the claim's user: {out:?}"
+    );
+    claims.delete("data", &DeleteParams::default()).await?;
+    let held = claims.get("data").await?;
+    ensure!(
+        held.metadata.deletion_timestamp.is_some(),
+        "{ns}/data is not Terminating after its delete; is pvc-protection on?"
+    );
+    let used = |r: &'static str| quota::used(&bed.client, ns, "storage", r);
+    let gi = |q: String| -> Result<i64> {
+        q.trim_end_matches("Gi")
+            .parse()
+            .with_context(|| format!("requests.storage {q:?} is not in Gi"))
+    };
+    let (pvcs0, storage0) = (
+        used("persistentvolumeclaims").await?,
+        gi(used("requests.storage").await?)?,
+    );
+    let mut r = PvcReport {
+        scenario: "pvc-collision",
+        mode: mode.into(),
+        kube_version: bed.version.as_str(),
+        ..Default::default()
+    };
+    for _ in 0..creates {
+        let out = match claims.create(&PostParams::default(), &claim).await {
+            Ok(_) => 201,
+            Err(kube::Error::Api(s)) if s.reason == "AlreadyExists" => 409,
+            Err(e) => return Err(e).context("re-creating PVC data"),
+        };
+        r.creates += 1;
+        r.already_exists += u32::from(out == 409);
+    }
+    r.leaked_pvcs = used("persistentvolumeclaims").await?.parse::<i64>()? - pvcs0.parse::<i64>()?;
+    r.leaked_storage_gi = gi(used("requests.storage").await?)? - storage0;
+    Ok(r)
 }

@@ -34,9 +34,17 @@ pub enum Hook {
     DeletionAudit,
     /// Validating, pods/eviction CREATE.
     EvictionAudit,
+    /// Validating, CREATE of the other kinds in [`COLLISION_KINDS`].
+    CollisionKinds,
 }
 
-/// Every endpoint, registered as the chart registers them.
+/// The other kinds the tests guard: `--collision-kinds` for the webhook, and
+/// the rules [`Hook::CollisionKinds`] registers.
+pub const COLLISION_KINDS: &str =
+    "persistentvolumeclaims,services,configmaps,jobs.batch,widgets.graceguard.test";
+
+/// The pod endpoints, registered as the chart registers them (the other
+/// kinds' guard, [`Hook::CollisionKinds`], is registered where a test uses it).
 pub const ALL_HOOKS: &[Hook] = &[
     Hook::CollisionGuard,
     Hook::DisruptionTagger,
@@ -51,6 +59,7 @@ impl Hook {
             Hook::DisruptionTagger => "/mutate/pods-status",
             Hook::DeletionAudit => "/validate/pods-delete",
             Hook::EvictionAudit => "/validate/pods-eviction",
+            Hook::CollisionKinds => "/validate/collision",
         }
     }
 
@@ -60,6 +69,7 @@ impl Hook {
             Hook::DisruptionTagger => "disruption-tagger.graceguard.io",
             Hook::DeletionAudit => "deletion-audit.graceguard.io",
             Hook::EvictionAudit => "eviction-audit.graceguard.io",
+            Hook::CollisionKinds => "collision-guard-kinds.graceguard.io",
         }
     }
 
@@ -70,15 +80,35 @@ impl Hook {
             Hook::DisruptionTagger => "disruption_tagger",
             Hook::DeletionAudit => "deletion_audit",
             Hook::EvictionAudit => "eviction_audit",
+            Hook::CollisionKinds => "collision_guard",
         }
     }
 
     fn rule(self) -> RuleWithOperations {
+        if self == Hook::CollisionKinds {
+            let kinds: Vec<(String, String)> = COLLISION_KINDS
+                .split(',')
+                .map(|k| match k.split_once('.') {
+                    Some((r, g)) => (g.to_string(), r.to_string()),
+                    None => (String::new(), k.to_string()),
+                })
+                .collect();
+            let mut groups: Vec<String> = kinds.iter().map(|(g, _)| g.clone()).collect();
+            groups.dedup();
+            return RuleWithOperations {
+                api_groups: Some(groups),
+                api_versions: Some(vec!["*".into()]),
+                operations: Some(vec!["CREATE".into()]),
+                resources: Some(kinds.into_iter().map(|(_, r)| r).collect()),
+                scope: Some("Namespaced".into()),
+            };
+        }
         let (op, resource) = match self {
             Hook::CollisionGuard => ("CREATE", "pods"),
             Hook::DisruptionTagger => ("UPDATE", "pods/status"),
             Hook::DeletionAudit => ("DELETE", "pods"),
             Hook::EvictionAudit => ("CREATE", "pods/eviction"),
+            Hook::CollisionKinds => unreachable!("returned above"),
         };
         RuleWithOperations {
             api_groups: Some(vec![String::new()]),
@@ -99,6 +129,7 @@ fn match_conditions(hook: Hook) -> Result<Value> {
     let key = match hook {
         Hook::CollisionGuard => "collisionGuard",
         Hook::DisruptionTagger => "disruptionTagger",
+        Hook::CollisionKinds => "collisionGuard",
         _ => return Ok(Value::Array(Vec::new())),
     };
     Ok(all[key].clone())
@@ -210,13 +241,31 @@ impl WebhookProcess {
         Ok((code, body))
     }
 
-    /// The value of an unlabelled metric sample (`name value`), if exported.
+    /// The value of a metric sample (`name value`, or `name{labels} value`
+    /// with `name` given with its labels), if exported.
     pub fn metric(&self, name: &str) -> Result<Option<f64>> {
         let (_, body) = self.http_get("/metrics")?;
         Ok(body.lines().find_map(|l| {
-            let (n, v) = l.split_once(' ')?;
+            let (n, v) = l.rsplit_once(' ')?;
             (n == name).then(|| v.trim().parse().ok()).flatten()
         }))
+    }
+
+    /// Waits (up to 60 s) until the webhook's index of `kind` (`resource[.group]`)
+    /// is synced: a quota must count the kind first.
+    pub async fn wait_kind_indexed(&self, kind: &str) -> Result<()> {
+        let sample = format!("graceguard_kind_index_ready{{kind=\"{kind}\"}}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.metric(&sample)? != Some(1.0) {
+            if Instant::now() > deadline {
+                bail!(
+                    "graceguard-webhook did not index {kind} within 60 s; its log ends:\n{}",
+                    tail(&self.log, 20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 
     /// Registers `hooks` with the bed's API server (failurePolicy Ignore) and
@@ -354,13 +403,28 @@ impl WebhookProcess {
                     Hook::EvictionAudit => {
                         crate::pods::evict(&bed.client, bed.version, NS, POD, None, true).await?;
                     }
+                    Hook::CollisionKinds => {
+                        let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+                            serde_json::json!({"metadata": {"name": format!("probe-{n}")}}),
+                        )?;
+                        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+                            bed.client.clone(),
+                            NS,
+                        )
+                        .create(&dry, &cm)
+                        .await?;
+                    }
                 }
             }
             let records = self.audit_records()?;
             pending.retain(|h| {
-                !records
-                    .iter()
-                    .any(|r| r["endpoint"] == h.endpoint() && r["namespace"] == NS)
+                // Pods and the other kinds share an endpoint; `resource` tells them apart.
+                let kinds = *h == Hook::CollisionKinds;
+                !records.iter().any(|r| {
+                    r["endpoint"] == h.endpoint()
+                        && r["namespace"] == NS
+                        && r["resource"].is_string() == kinds
+                })
             });
             if Instant::now() > deadline {
                 bail!("the API server did not call {pending:?} within 30 s of registering them");

@@ -29,7 +29,7 @@ fn repo_root() -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_chart_installs_and_its_service_account_reads_pods_and_namespaces_and_only_patches_pods(
+async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_only_patches_pods(
 ) -> R {
     let py = python()?;
     let bed = TestBed::start().await?;
@@ -53,10 +53,16 @@ async fn the_chart_installs_and_its_service_account_reads_pods_and_namespaces_an
     let (sa_ns, sa_name) = sa.split_once('/').context("serviceaccount=NS/NAME")?;
     let who = format!("--as=system:serviceaccount:{sa_ns}:{sa_name}");
 
-    // Exactly get/list/watch on pods and namespaces, and patch on pods for the
+    // Exactly get/list/watch on pods and namespaces and on the collision
+    // guard's default kinds and resourcequotas, and patch on pods for the
     // tagger's follow-up (on by default); nothing else.
     let allowed = [
         ("patch", "pods"),
+        ("list", "configmaps"),
+        ("watch", "persistentvolumeclaims"),
+        ("get", "services"),
+        ("list", "jobs.batch"),
+        ("watch", "resourcequotas"),
         ("get", "pods"),
         ("list", "pods"),
         ("watch", "pods"),
@@ -74,7 +80,8 @@ async fn the_chart_installs_and_its_service_account_reads_pods_and_namespaces_an
         ("update", "namespaces"),
         ("delete", "namespaces"),
         ("get", "secrets"),
-        ("list", "configmaps"),
+        ("update", "configmaps"),
+        ("create", "jobs.batch"),
         ("create", "events"),
         ("list", "nodes"),
         ("create", "pods --subresource=eviction"),
@@ -124,11 +131,14 @@ async fn the_chart_installs_and_its_service_account_reads_pods_and_namespaces_an
             ));
         }
     }
-    assert_eq!(hooks.len(), 4, "{hooks:?}");
+    // Four configurations; the collision guard's holds pods and the other kinds.
+    assert_eq!(hooks.len(), 5, "{hooks:?}");
     for (name, policy, selector, ca, conditions) in &hooks {
         let filtered = matches!(
             name.as_str(),
-            "collision-guard.graceguard.io" | "disruption-tagger.graceguard.io"
+            "collision-guard.graceguard.io"
+                | "collision-guard-kinds.graceguard.io"
+                | "disruption-tagger.graceguard.io"
         );
         let want = usize::from(filtered && bed.version >= testbed::KubeVersion::V1_37);
         assert_eq!(

@@ -54,6 +54,19 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     assert_eq!(pre["deletion_audit"]["user"], "alice");
     assert_eq!(pre["deletion_audit"]["grace_period_seconds"], 45);
 
+    // A PVC held by pvc-protection: each colliding Create charges a claim and
+    // its storage without graceguard, nothing with it.
+    let (pvc_bare, pvc_gg) = (
+        find("pvc-collision", "bare"),
+        find("pvc-collision", "graceguard"),
+    );
+    assert_eq!(pvc_bare["already_exists"], 5, "{pvc_bare}");
+    assert_eq!(pvc_bare["leaked_pvcs"], 5, "{pvc_bare}");
+    assert_eq!(pvc_bare["leaked_storage_gi"], 5, "{pvc_bare}");
+    assert_eq!(pvc_gg["already_exists"], 5, "{pvc_gg}");
+    assert_eq!(pvc_gg["leaked_pvcs"], 0, "{pvc_gg}");
+    assert_eq!(pvc_gg["leaked_storage_gi"], 0, "{pvc_gg}");
+
     let scenario = |s: &str| runs.iter().find(|r| r["scenario"] == s).cloned();
     if version < testbed::KubeVersion::V1_37 {
         assert!(scenario("scheduler-preemption").is_none() && scenario("drain").is_none());

@@ -15,6 +15,8 @@ pub struct AuditRecord {
     pub reason: String,
     pub namespace: String,
     pub name: String,
+    /// The kind, `resource[.group]`, when it is not pods (collision guard).
+    pub resource: Option<String>,
     pub uid: Option<String>,
     pub user: String,
     pub groups: Option<String>,
@@ -54,6 +56,7 @@ impl AuditRecord {
             reason = %self.reason,
             namespace = %self.namespace,
             name = %self.name,
+            resource = self.resource.as_deref(),
             uid = self.uid.as_deref(),
             user = %self.user,
             groups = self.groups.as_deref(),

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use crate::confirm::Confirmer;
 use crate::follow_up::{self, FollowUp};
 use crate::handlers::App;
+use crate::kind_index::{Allowed, ConfirmSettings, KindIndexes};
 use crate::livelock::LivelockDetector;
 use crate::meta_index::MetaIndex;
 use crate::metrics::Metrics;
@@ -34,7 +35,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the admission endpoints (HTTPS) and health/metrics (HTTP).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Write a CA and a serving certificate (ca.crt, tls.crt, tls.key) for local use.
     Certs(CertsArgs),
     /// GET a plain-HTTP URL (e.g. http://graceguard:8080/readyz); exit 0 on 200.
@@ -49,6 +50,10 @@ struct ProbeArgs {
     /// How long to wait for the answer.
     #[arg(long, default_value = "5s", value_parser = duration)]
     timeout: Duration,
+}
+
+fn collision_kinds(s: &str) -> Result<Allowed, String> {
+    Allowed::parse(s)
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -98,6 +103,13 @@ pub struct ServeArgs {
     /// Service's endpoints drop this pod before it stops accepting.
     #[arg(long, env = "GRACEGUARD_SHUTDOWN_DELAY", default_value = "5s", value_parser = duration)]
     pub shutdown_delay: Duration,
+    /// Which other kinds the collision guard indexes when a ResourceQuota
+    /// counts them: `resource[.group]` separated by commas
+    /// (`persistentvolumeclaims,jobs.batch`), `*` for any namespaced kind, or
+    /// empty for pods only. Needs RBAC get/list/watch on those kinds and on
+    /// resourcequotas.
+    #[arg(long, env = "GRACEGUARD_COLLISION_KINDS", default_value = "", value_parser = collision_kinds)]
+    pub collision_kinds: Allowed,
     /// Tag pods afterwards, under graceguard's own identity, where a tag cannot
     /// go into the request itself: a node's status update (NodeRestriction
     /// refuses changed labels) and an eviction's condition (written outside
@@ -150,7 +162,7 @@ pub fn main() -> i32 {
     };
     let res = rt.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve(args).await,
+            Command::Serve(args) => serve(*args).await,
             Command::Certs(args) => certs(args),
             Command::Probe(args) => {
                 crate::probe::probe(&args.url, args.timeout)
@@ -218,6 +230,30 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, CliError> {
     })
 }
 
+/// The other kinds' indexes, driven by a ResourceQuota watch; `None` when
+/// `--collision-kinds` is empty.
+fn kind_indexes(
+    client: &kube::Client,
+    args: &ServeArgs,
+    metrics: &Metrics,
+) -> Option<Arc<KindIndexes>> {
+    if args.collision_kinds == Allowed::Only(Default::default()) {
+        return None;
+    }
+    let kinds = Arc::new(KindIndexes::new(
+        client.clone(),
+        args.collision_kinds.clone(),
+        ConfirmSettings {
+            timeout: args.confirm_timeout,
+            ttl: args.confirm_cache_ttl,
+        },
+        metrics.clone(),
+    ));
+    // Runs for the life of the process.
+    drop(Arc::clone(&kinds).spawn());
+    Some(kinds)
+}
+
 /// Runs the webhook until SIGTERM or SIGINT.
 pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
     graceguard_certs::install_crypto_provider();
@@ -248,6 +284,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
         } else {
             FollowUp::disabled()
         },
+        kinds: kind_indexes(&client, &args, &metrics),
         mode: args.mode,
         shutting_down: AtomicBool::new(false),
     });

@@ -9,12 +9,13 @@ use kube::core::response::StatusDetails;
 use kube::core::Status;
 
 use crate::mode::Mode;
-use crate::pod_index::HeldPod;
+use crate::pod_index::Holder;
+use crate::quota_kinds::GroupResource;
 
 /// What the live read said about the name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Confirmation {
-    Held(HeldPod),
+    Held(Holder),
     Free,
     /// The read failed; the text says why.
     Failed(String),
@@ -25,6 +26,8 @@ pub enum Confirmation {
 pub enum AllowReason {
     /// Not a pod Create (another kind, operation or subresource).
     NotPodCreate,
+    /// A Create of a kind no quota counts, or not served by this endpoint: not indexed.
+    KindNotIndexed,
     /// No name to collide on yet.
     NoName,
     NameFree,
@@ -38,6 +41,7 @@ impl AllowReason {
     pub fn as_str(self) -> &'static str {
         match self {
             AllowReason::NotPodCreate => "not_a_pod_create",
+            AllowReason::KindNotIndexed => "kind_not_indexed",
             AllowReason::NoName => "no_name",
             AllowReason::NameFree => "name_free",
             AllowReason::StaleIndex => "stale_index",
@@ -61,12 +65,31 @@ pub enum Verdict {
     Deny(Box<Denial>),
 }
 
-/// The verdict once the live read has answered.
+/// The verdict once the live read has answered, for a pod Create.
 pub fn decide(confirmation: &Confirmation, name: &str, mode: Mode, now_unix: i64) -> Verdict {
+    decide_for(
+        &GroupResource::new("", "pods"),
+        confirmation,
+        name,
+        mode,
+        now_unix,
+    )
+}
+
+/// [`decide`] for a Create of kind `kind`.
+pub fn decide_for(
+    kind: &GroupResource,
+    confirmation: &Confirmation,
+    name: &str,
+    mode: Mode,
+    now_unix: i64,
+) -> Verdict {
     match confirmation {
         Confirmation::Free => Verdict::Allow(AllowReason::StaleIndex),
         Confirmation::Failed(_) => Verdict::Allow(AllowReason::ConfirmFailed),
-        Confirmation::Held(pod) => Verdict::Deny(Box::new(denial(name, pod, mode, now_unix))),
+        Confirmation::Held(holder) => {
+            Verdict::Deny(Box::new(denial(kind, name, holder, mode, now_unix)))
+        }
     }
 }
 
@@ -79,36 +102,74 @@ fn rfc3339(unix: i64) -> String {
 const NO_CHARGE: &str =
     "graceguard denied this Create before ResourceQuota admission, so no quota was charged";
 
-/// The denial for a Create of `name`, held by `pod`.
+/// What keeps a terminating object from going away, in words: its finalizers
+/// (foreground deletion named as such), or its grace period.
+fn held_by(finalizers: &[String]) -> Option<String> {
+    if finalizers.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = finalizers
+        .iter()
+        .map(|f| match f.as_str() {
+            "foregroundDeletion" => "foreground deletion (waiting for its dependents to go)".into(),
+            other => format!("finalizer {other}"),
+        })
+        .collect();
+    Some(names.join(", "))
+}
+
+/// The denial for a Create of `name` of kind `kind`, held by `holder`.
 ///
 /// `conflict`: 409 AlreadyExists, as the API server answers. `retry`: 429 with
 /// `retryAfterSeconds` = grace left (at least 1) when the holder is
 /// terminating; a live holder will not go away by waiting, so it gets the
 /// conflict answer in both modes.
-pub fn denial(name: &str, pod: &HeldPod, mode: Mode, now_unix: i64) -> Denial {
+pub fn denial(
+    kind: &GroupResource,
+    name: &str,
+    holder: &Holder,
+    mode: Mode,
+    now_unix: i64,
+) -> Denial {
     let mut details = StatusDetails {
         name: name.to_string(),
-        group: String::new(),
-        kind: "pods".into(),
+        group: kind.group.clone(),
+        kind: kind.resource.clone(),
         uid: String::new(),
         causes: Vec::new(),
         retry_after_seconds: 0,
     };
-    let (message, reason, left) = match pod.deletion {
+    let what = match kind.group.as_str() {
+        "" => kind.resource.clone(),
+        group => format!("{}.{group}", kind.resource),
+    };
+    let (message, reason, left) = match holder.held.deletion {
         Some(d) => {
             let left = d.seconds_left(now_unix);
-            (
-                format!(
-                    "pods \"{name}\" already exists and is terminating (deletion requested at {}, {left} s of its {} s grace period left); {NO_CHARGE}. Create it again once it is gone, or use a new name",
+            let holds = match held_by(&holder.finalizers) {
+                // Finalizers keep it; its grace period (pods) may be over or not.
+                Some(by) if d.grace_seconds > 0 => format!(
+                    "deletion requested at {}, {left} s of its {} s grace period left, held by {by}",
                     rfc3339(d.requested_unix()),
                     d.grace_seconds
+                ),
+                Some(by) => format!("deletion requested at {}, held by {by}", rfc3339(d.requested_unix())),
+                None => format!(
+                    "deletion requested at {}, {left} s of its {} s grace period left",
+                    rfc3339(d.requested_unix()),
+                    d.grace_seconds
+                ),
+            };
+            (
+                format!(
+                    "{what} \"{name}\" already exists and is terminating ({holds}); {NO_CHARGE}. Create it again once it is gone, or use a new name"
                 ),
                 "terminating",
                 Some(left),
             )
         }
         None => (
-            format!("pods \"{name}\" already exists; {NO_CHARGE}"),
+            format!("{what} \"{name}\" already exists; {NO_CHARGE}"),
             "exists",
             None,
         ),
@@ -134,25 +195,25 @@ pub fn denial(name: &str, pod: &HeldPod, mode: Mode, now_unix: i64) -> Denial {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod_index::Deletion;
+    use crate::pod_index::{Deletion, HeldPod};
 
     const NOW: i64 = 1_700_000_000;
 
-    fn live() -> HeldPod {
-        HeldPod {
+    fn live() -> Holder {
+        Holder::from(HeldPod {
             uid: "u1".into(),
             deletion: None,
-        }
+        })
     }
 
-    fn terminating(left: i64, grace: i64) -> HeldPod {
-        HeldPod {
+    fn terminating(left: i64, grace: i64) -> Holder {
+        Holder::from(HeldPod {
             uid: "u1".into(),
             deletion: Some(Deletion {
                 at_unix: NOW + left,
                 grace_seconds: grace,
             }),
-        }
+        })
     }
 
     fn deny(v: Verdict) -> Denial {
@@ -257,6 +318,58 @@ mod tests {
         );
         assert_eq!(d.reason, "terminating");
         assert_eq!(d.grace_left_seconds, Some(40));
+    }
+
+    #[test]
+    fn other_kinds_say_what_holds_them() {
+        let mut holder = terminating(0, 0);
+        holder.finalizers = vec!["kubernetes.io/pvc-protection".into()];
+        let pvc = GroupResource::new("", "persistentvolumeclaims");
+        let d = deny(decide_for(
+            &pvc,
+            &Confirmation::Held(holder),
+            "data",
+            Mode::Conflict,
+            NOW,
+        ));
+        assert_eq!(d.status.code, 409);
+        assert_eq!(d.status.reason, "AlreadyExists");
+        let det = d.status.details.clone().expect("details");
+        assert_eq!(
+            (det.group.as_str(), det.kind.as_str()),
+            ("", "persistentvolumeclaims")
+        );
+        assert!(
+            d.status.message.starts_with(&format!(
+                "persistentvolumeclaims \"data\" already exists and is terminating (deletion requested at {}, held by finalizer kubernetes.io/pvc-protection);",
+                rfc3339(NOW)
+            )),
+            "{}",
+            d.status.message
+        );
+        let mut job = terminating(0, 0);
+        job.finalizers = vec!["foregroundDeletion".into()];
+        let jobs = GroupResource::new("batch", "jobs");
+        let d = deny(decide_for(
+            &jobs,
+            &Confirmation::Held(job),
+            "once",
+            Mode::Retry,
+            NOW,
+        ));
+        assert!(
+            d.status.message.starts_with("jobs.batch \"once\""),
+            "{}",
+            d.status.message
+        );
+        assert!(
+            d.status.message.contains("foreground deletion"),
+            "{}",
+            d.status.message
+        );
+        // No grace to wait out: retry after the minimum.
+        assert_eq!(d.status.code, 429);
+        assert_eq!(d.status.details.map(|x| x.retry_after_seconds), Some(1));
     }
 
     #[test]

@@ -13,22 +13,22 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
+use kube::core::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 use moka::future::Cache;
 
 use crate::collision::Confirmation;
 use crate::metrics::Metrics;
-use crate::pod_index::HeldPod;
+use crate::pod_index::Holder;
 
 /// Reads who holds `namespace/name` now: `Ok(None)` when nobody does.
-pub type Fetch = Arc<
-    dyn Fn(String, String) -> BoxFuture<'static, Result<Option<HeldPod>, String>> + Send + Sync,
->;
+pub type Fetch =
+    Arc<dyn Fn(String, String) -> BoxFuture<'static, Result<Option<Holder>, String>> + Send + Sync>;
 
 /// See the module docs.
 #[derive(Clone)]
 pub struct Confirmer {
-    cache: Cache<(String, String), HeldPod>,
+    cache: Cache<(String, String), Holder>,
     fetch: Fetch,
     metrics: Metrics,
 }
@@ -46,15 +46,35 @@ impl Confirmer {
         }
     }
 
-    /// Confirms with a metadata-only GET through `client`, bounded by `timeout`.
+    /// Confirms pods with a metadata-only GET through `client`, bounded by `timeout`.
     pub fn live(client: Client, timeout: Duration, ttl: Duration, metrics: Metrics) -> Self {
+        Self::live_for(
+            client,
+            ApiResource::erase::<Pod>(&()),
+            timeout,
+            ttl,
+            metrics,
+        )
+    }
+
+    /// [`Confirmer::live`] for objects of kind `ar` (any namespaced kind).
+    pub fn live_for(
+        client: Client,
+        ar: ApiResource,
+        timeout: Duration,
+        ttl: Duration,
+        metrics: Metrics,
+    ) -> Self {
         let fetch: Fetch = Arc::new(move |ns: String, name: String| {
-            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+            let what = ar.plural.clone();
             Box::pin(async move {
                 match tokio::time::timeout(timeout, api.get_metadata_opt(&name)).await {
-                    Ok(Ok(found)) => Ok(found.map(|p| HeldPod::from_meta(&p.metadata))),
-                    Ok(Err(e)) => Err(format!("GET pod {ns}/{name}: {e}")),
-                    Err(_) => Err(format!("GET pod {ns}/{name}: no answer within {timeout:?}")),
+                    Ok(Ok(found)) => Ok(found.map(|p| Holder::from_meta(&p.metadata))),
+                    Ok(Err(e)) => Err(format!("GET {what} {ns}/{name}: {e}")),
+                    Err(_) => Err(format!(
+                        "GET {what} {ns}/{name}: no answer within {timeout:?}"
+                    )),
                 }
             })
         });
@@ -69,7 +89,7 @@ impl Confirmer {
             .cache
             .get(&key)
             .await
-            .is_some_and(|held| held.uid != index_uid)
+            .is_some_and(|h| h.held.uid != index_uid)
         {
             self.cache.invalidate(&key).await;
         }
@@ -110,9 +130,10 @@ enum Miss {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pod_index::HeldPod;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn counting(answer: Result<Option<HeldPod>, String>) -> (Fetch, Arc<AtomicUsize>) {
+    fn counting(answer: Result<Option<Holder>, String>) -> (Fetch, Arc<AtomicUsize>) {
         let calls = Arc::new(AtomicUsize::new(0));
         let c = Arc::clone(&calls);
         let f: Fetch = Arc::new(move |_, _| {
@@ -125,10 +146,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_looping_client_costs_one_read_per_ttl() {
-        let held = HeldPod {
+        let held = Holder::from(HeldPod {
             uid: "u".into(),
             deletion: None,
-        };
+        });
         let (f, calls) = counting(Ok(Some(held.clone())));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
         for _ in 0..50 {

@@ -13,12 +13,14 @@ use crate::audit::AuditRecord;
 use crate::collision::{self, AllowReason, Verdict};
 use crate::confirm::Confirmer;
 use crate::follow_up::{FollowUp, Source};
+use crate::kind_index::KindIndexes;
 use crate::livelock::LivelockDetector;
 use crate::metrics::{
     reason_labels, Endpoint, EndpointLabels, ExplainedLabels, Metrics, ReviewLabels,
 };
 use crate::mode::Mode;
 use crate::pod_index::{NamespaceModes, PodIndex};
+use crate::quota_kinds::GroupResource;
 use crate::review::{self, Answer, Request};
 use crate::{deletion_audit, disruption, tagger};
 
@@ -31,6 +33,8 @@ pub struct App {
     pub metrics: Metrics,
     /// Tags what cannot be tagged inside its request (node updates, evictions).
     pub follow_up: FollowUp,
+    /// Name indexes of the other kinds quotas count (`None`: pods only).
+    pub kinds: Option<Arc<KindIndexes>>,
     /// The install-wide mode; a namespace label overrides it.
     pub mode: Mode,
     /// Set on SIGTERM: readiness goes false while in-flight reviews finish.
@@ -50,7 +54,8 @@ impl App {
     }
 }
 
-/// `POST /validate/pods`: the collision guard.
+/// `POST /validate/pods` and `POST /validate/collision`: the collision guard,
+/// for pods and for any namespaced kind a quota counts.
 pub async fn validate_pods(State(app): State<Arc<App>>, body: Bytes) -> Response {
     handle(&app, Endpoint::collision_guard, &body).await
 }
@@ -117,12 +122,13 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
     review::answer(&req, answer)
 }
 
-/// The pod name a Create will use: by admission time a `generateName` has
+/// The name a Create will use: by validating admission a `generateName` has
 /// been resolved into `metadata.name`.
 fn object_name(req: &Request) -> String {
     req.object
         .as_ref()
         .and_then(|o| o.metadata.name.clone())
+        .or_else(|| req.object_name.clone())
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| req.name.clone())
 }
@@ -251,30 +257,47 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
         reason: reason.as_str().into(),
         ..Default::default()
     };
-    if !req.is_pods("CREATE", "") {
+    if req.operation != "CREATE" || !req.sub_resource.is_empty() {
         return (Answer::allow(), allow(AllowReason::NotPodCreate));
     }
+    let kind = GroupResource::new(&req.resource.group, &req.resource.resource);
     let name = object_name(req);
     let namespace = req.namespace.clone();
     let mut rec = AuditRecord {
         namespace: namespace.clone(),
         name: name.clone(),
+        resource: (!kind.is_pods()).then(|| kind.to_string()),
         ..allow(AllowReason::NameFree)
     };
     if name.is_empty() {
         rec.reason = AllowReason::NoName.as_str().into();
         return (Answer::allow(), rec);
     }
-    let Some(indexed) = app.pods.get(&namespace, &name) else {
+    // Pods: the pod index. Any other kind: its index, when a quota counts it.
+    let kind_index;
+    let (indexed, confirmer) = if kind.is_pods() {
+        (app.pods.get(&namespace, &name), &app.confirmer)
+    } else {
+        let Some(idx) = app.kinds.as_ref().and_then(|k| k.get(&kind)) else {
+            rec.reason = AllowReason::KindNotIndexed.as_str().into();
+            return (Answer::allow(), rec);
+        };
+        kind_index = idx;
+        (
+            kind_index.index.get(&namespace, &name),
+            &kind_index.confirmer,
+        )
+    };
+    let Some(indexed) = indexed else {
         return (Answer::allow(), rec);
     };
-    let confirmation = app.confirmer.confirm(&namespace, &name, &indexed.uid).await;
+    let confirmation = confirmer.confirm(&namespace, &name, &indexed.uid).await;
     if let collision::Confirmation::Failed(e) = &confirmation {
         tracing::warn!(namespace = %namespace, name = %name, error = %e, "could not confirm an index hit; allowing the Create");
     }
     let mode = app.mode_for(&namespace);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let d = match collision::decide(&confirmation, &name, mode, now) {
+    let d = match collision::decide_for(&kind, &confirmation, &name, mode, now) {
         Verdict::Allow(reason) => {
             rec.reason = reason.as_str().into();
             return (Answer::allow(), rec);
@@ -287,12 +310,16 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     rec.detail = Some(d.status.message.clone());
     rec.grace_left_seconds = d.grace_left_seconds;
     if let collision::Confirmation::Held(p) = &confirmation {
-        rec.uid = Some(p.uid.clone());
+        rec.uid = Some(p.held.uid.clone());
     }
     if !req.dry_run {
         app.metrics.quota_charges_prevented.inc();
         let user = req.user_info.username.as_deref().unwrap_or("");
-        if let Some(count) = app.livelock.record(&namespace, &name, user) {
+        let looped_on = match &rec.resource {
+            Some(resource) => format!("{resource}/{name}"),
+            None => name.clone(),
+        };
+        if let Some(count) = app.livelock.record(&namespace, &looped_on, user) {
             app.metrics.livelock_suspected.inc();
             AuditRecord {
                 event: "livelock_suspected",
@@ -304,9 +331,11 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
                 user: user.to_string(),
                 request_uid: req.uid.clone(),
                 detail: Some(format!(
-                    "client {user:?} re-created pods \"{name}\" {count} times in {} s while the name was taken; it is probably looping on AlreadyExists",
+                    "client {user:?} re-created {} \"{name}\" {count} times in {} s while the name was taken; it is probably looping on AlreadyExists",
+                    rec.resource.as_deref().unwrap_or("pods"),
                     app.livelock.window().as_secs()
                 )),
+                resource: rec.resource.clone(),
                 denials_in_window: Some(count as u64),
                 window_seconds: Some(app.livelock.window().as_secs()),
                 ..Default::default()

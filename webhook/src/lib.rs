@@ -11,6 +11,8 @@
 //! Where each rule lives:
 //! * [`collision`]: the collision guard's decision, pure.
 //! * [`pod_index`] and [`meta_index`]: the watch-fed index of pod names.
+//! * [`quota_kinds`] and [`kind_index`]: which other kinds quotas count, and
+//!   their name indexes, started and stopped as quotas come and go.
 //! * [`confirm`]: the live GET that confirms an index hit, cached briefly.
 //! * [`mode`]: conflict or retry, install-wide and per namespace.
 //! * [`livelock`]: naming a client that loops on a taken name.
@@ -31,6 +33,7 @@ pub mod deletion_audit;
 pub mod disruption;
 pub mod follow_up;
 pub mod handlers;
+pub mod kind_index;
 pub mod livelock;
 pub mod logging;
 pub mod meta_index;
@@ -38,6 +41,7 @@ pub mod metrics;
 pub mod mode;
 pub mod pod_index;
 pub mod probe;
+pub mod quota_kinds;
 pub mod review;
 pub mod server;
 pub mod tagger;

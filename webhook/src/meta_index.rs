@@ -214,6 +214,19 @@ impl<V: Clone> MetaIndex<V> {
         K::DynamicType: Default,
     {
         let stream = watch(api, watcher::Config::default()).default_backoff();
+        self.run_stream(stream, project, on_change).await
+    }
+
+    /// [`MetaIndex::run`] over a metadata watch already built (for kinds known
+    /// only at run time: `kube::runtime::metadata_watcher` on a dynamic `Api`).
+    pub async fn run_stream<K>(
+        &self,
+        stream: impl futures::Stream<Item = Result<Event<PartialObjectMeta<K>>, watcher::Error>>,
+        project: impl Fn(&ObjectMeta) -> Option<V>,
+        on_change: impl Fn(&Self),
+    ) where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {
             match ev {

@@ -65,6 +65,20 @@ pub fn reason_labels(reason: &str) -> ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `resource[.group]`.
+    pub kind: String,
+}
+
+impl KindLabels {
+    pub fn of(kind: &crate::quota_kinds::GroupResource) -> Self {
+        Self {
+            kind: kind.to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FollowUpLabels {
     pub outcome: &'static str,
 }
@@ -92,6 +106,8 @@ pub struct Metrics {
     pub node_requests_left_unchanged: Counter,
     pub follow_ups: Family<FollowUpLabels, Counter>,
     pub follow_ups_dropped: Counter,
+    pub kind_index_objects: Family<KindLabels, Gauge>,
+    pub kind_index_ready: Family<KindLabels, Gauge>,
 }
 
 impl Metrics {
@@ -117,6 +133,8 @@ impl Metrics {
             node_requests_left_unchanged: Counter::default(),
             follow_ups: Family::default(),
             follow_ups_dropped: Counter::default(),
+            kind_index_objects: Family::default(),
+            kind_index_ready: Family::default(),
         };
         let mut r = Registry::with_prefix("graceguard");
         r.register(
@@ -189,6 +207,16 @@ impl Metrics {
             "follow_up_tags_dropped",
             "Follow-up tagging requests dropped because the queue was full",
             m.follow_ups_dropped.clone(),
+        );
+        r.register(
+            "kind_index_objects",
+            "Objects in the name index of a kind some quota counts (pods: index_pods)",
+            m.kind_index_objects.clone(),
+        );
+        r.register(
+            "kind_index_ready",
+            "1 when that kind's index is synced and its watch healthy",
+            m.kind_index_ready.clone(),
         );
         (m, Arc::new(r))
     }

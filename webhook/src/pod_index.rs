@@ -53,6 +53,33 @@ impl HeldPod {
     }
 }
 
+/// What a live read says about a name's holder: the index's fields plus the
+/// finalizers, which say what keeps a terminating object (of any kind) from
+/// going away. Only confirmations carry them; the index does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub held: HeldPod,
+    pub finalizers: Vec<String>,
+}
+
+impl Holder {
+    pub fn from_meta(m: &ObjectMeta) -> Self {
+        Self {
+            held: HeldPod::from_meta(m),
+            finalizers: m.finalizers.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl From<HeldPod> for Holder {
+    fn from(held: HeldPod) -> Self {
+        Self {
+            held,
+            finalizers: Vec::new(),
+        }
+    }
+}
+
 /// Pod names, by namespace.
 pub type PodIndex = MetaIndex<HeldPod>;
 

@@ -158,6 +158,8 @@ pub struct Request {
     pub dry_run: bool,
     pub object: Option<Pod>,
     pub old_object: Option<Pod>,
+    /// `object.metadata.name` of a Create of another kind (pods: in `object`).
+    pub object_name: Option<String>,
     /// `options.gracePeriodSeconds` (DELETE), or the Eviction's
     /// `deleteOptions.gracePeriodSeconds` (`pods/eviction` CREATE).
     pub grace_period_seconds: Option<i64>,
@@ -204,6 +206,19 @@ struct DeleteOptions {
     dry_run: Vec<String>,
 }
 
+/// Any object, as far as the collision guard reads one: its name.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(default)]
+    metadata: NameOnly,
+}
+
+#[derive(Deserialize, Default)]
+struct NameOnly {
+    #[serde(default)]
+    name: Option<String>,
+}
+
 /// A `policy/v1` (or `v1beta1`) Eviction, as far as graceguard reads one.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -235,6 +250,13 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
     } else {
         (None, None)
     };
+    // Another kind's Create: its name only. Unreadable means no name (allowed).
+    let object_name = match (&r.object, pods) {
+        (Some(o), false) if r.operation == "CREATE" => serde_json::from_str::<Head>(o.get())
+            .ok()
+            .and_then(|h| h.metadata.name),
+        _ => None,
+    };
     let options = if eviction {
         // A missing or unreadable Eviction body still gets its audit record.
         r.object
@@ -263,6 +285,7 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
         dry_run: r.dry_run.unwrap_or(false) || !options.dry_run.is_empty(),
         object,
         old_object,
+        object_name,
         grace_period_seconds: options.grace_period_seconds,
     })
 }

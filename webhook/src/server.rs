@@ -37,6 +37,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/validate/pods", post(handlers::validate_pods))
+        .route("/validate/collision", post(handlers::validate_pods))
         .route("/mutate/pods-status", post(handlers::mutate_pods_status))
         .route(
             "/validate/pods-delete",

@@ -14,7 +14,7 @@ use graceguard_webhook::livelock::LivelockDetector;
 use graceguard_webhook::meta_index::MetaIndex;
 use graceguard_webhook::metrics::Metrics;
 use graceguard_webhook::mode::Mode;
-use graceguard_webhook::pod_index::{Deletion, HeldPod};
+use graceguard_webhook::pod_index::{Deletion, HeldPod, Holder};
 use graceguard_webhook::server::admission_router;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -57,7 +57,7 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: M
     let g = Arc::clone(&gets);
     let fetch: Fetch = Arc::new(move |_, _| {
         g.fetch_add(1, Ordering::SeqCst);
-        let answer = live.clone();
+        let answer = live.clone().map(|h| h.map(Holder::from));
         Box::pin(async move { answer })
     });
     let (metrics, _) = Metrics::new();
@@ -68,6 +68,7 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: M
         livelock: LivelockDetector::new(Duration::from_secs(10), 5),
         metrics,
         follow_up: FollowUp::disabled(),
+        kinds: None,
         mode,
         shutting_down: AtomicBool::new(false),
     });

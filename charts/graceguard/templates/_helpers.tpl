@@ -214,3 +214,18 @@ matchConditions:
   {{- toYaml (get $all .hook) | nindent 2 }}
 {{- end -}}
 {{- end }}
+
+{{/*
+The collision guard's kinds other than pods, as a list of dicts
+{"group": ..., "resource": ...}, from webhooks.collisionGuard.kinds.
+*/}}
+{{- define "graceguard.otherKinds" -}}
+{{- $out := list -}}
+{{- range .Values.webhooks.collisionGuard.kinds -}}
+{{- if ne . "pods" -}}
+{{- $parts := splitn "." 2 . -}}
+{{- $out = append $out (dict "resource" $parts._0 "group" (default "" $parts._1)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end }}

@@ -9,10 +9,10 @@ use testbed::disruptions::{
 };
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::scenario::{
-    graceful_delete_collision, guard_graceful_delete, preemption, CollisionReport, Disruption,
-    PreemptionReport,
+    graceful_delete_collision, guard_graceful_delete, preemption, pvc_collision, CollisionReport,
+    Disruption, PreemptionReport, PvcReport,
 };
-use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
+use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS, COLLISION_KINDS};
 use testbed::{KubeVersion, TestBed, TestBedOptions};
 
 #[derive(Parser)]
@@ -74,13 +74,21 @@ async fn run(args: &Args) -> Result<()> {
         }
         KubeVersion::V1_20 => None,
     };
+    eprintln!("pvc, bare: a claim kept Terminating by pvc-protection (a pod uses it), created again 5 times");
+    let ns = bed.namespace("demo-pvc-bare").await?;
+    let mut pvcs: Vec<PvcReport> = vec![pvc_collision(&bed, &ns, "bare", 5).await?];
 
     let ns = bed.namespace("demo-graceguard").await?;
     eprintln!(
         "mode graceguard: the same, with graceguard-webhook registered in front of the API server"
     );
-    let webhook = WebhookProcess::start(&bed, &[]).await?;
-    webhook.register(&bed, ALL_HOOKS).await?;
+    let webhook = WebhookProcess::start(&bed, &["--collision-kinds", COLLISION_KINDS]).await?;
+    let hooks: Vec<Hook> = ALL_HOOKS
+        .iter()
+        .copied()
+        .chain([Hook::CollisionKinds])
+        .collect();
+    webhook.register(&bed, &hooks).await?;
     let mut guarded = graceful_delete_collision(&bed, &ns, "graceguard", args.creates, 100).await?;
     let n = args.creates as usize + 1;
     guarded.audit_record = webhook
@@ -94,6 +102,9 @@ async fn run(args: &Args) -> Result<()> {
         .into_iter()
         .find(|r| r["decision"] == "deny");
     reports.push(guarded);
+    eprintln!("pvc, graceguard: the same claim collision with the webhook guarding PVCs");
+    let ns = bed.namespace("demo-pvc-graceguard").await?;
+    pvcs.push(pvc_with_webhook(&bed, &webhook, &ns).await?);
 
     let ns = bed.namespace("demo-guard").await?;
     eprintln!("mode guard: the task launched by graceguard's guard; its pod is deleted gracefully and stays Terminating for 3 s");
@@ -131,6 +142,9 @@ async fn run(args: &Args) -> Result<()> {
             println!("{}", serde_json::to_string(r)?);
         }
         println!("{}", serde_json::to_string(&preempted)?);
+        for p in &pvcs {
+            println!("{}", serde_json::to_string(p)?);
+        }
         if let Some(s) = &scheduler {
             println!("{}", serde_json::to_string(s)?);
         }
@@ -140,6 +154,13 @@ async fn run(args: &Args) -> Result<()> {
     } else {
         println!("graceguard demo on Kubernetes {version}\n");
         print_table(&reports);
+        println!();
+        for p in &pvcs {
+            println!(
+                "{:<26} {:<11} {:>7} {:>14}   leaked: {} claims, {} Gi of requests.storage",
+                p.scenario, p.mode, p.creates, p.already_exists, p.leaked_pvcs, p.leaked_storage_gi
+            );
+        }
         print_preemption(&preempted)?;
         if let Some(s) = &scheduler {
             println!(
@@ -161,6 +182,16 @@ async fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The PVC scenario once the webhook indexes claims: it starts indexing them
+/// when the scenario's quota appears, so the quota comes first.
+async fn pvc_with_webhook(bed: &TestBed, webhook: &WebhookProcess, ns: &str) -> Result<PvcReport> {
+    let warm = bed.namespace("demo-pvc-index").await?;
+    testbed::quota::set_named_quota(bed, &warm, "storage", &[("persistentvolumeclaims", "1")])
+        .await?;
+    webhook.wait_kind_indexed("persistentvolumeclaims").await?;
+    pvc_collision(bed, ns, "graceguard", 5).await
 }
 
 fn print_table(reports: &[CollisionReport]) {

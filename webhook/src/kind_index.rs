@@ -1,0 +1,298 @@
+//! Name indexes of the kinds some ResourceQuota counts, started and stopped as
+//! quotas appear and go.
+//!
+//! A ResourceQuota watch (quotas are few) keeps, per quota, the kinds its
+//! `spec.hard` charges ([`crate::quota_kinds`]). The union, limited to the
+//! kinds this install serves (`--collision-kinds`) and minus pods (always
+//! indexed by [`crate::pod_index`]), is what gets indexed: one metadata-only
+//! watch per kind, resolved through discovery, with its own confirmation
+//! cache. A kind no quota counts costs nothing; when the last quota counting
+//! it goes, its watch stops and its index is freed.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::api::PartialObjectMeta;
+use kube::core::{ApiResource, DynamicObject};
+use kube::discovery::Scope;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+
+use crate::confirm::Confirmer;
+use crate::meta_index::MetaIndex;
+use crate::metrics::{KindLabels, Metrics};
+use crate::pod_index::HeldPod;
+use crate::quota_kinds::{charged_kinds, GroupResource};
+
+/// Which kinds this install may index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Allowed {
+    /// Any namespaced kind a quota counts (`--collision-kinds '*'`).
+    Any,
+    Only(BTreeSet<GroupResource>),
+}
+
+impl Allowed {
+    /// Parses `--collision-kinds`: `*`, or a comma-separated list of
+    /// `resource[.group]` (`persistentvolumeclaims,jobs.batch`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.trim() == "*" {
+            return Ok(Self::Any);
+        }
+        let kinds: BTreeSet<GroupResource> =
+            s.split(',').filter_map(GroupResource::parse).collect();
+        if kinds.iter().any(|k| k.resource.contains('/')) {
+            return Err(format!(
+                "{s:?}: write kinds as resource[.group], e.g. persistentvolumeclaims,jobs.batch"
+            ));
+        }
+        Ok(Self::Only(kinds))
+    }
+
+    pub fn contains(&self, kind: &GroupResource) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Only(kinds) => kinds.contains(kind),
+        }
+    }
+}
+
+/// One kind's index and confirmer; its watch stops when dropped.
+pub struct KindIndex {
+    pub kind: GroupResource,
+    pub index: Arc<MetaIndex<HeldPod>>,
+    pub confirmer: Confirmer,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for KindIndex {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How confirmations of every kind behave (the pod guard's settings).
+#[derive(Clone, Copy, Debug)]
+pub struct ConfirmSettings {
+    pub timeout: Duration,
+    pub ttl: Duration,
+}
+
+/// The running kind indexes. Cheap to share.
+pub struct KindIndexes {
+    client: Client,
+    allowed: Allowed,
+    confirm: ConfirmSettings,
+    metrics: Metrics,
+    running: RwLock<HashMap<GroupResource, Arc<KindIndex>>>,
+}
+
+impl KindIndexes {
+    pub fn new(
+        client: Client,
+        allowed: Allowed,
+        confirm: ConfirmSettings,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            client,
+            allowed,
+            confirm,
+            metrics,
+            running: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The index of `kind`, when some quota counts it and this install serves it.
+    pub fn get(&self, kind: &GroupResource) -> Option<Arc<KindIndex>> {
+        self.running
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(kind)
+            .cloned()
+    }
+
+    /// The kinds indexed now.
+    pub fn kinds(&self) -> BTreeSet<GroupResource> {
+        self.running
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Starts the ResourceQuota watch that drives the indexes.
+    pub fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move { self.follow_quotas().await })
+    }
+
+    async fn follow_quotas(&self) {
+        let api: Api<ResourceQuota> = Api::all(self.client.clone());
+        let mut stream = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        // Per quota (namespace/name), the kinds it charges.
+        let mut quotas: HashMap<(String, String), BTreeSet<GroupResource>> = HashMap::new();
+        let mut building: Option<HashMap<(String, String), BTreeSet<GroupResource>>> = None;
+        let key = |q: &ResourceQuota| {
+            (
+                q.metadata.namespace.clone().unwrap_or_default(),
+                q.metadata.name.clone().unwrap_or_default(),
+            )
+        };
+        let charged = |q: &ResourceQuota| {
+            let hard = q.spec.as_ref().and_then(|s| s.hard.as_ref());
+            charged_kinds(hard.into_iter().flat_map(|h| h.keys().map(String::as_str)))
+        };
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(Event::Init) => building = Some(HashMap::new()),
+                Ok(Event::InitApply(q)) => {
+                    if let Some(b) = building.as_mut() {
+                        b.insert(key(&q), charged(&q));
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    if let Some(b) = building.take() {
+                        quotas = b;
+                    }
+                }
+                Ok(Event::Apply(q)) => {
+                    quotas.insert(key(&q), charged(&q));
+                }
+                Ok(Event::Delete(q)) => {
+                    quotas.remove(&key(&q));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "ResourceQuota watch broken; the kind indexes stay as they are (retrying with backoff)");
+                    continue;
+                }
+            }
+            if building.is_none() {
+                let wanted: BTreeSet<GroupResource> = quotas
+                    .values()
+                    .flatten()
+                    .filter(|k| !k.is_pods() && self.allowed.contains(k))
+                    .cloned()
+                    .collect();
+                self.reconcile(&wanted).await;
+            }
+        }
+    }
+
+    /// Starts the indexes `wanted` has and the running set lacks; stops the others.
+    async fn reconcile(&self, wanted: &BTreeSet<GroupResource>) {
+        let running = self.kinds();
+        for gone in running.difference(wanted) {
+            let removed = self
+                .running
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(gone);
+            if removed.is_some() {
+                self.metrics
+                    .kind_index_objects
+                    .remove(&KindLabels::of(gone));
+                self.metrics.kind_index_ready.remove(&KindLabels::of(gone));
+                tracing::info!(kind = %gone, "no quota counts this kind any more; its index is stopped");
+            }
+        }
+        for new in wanted.difference(&running) {
+            match self.resolve(new).await {
+                Ok(ar) => {
+                    let idx = self.start(new.clone(), ar);
+                    self.running
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(new.clone(), Arc::new(idx));
+                    tracing::info!(kind = %new, "a quota counts this kind; indexing its names");
+                }
+                // Not retried until quotas change: Creates of it are allowed
+                // (fail open) meanwhile, as for any kind not indexed.
+                Err(e) => {
+                    tracing::warn!(kind = %new, error = %e, "cannot index this kind; its Creates are allowed unchecked")
+                }
+            }
+        }
+    }
+
+    /// The served, namespaced resource `kind` is, by discovery.
+    async fn resolve(&self, kind: &GroupResource) -> Result<ApiResource, String> {
+        let group = kube::discovery::group(&self.client, &kind.group)
+            .await
+            .map_err(|e| format!("discovering API group {:?}: {e}", kind.group))?;
+        let (ar, caps) = group
+            .recommended_resources()
+            .into_iter()
+            .find(|(ar, _)| ar.plural == kind.resource)
+            .ok_or_else(|| {
+                format!("the API server serves no {kind}; check the quota's resource name")
+            })?;
+        if caps.scope != Scope::Namespaced {
+            return Err(format!(
+                "{kind} is cluster-scoped; quotas and the collision guard are per namespace"
+            ));
+        }
+        Ok(ar)
+    }
+
+    fn start(&self, kind: GroupResource, ar: ApiResource) -> KindIndex {
+        let index = Arc::new(MetaIndex::new("kind"));
+        let confirmer = Confirmer::live_for(
+            self.client.clone(),
+            ar.clone(),
+            self.confirm.timeout,
+            self.confirm.ttl,
+            self.metrics.clone(),
+        );
+        // Metadata only: names, uids and deletion state, never the objects.
+        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(self.client.clone(), &ar);
+        let idx = Arc::clone(&index);
+        let metrics = self.metrics.clone();
+        let labels = KindLabels::of(&kind);
+        let task = tokio::spawn(async move {
+            let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+            idx.run_stream(
+                stream,
+                |meta| Some(HeldPod::from_meta(meta)),
+                |i| {
+                    metrics
+                        .kind_index_objects
+                        .get_or_create(&labels)
+                        .set(i.len() as i64);
+                    metrics
+                        .kind_index_ready
+                        .get_or_create(&labels)
+                        .set(i64::from(i.is_ready()));
+                },
+            )
+            .await
+        });
+        KindIndex {
+            kind,
+            index,
+            confirmer,
+            task,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collision_kinds_parse() {
+        assert_eq!(Allowed::parse("*"), Ok(Allowed::Any));
+        let only = Allowed::parse("persistentvolumeclaims, jobs.batch,").expect("list");
+        assert!(only.contains(&GroupResource::new("", "persistentvolumeclaims")));
+        assert!(only.contains(&GroupResource::new("batch", "jobs")));
+        assert!(!only.contains(&GroupResource::new("", "secrets")));
+        assert!(Allowed::parse("count/jobs.batch").is_err());
+    }
+}
