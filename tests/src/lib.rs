@@ -1,13 +1,16 @@
 //! graceguard's end-to-end test bed.
 //!
-//! Every claim graceguard makes is about what a real kube-apiserver does, so the
-//! end-to-end tests start one: etcd and kube-apiserver v1.20.2 on free loopback
-//! ports in a temporary directory ([`TestBed`]), with ResourceQuota admission on
-//! and, optionally, the apiserver's audit log so a test can count requests. No
-//! kubelet or controller-manager runs; [`kubelet::Kubelet`] plays the kubelet's
-//! part for pods bound to a fake node, and [`quota`] sets what the quota
-//! controller would. [`webhook::WebhookProcess`] runs the real
-//! `graceguard-webhook` binary against the bed.
+//! Every claim graceguard makes is about what a real control plane does, so
+//! the end-to-end tests start one per test ([`TestBed`]): etcd and
+//! kube-apiserver on free loopback ports, started as a production cluster runs
+//! them (Node and RBAC authorization, NodeRestriction, ResourceQuota), on the
+//! Kubernetes version `GRACEGUARD_KUBE` names: v1.20.2 (the oldest supported)
+//! or v1.37.2, which adds kube-scheduler and kube-controller-manager. Requests
+//! carry real identities (admin, plain users, nodes, the controllers' own).
+//! [`kubelet::Kubelet`] plays a node's kubelet with that node's identity;
+//! [`quota`] waits for the real quota controller on 1.37 and plays its part
+//! on 1.20. [`webhook::WebhookProcess`] runs the real `graceguard-webhook`
+//! binary against the bed.
 
 pub mod audit_log;
 pub mod bench;
@@ -16,6 +19,7 @@ pub mod control_plane;
 pub mod disruptions;
 pub mod guard_task;
 pub mod kubelet;
+pub mod objects;
 pub mod pods;
 pub mod process;
 pub mod quota;

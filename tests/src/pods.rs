@@ -98,7 +98,7 @@ pub async fn create(api: &Api<Pod>, pod: &Pod) -> anyhow::Result<CreateOutcome> 
 }
 
 /// A write's result as an outcome: the API server's refusal is one, not an error.
-fn outcome<T>(res: Result<T, kube::Error>) -> anyhow::Result<CreateOutcome> {
+pub fn outcome<T>(res: Result<T, kube::Error>) -> anyhow::Result<CreateOutcome> {
     match res {
         Ok(_) => Ok(CreateOutcome::Created),
         Err(kube::Error::Api(s)) => Ok(CreateOutcome::Refused {

@@ -1,95 +1,23 @@
 //! The collision guard for every kind a quota counts, on the real API server
 //! with the real admission chain: a Create whose name a terminating object
-//! holds (a finalizer, foreground deletion) is denied before ResourceQuota
-//! charges it. PVCs, ConfigMaps and a custom resource on both versions; a Job
-//! held by foreground deletion on 1.37 (the real garbage collector).
+//! holds (a finalizer) is denied before ResourceQuota charges it. PVCs,
+//! ConfigMaps and a custom resource, on both versions (a Job held by
+//! foreground deletion needs the 1.37 garbage collector: real_components.rs).
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::{Api, Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::pods::{self, CreateOutcome};
-use testbed::quota;
-use testbed::webhook::{Hook, WebhookProcess, COLLISION_KINDS};
-use testbed::{KubeVersion, TestBed};
+use testbed::TestBed;
+use testbed::{objects, quota};
 
 type R = anyhow::Result<()>;
-
-async fn webhook(bed: &TestBed) -> anyhow::Result<WebhookProcess> {
-    let webhook = WebhookProcess::start(bed, &["--collision-kinds", COLLISION_KINDS]).await?;
-    webhook.register(bed, &[Hook::CollisionKinds]).await?;
-    Ok(webhook)
-}
-
-/// Creates `obj`; the API server's refusal is an outcome.
-async fn create<K>(api: &Api<K>, obj: &K) -> anyhow::Result<CreateOutcome>
-where
-    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    Ok(match api.create(&PostParams::default(), obj).await {
-        Ok(_) => CreateOutcome::Created,
-        Err(kube::Error::Api(s)) => CreateOutcome::Refused {
-            code: s.code,
-            reason: s.reason,
-            message: s.message,
-            retry_after_seconds: 0,
-        },
-        Err(e) => return Err(e.into()),
-    })
-}
-
-/// Waits until `get` finds the object terminating (a deletionTimestamp).
-async fn wait_terminating<K>(api: &Api<K>, name: &str) -> anyhow::Result<K>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let o = api.get(name).await?;
-        if o.meta().deletion_timestamp.is_some() {
-            return Ok(o);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{name} is not terminating after 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// `n` colliding Creates of `obj`: each must be graceguard's 409 naming `holds`.
-async fn denied_n_times<K>(api: &Api<K>, obj: &K, n: usize, holds: &str) -> R
-where
-    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    for i in 0..n {
-        match create(api, obj).await? {
-            CreateOutcome::Refused {
-                code: 409,
-                reason,
-                message,
-                ..
-            } => {
-                assert_eq!(reason, "AlreadyExists", "create {i}: {message}");
-                assert!(
-                    message.contains("graceguard denied this Create"),
-                    "create {i}: {message}"
-                );
-                assert!(message.contains(holds), "create {i}: {message}");
-            }
-            other => panic!("create {i}: want graceguard's 409, got {other:?}"),
-        }
-    }
-    Ok(())
-}
 
 fn pvc(name: &str) -> anyhow::Result<PersistentVolumeClaim> {
     Ok(serde_json::from_value(json!({
@@ -103,7 +31,7 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
 {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("pvc").await?;
-    let webhook = webhook(&bed).await?;
+    let webhook = testbed::objects::guarding_kinds(&bed).await?;
     quota::set_named_quota(
         &bed,
         &ns,
@@ -117,7 +45,10 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
     webhook.wait_kind_indexed("persistentvolumeclaims").await?;
     let _kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<PersistentVolumeClaim> = Api::namespaced(bed.client.clone(), &ns);
-    assert_eq!(create(&api, &pvc("data")?).await?, CreateOutcome::Created);
+    assert_eq!(
+        objects::create(&api, &pvc("data")?).await?,
+        CreateOutcome::Created
+    );
     // A pod uses it, so pvc-protection keeps it Terminating once deleted
     // (on 1.37 the real pvc-protection controller; on 1.20 nothing removes it).
     let mut user = pods::task_pod("user", 30);
@@ -129,7 +60,7 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
     let pod_api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     assert_eq!(pods::create(&pod_api, &user).await?, CreateOutcome::Created);
     api.delete("data", &DeleteParams::default()).await?;
-    let held = wait_terminating(&api, "data").await?;
+    let held = objects::wait_terminating(&api, "data").await?;
     assert!(held
         .finalizers()
         .iter()
@@ -141,7 +72,7 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
         used("requests.storage").await?,
     );
     assert_eq!((count.as_str(), storage.as_str()), ("1", "1Gi"));
-    denied_n_times(
+    objects::denied_n_times(
         &api,
         &pvc("data")?,
         5,
@@ -179,7 +110,7 @@ async fn a_configmap_held_by_a_finalizer_is_denied_until_it_is_gone_and_free_nam
 ) -> R {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("cm").await?;
-    let webhook = webhook(&bed).await?;
+    let webhook = testbed::objects::guarding_kinds(&bed).await?;
     quota::set_named_quota(&bed, &ns, "objects", &[("count/configmaps", "10")]).await?;
     webhook.wait_kind_indexed("configmaps").await?;
     let api: Api<ConfigMap> = Api::namespaced(bed.client.clone(), &ns);
@@ -195,7 +126,7 @@ async fn a_configmap_held_by_a_finalizer_is_denied_until_it_is_gone_and_free_nam
     let before = gets()?;
     for name in ["free-a", "free-b", "free-c"] {
         assert_eq!(
-            create(&api, &cm(name, false)?).await?,
+            objects::create(&api, &cm(name, false)?).await?,
             CreateOutcome::Created
         );
     }
@@ -212,13 +143,13 @@ async fn a_configmap_held_by_a_finalizer_is_denied_until_it_is_gone_and_free_nam
     }
 
     assert_eq!(
-        create(&api, &cm("settings", true)?).await?,
+        objects::create(&api, &cm("settings", true)?).await?,
         CreateOutcome::Created
     );
     api.delete("settings", &DeleteParams::default()).await?;
-    wait_terminating(&api, "settings").await?;
+    objects::wait_terminating(&api, "settings").await?;
     let count = quota::used(&bed.client, &ns, "objects", "count/configmaps").await?;
-    denied_n_times(
+    objects::denied_n_times(
         &api,
         &cm("settings", false)?,
         5,
@@ -240,7 +171,7 @@ async fn a_configmap_held_by_a_finalizer_is_denied_until_it_is_gone_and_free_nam
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        create(&api, &cm("settings", false)?).await?,
+        objects::create(&api, &cm("settings", false)?).await?,
         CreateOutcome::Created
     );
     Ok(())
@@ -267,7 +198,7 @@ async fn a_custom_resource_is_indexed_once_a_quota_counts_it_and_unindexed_when_
         kube::runtime::wait::conditions::is_crd_established(),
     );
     tokio::time::timeout(Duration::from_secs(60), established).await??;
-    let webhook = webhook(&bed).await?;
+    let webhook = testbed::objects::guarding_kinds(&bed).await?;
     let gvk = GroupVersionKind::gvk("graceguard.test", "v1", "Widget");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");
     let api: Api<DynamicObject> = Api::namespaced_with(bed.client.clone(), &ns, &ar);
@@ -279,7 +210,10 @@ async fn a_custom_resource_is_indexed_once_a_quota_counts_it_and_unindexed_when_
         Ok(serde_json::from_value(v)?)
     };
     // No quota counts widgets yet: not indexed, nothing to pay.
-    assert_eq!(create(&api, &widget(true)?).await?, CreateOutcome::Created);
+    assert_eq!(
+        objects::create(&api, &widget(true)?).await?,
+        CreateOutcome::Created
+    );
     let r = webhook.wait_records("collision_guard", &ns, "w", 1).await?;
     assert_eq!(r[0]["reason"], "kind_not_indexed", "{r:?}");
     assert_eq!(r[0]["resource"], "widgets.graceguard.test");
@@ -312,10 +246,10 @@ async fn a_custom_resource_is_indexed_once_a_quota_counts_it_and_unindexed_when_
     }
     webhook.wait_kind_indexed("widgets.graceguard.test").await?;
     api.delete("w", &DeleteParams::default()).await?;
-    wait_terminating(&api, "w").await?;
+    objects::wait_terminating(&api, "w").await?;
     let used = || quota::used(&bed.client, &ns, "widgets", "count/widgets.graceguard.test");
     let before = used().await?;
-    denied_n_times(
+    objects::denied_n_times(
         &api,
         &widget(false)?,
         3,
@@ -337,80 +271,5 @@ async fn a_custom_resource_is_indexed_once_a_quota_counts_it_and_unindexed_when_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(())
-}
-
-async fn job_pod(client: &Client, ns: &str) -> anyhow::Result<String> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let list = api
-            .list(&kube::api::ListParams::default().labels("job-name=once"))
-            .await?;
-        if let Some(p) = list
-            .items
-            .iter()
-            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        {
-            return Ok(p.name_any());
-        }
-        anyhow::ensure!(Instant::now() < deadline, "the Job's pod never ran");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_held_by_foreground_deletion_is_denied_and_count_jobs_never_charged_on_1_37() -> R {
-    let bed = TestBed::start().await?;
-    bed.version.require(
-        KubeVersion::V1_37,
-        "the garbage collector's foreground deletion",
-    )?;
-    let ns = bed.namespace("job").await?;
-    let webhook = webhook(&bed).await?;
-    quota::set_named_quota(&bed, &ns, "jobs", &[("count/jobs.batch", "5")]).await?;
-    webhook.wait_kind_indexed("jobs.batch").await?;
-    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
-    let api: Api<Job> = Api::namespaced(bed.client.clone(), &ns);
-    let job: Job = serde_json::from_value(json!({
-        "metadata": {"name": "once"},
-        "spec": {"completions": 1, "backoffLimit": 0, "template": {"spec": {
-            "restartPolicy": "Never", "terminationGracePeriodSeconds": 60,
-            "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3600"]}]}}},
-    }))?;
-    assert_eq!(create(&api, &job).await?, CreateOutcome::Created);
-    let pod = job_pod(&bed.client, &ns).await?;
-    // Foreground: the Job stays until the garbage collector has deleted its
-    // pod, and the pod stays Terminating until its kubelet finishes it.
-    let fg = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Foreground),
-        ..Default::default()
-    };
-    api.delete("once", &fg).await?;
-    let held = wait_terminating(&api, "once").await?;
-    assert!(
-        held.finalizers().iter().any(|f| f == "foregroundDeletion"),
-        "{held:?}"
-    );
-    let count = quota::used(&bed.client, &ns, "jobs", "count/jobs.batch").await?;
-    denied_n_times(&api, &job, 3, "foreground deletion").await?;
-    assert_eq!(
-        quota::used(&bed.client, &ns, "jobs", "count/jobs.batch").await?,
-        count
-    );
-
-    // Once the pod is gone the collector removes the Job: the name is free.
-    let pods_api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    wait_terminating(&pods_api, &pod).await?;
-    kubelet.finish_deletion(&ns, &pod).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while api.get_opt("once").await?.is_some() {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the garbage collector kept Job once"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(create(&api, &job).await?, CreateOutcome::Created);
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Scenarios only real components produce, on Kubernetes 1.37 with its
-//! kube-scheduler and kube-controller-manager: a preemption, a drain, and pods
-//! made by controllers. Named `*_on_1_37`: `scripts/test` runs them in the
+//! kube-scheduler and kube-controller-manager: a preemption, a drain, pods
+//! made by controllers, and a Job held by the garbage collector's foreground
+//! deletion. Named `*_on_1_37`: `scripts/test` runs them in the
 //! 1.37 pass only (1.20 has no scheduler here, and no DisruptionTarget).
 
 use std::time::{Duration, Instant};
@@ -8,14 +9,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use testbed::disruptions::{drain, scheduler_preemption};
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
-use testbed::pods;
+use testbed::pods::{self, CreateOutcome};
 use testbed::webhook::{Registration, WebhookProcess, ALL_HOOKS};
-use testbed::{KubeVersion, TestBed};
+use testbed::{objects, quota, KubeVersion, TestBed};
 
 type R = anyhow::Result<()>;
 
@@ -294,5 +295,80 @@ async fn with_match_conditions_ordinary_status_updates_and_generated_names_never
         1,
         "only the DisruptionTarget update: {recs:?}"
     );
+    Ok(())
+}
+
+async fn job_pod(client: &Client, ns: &str) -> anyhow::Result<String> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let list = api
+            .list(&kube::api::ListParams::default().labels("job-name=once"))
+            .await?;
+        if let Some(p) = list
+            .items
+            .iter()
+            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        {
+            return Ok(p.name_any());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the Job's pod never ran");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_held_by_foreground_deletion_is_denied_and_count_jobs_never_charged_on_1_37() -> R {
+    let bed = TestBed::start().await?;
+    bed.version.require(
+        KubeVersion::V1_37,
+        "the garbage collector's foreground deletion",
+    )?;
+    let ns = bed.namespace("job").await?;
+    let webhook = testbed::objects::guarding_kinds(&bed).await?;
+    quota::set_named_quota(&bed, &ns, "jobs", &[("count/jobs.batch", "5")]).await?;
+    webhook.wait_kind_indexed("jobs.batch").await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Job> = Api::namespaced(bed.client.clone(), &ns);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "once"},
+        "spec": {"completions": 1, "backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 60,
+            "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3600"]}]}}},
+    }))?;
+    assert_eq!(objects::create(&api, &job).await?, CreateOutcome::Created);
+    let pod = job_pod(&bed.client, &ns).await?;
+    // Foreground: the Job stays until the garbage collector has deleted its
+    // pod, and the pod stays Terminating until its kubelet finishes it.
+    let fg = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        ..Default::default()
+    };
+    api.delete("once", &fg).await?;
+    let held = objects::wait_terminating(&api, "once").await?;
+    assert!(
+        held.finalizers().iter().any(|f| f == "foregroundDeletion"),
+        "{held:?}"
+    );
+    let count = quota::used(&bed.client, &ns, "jobs", "count/jobs.batch").await?;
+    objects::denied_n_times(&api, &job, 3, "foreground deletion").await?;
+    assert_eq!(
+        quota::used(&bed.client, &ns, "jobs", "count/jobs.batch").await?,
+        count
+    );
+
+    // Once the pod is gone the collector removes the Job: the name is free.
+    let pods_api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    objects::wait_terminating(&pods_api, &pod).await?;
+    kubelet.finish_deletion(&ns, &pod).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while api.get_opt("once").await?.is_some() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the garbage collector kept Job once"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(objects::create(&api, &job).await?, CreateOutcome::Created);
     Ok(())
 }

@@ -69,9 +69,12 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
+        // The request that asks is still being admitted when the first read
+        // happens, so that read usually finds the pod as it was: retry soon,
+        // then back off (about 7 s in all before giving up).
         Self {
-            attempts: 8,
-            min_delay: Duration::from_millis(100),
+            attempts: 10,
+            min_delay: Duration::from_millis(25),
             max_delay: Duration::from_secs(2),
             queue: 4096,
         }

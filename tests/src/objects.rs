@@ -1,0 +1,74 @@
+//! Objects of any kind, as the collision guard's end-to-end tests create them.
+
+use std::fmt::Debug;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Result};
+use kube::api::PostParams;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::pods::CreateOutcome;
+use crate::webhook::{Hook, WebhookProcess, COLLISION_KINDS};
+use crate::TestBed;
+
+/// The webhook guarding [`COLLISION_KINDS`], registered for them.
+pub async fn guarding_kinds(bed: &TestBed) -> Result<WebhookProcess> {
+    let webhook = WebhookProcess::start(bed, &["--collision-kinds", COLLISION_KINDS]).await?;
+    webhook.register(bed, &[Hook::CollisionKinds]).await?;
+    Ok(webhook)
+}
+
+/// Creates `obj`; the API server's refusal is an outcome, not an error.
+pub async fn create<K>(api: &Api<K>, obj: &K) -> Result<CreateOutcome>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    crate::pods::outcome(api.create(&PostParams::default(), obj).await)
+}
+
+/// Waits (up to 60 s) until the object `name` is terminating (a deletionTimestamp).
+pub async fn wait_terminating<K>(api: &Api<K>, name: &str) -> Result<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = api.get(name).await?;
+        if o.meta().deletion_timestamp.is_some() {
+            return Ok(o);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{name} is not terminating after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `n` colliding Creates of `obj`: each must be graceguard's 409 AlreadyExists
+/// whose message names `holds`.
+pub async fn denied_n_times<K>(api: &Api<K>, obj: &K, n: usize, holds: &str) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    for i in 0..n {
+        match create(api, obj).await? {
+            CreateOutcome::Refused {
+                code: 409,
+                reason,
+                message,
+                ..
+            } => {
+                ensure!(reason == "AlreadyExists", "create {i}: {reason}: {message}");
+                ensure!(
+                    message.contains("graceguard denied this Create") && message.contains(holds),
+                    "create {i}: not graceguard's denial naming {holds:?}: {message}"
+                );
+            }
+            other => anyhow::bail!("create {i}: want graceguard's 409, got {other:?}"),
+        }
+    }
+    Ok(())
+}
