@@ -654,7 +654,8 @@ async fn kind_index_memory(n: usize) -> Result<()> {
     create_namespace(&bed, ns, false).await?;
     let webhook = WebhookProcess::start(&bed, &["--collision-kinds", COLLISION_KINDS]).await?;
     // (kind for --collision-kinds and the metric, quota resource name, object JSON)
-    let kinds: [(&str, &str, fn(usize) -> Value); 4] = [
+    type KindCase = (&'static str, &'static str, fn(usize) -> Value);
+    let kinds: [KindCase; 4] = [
         (
             "configmaps",
             "count/configmaps",
