@@ -255,11 +255,18 @@ impl WebhookProcess {
     /// is synced: a quota must count the kind first.
     pub async fn wait_kind_indexed(&self, kind: &str) -> Result<()> {
         let sample = format!("graceguard_kind_index_ready{{kind=\"{kind}\"}}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.metric(&sample)? != Some(1.0) {
+        self.wait_metric(&sample, 1.0, Duration::from_secs(60))
+            .await
+    }
+
+    /// Waits until the metric `sample` (see [`WebhookProcess::metric`]) is at
+    /// least `value`, failing after `timeout` with the webhook's log.
+    pub async fn wait_metric(&self, sample: &str, value: f64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.metric(sample)?.unwrap_or(f64::MIN) < value {
             if Instant::now() > deadline {
                 bail!(
-                    "graceguard-webhook did not index {kind} within 60 s; its log ends:\n{}",
+                    "{sample} did not reach {value} within {timeout:?}; graceguard-webhook's log ends:\n{}",
                     tail(&self.log, 20)
                 );
             }

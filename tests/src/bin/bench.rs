@@ -172,29 +172,25 @@ async fn memory_and_throughput(
     create_namespace(bed, ns, false).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
     let t = Instant::now();
-    let results: Vec<Result<()>> = stream::iter(0..s.pods)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                let mut p = pods::task_pod(&format!("idx-{i}"), 30);
-                if let Some(spec) = p.spec.as_mut() {
-                    spec.node_name = None;
-                }
-                api.create(&PostParams::default(), &p).await?;
-                Ok(())
+    create_all(s.pods, |i| {
+        let api = api.clone();
+        async move {
+            let mut p = pods::task_pod(&format!("idx-{i}"), 30);
+            if let Some(spec) = p.spec.as_mut() {
+                spec.node_name = None;
             }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    results.into_iter().collect::<Result<()>>()?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while webhook.metric("graceguard_index_pods")?.unwrap_or(0.0) < s.pods as f64 {
-        if Instant::now() > deadline {
-            bail!("the webhook's index did not reach {} pods in 120 s", s.pods);
+            api.create(&PostParams::default(), &p).await?;
+            Ok(())
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await?;
+    webhook
+        .wait_metric(
+            "graceguard_index_pods",
+            s.pods as f64,
+            Duration::from_secs(120),
+        )
+        .await?;
     table(format!(
         "created and indexed {} pods in {:.1} s",
         s.pods,
@@ -687,19 +683,15 @@ async fn kind_index_memory(n: usize) -> Result<()> {
             .find(|(ar, _)| ar.plural == gr.resource)
             .with_context(|| format!("the API server serves no {kind}"))?;
         let api: Api<kube::core::DynamicObject> = Api::namespaced_with(bed.client.clone(), ns, &ar);
-        let results: Vec<Result<()>> = stream::iter(0..n)
-            .map(|i| {
-                let api = api.clone();
-                async move {
-                    let obj: kube::core::DynamicObject = serde_json::from_value(object(i))?;
-                    api.create(&PostParams::default(), &obj).await?;
-                    Ok(())
-                }
-            })
-            .buffer_unordered(16)
-            .collect()
-            .await;
-        results.into_iter().collect::<Result<()>>()?;
+        create_all(n, |i| {
+            let api = api.clone();
+            async move {
+                let obj: kube::core::DynamicObject = serde_json::from_value(object(i))?;
+                api.create(&PostParams::default(), &obj).await?;
+                Ok(())
+            }
+        })
+        .await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let before = procfs::rss_bytes(webhook.pid())?;
         let limit = (n + 100).to_string();
@@ -712,13 +704,9 @@ async fn kind_index_memory(n: usize) -> Result<()> {
         .await?;
         webhook.wait_kind_indexed(kind).await?;
         let sample = format!("graceguard_kind_index_objects{{kind=\"{kind}\"}}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while webhook.metric(&sample)?.unwrap_or(0.0) < n as f64 {
-            if Instant::now() > deadline {
-                bail!("the webhook's {kind} index did not reach {n} objects in 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        webhook
+            .wait_metric(&sample, n as f64, Duration::from_secs(60))
+            .await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let after = procfs::rss_bytes(webhook.pid())?;
         let per = after.saturating_sub(before) as f64 / n as f64;
@@ -734,6 +722,20 @@ async fn kind_index_memory(n: usize) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Runs `create(i)` for every i below `n`, 16 at a time; any error fails it.
+async fn create_all<F, Fut>(n: usize, create: F) -> Result<()>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let results: Vec<Result<()>> = stream::iter(0..n)
+        .map(create)
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect()
 }
 
 fn mb(b: u64) -> f64 {
