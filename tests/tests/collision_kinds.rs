@@ -94,6 +94,7 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
     let recs = webhook
         .wait_records("collision_guard", &ns, "data", 7)
         .await?;
+    assert_eq!(recs[0]["reason"], "name_free", "the first Create: {recs:?}");
     let denials: Vec<_> = recs
         .iter()
         .filter(|r| r["decision"] == "deny" && r["event"] == "admission")
