@@ -140,6 +140,24 @@ impl Kubelet {
         patch_status(&self.scheduler, ns, name, &status).await
     }
 
+    /// Sends the pod's current `DisruptionTarget` condition again, unchanged
+    /// (same reason, message and transition time), as kube-scheduler.
+    pub async fn repeat_disruption_target(&self, ns: &str, name: &str) -> Result<()> {
+        let pod = Api::<Pod>::namespaced(self.scheduler.clone(), ns)
+            .get(name)
+            .await
+            .with_context(|| format!("reading pod {ns}/{name}"))?;
+        let condition = pod
+            .status
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "DisruptionTarget"))
+            .with_context(|| {
+                format!("pod {ns}/{name} has no DisruptionTarget condition to repeat")
+            })?;
+        let status = json!({"status": {"conditions": [condition]}});
+        patch_status(&self.scheduler, ns, name, &status).await
+    }
+
     /// [`Kubelet::mark_disruption_target`] as kube-scheduler does before a
     /// preemption: reason `PreemptionByScheduler`, message [`PREEMPTION_MESSAGE`].
     pub async fn mark_preempted(&self, ns: &str, name: &str) -> Result<()> {

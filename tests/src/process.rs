@@ -14,13 +14,30 @@ pub struct Managed {
     pub name: String,
     child: Child,
     pub log: PathBuf,
+    /// The read end of a stdout pipe never read (see `spawn_with_stalled_stdout`).
+    stalled: Option<std::process::ChildStdout>,
 }
 
 impl Managed {
     /// Starts `cmd` with stdout and stderr appended to `log`.
-    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Self> {
+    pub fn spawn(name: &str, cmd: Command, log: &Path) -> Result<Self> {
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
+        Self::spawn_to(name, cmd, log, Stdio::from(out), err)
+    }
+
+    /// Starts `cmd` with stderr in `log` and stdout into a pipe that nobody
+    /// reads: once the pipe's buffer is full, every write to stdout blocks,
+    /// as with a stalled log pipeline. The pipe is held open until the process
+    /// is dropped.
+    pub fn spawn_with_stalled_stdout(name: &str, cmd: Command, log: &Path) -> Result<Self> {
+        let err = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let mut m = Self::spawn_to(name, cmd, log, Stdio::piped(), err)?;
+        m.stalled = m.child.stdout.take();
+        Ok(m)
+    }
+
+    fn spawn_to(name: &str, mut cmd: Command, log: &Path, out: Stdio, err: File) -> Result<Self> {
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
         unsafe {
@@ -39,6 +56,7 @@ impl Managed {
             name: name.to_string(),
             child,
             log: log.to_path_buf(),
+            stalled: None,
         })
     }
 

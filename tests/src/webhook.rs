@@ -174,6 +174,25 @@ impl WebhookProcess {
     /// Starts the webhook as user `graceguard` with extra `args` (e.g.
     /// `["--mode", "retry"]`) and waits until `/readyz` answers 200.
     pub async fn start(bed: &TestBed, args: &[&str]) -> Result<Self> {
+        Self::start_inner(bed, args, &[], false).await
+    }
+
+    /// [`WebhookProcess::start`] with `env` set and stdout going into a pipe
+    /// that is never read (a stalled log pipeline); its audit records are lost.
+    pub async fn start_with_stalled_stdout(
+        bed: &TestBed,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        Self::start_inner(bed, args, env, true).await
+    }
+
+    async fn start_inner(
+        bed: &TestBed,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stalled: bool,
+    ) -> Result<Self> {
         let bin = binaries::workspace_bin("graceguard-webhook", "GRACEGUARD_WEBHOOK_BIN")?;
         let (port, health_port) = (free_port()?, free_port()?);
         let dir = bed.dir().join(format!("webhook-{port}"));
@@ -190,9 +209,14 @@ impl WebhookProcess {
                 "--kubeconfig={}",
                 bed.kubeconfig_for("graceguard")?.display()
             ))
-            .args(args);
+            .args(args)
+            .envs(env.iter().copied());
         let log = dir.join("webhook.log");
-        let proc = Managed::spawn("graceguard-webhook", cmd, &log)?;
+        let proc = if stalled {
+            Managed::spawn_with_stalled_stdout("graceguard-webhook", cmd, &log)?
+        } else {
+            Managed::spawn("graceguard-webhook", cmd, &log)?
+        };
         let mut w = Self {
             proc,
             url: format!("https://127.0.0.1:{port}"),
@@ -463,6 +487,21 @@ impl WebhookProcess {
             .collect())
     }
 
+    /// Where to send reviews, for the load generator.
+    pub fn target(&self, path: &str) -> Result<crate::bench::loadgen::Target> {
+        let addr = self
+            .url
+            .strip_prefix("https://")
+            .unwrap_or(&self.url)
+            .parse()
+            .with_context(|| format!("{} is not an https://ADDRESS", self.url))?;
+        Ok(crate::bench::loadgen::Target {
+            addr,
+            path: path.into(),
+            ca_pem: self.ca_pem.clone(),
+        })
+    }
+
     /// The process id (for memory and CPU readings).
     pub fn pid(&self) -> u32 {
         self.proc.pid()
@@ -483,6 +522,23 @@ impl WebhookProcess {
             let recs = self.records_for(endpoint, namespace, name)?;
             if recs.len() >= n || Instant::now() > deadline {
                 return Ok(recs);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits (up to 30 s) until an audit record matches `pred`; returns it.
+    pub async fn wait_record(&self, pred: impl Fn(&Value) -> bool) -> Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(r) = self.audit_records()?.into_iter().find(|r| pred(r)) {
+                return Ok(r);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no matching audit record within 30 s; graceguard-webhook's log ends:\n{}",
+                    tail(&self.log, 10)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

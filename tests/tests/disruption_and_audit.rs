@@ -54,20 +54,34 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
     assert!(annotations.contains_key("graceguard.io/disruption-time"));
 
     // The same status update again: the tags already say it, so no patch.
-    kubelet.mark_preempted(&ns, "train-0").await?;
-    let tagger = webhook
-        .wait_records("disruption_tagger", &ns, "train-0", 3)
+    kubelet.repeat_disruption_target(&ns, "train-0").await?;
+    webhook
+        .wait_record(|r| r["reason"] == "already_tagged" && r["name"] == "train-0")
         .await?;
-    let reasons: Vec<&str> = tagger.iter().filter_map(|r| r["reason"].as_str()).collect();
+    let tagger = webhook.records_for("disruption_tagger", &ns, "train-0")?;
     // The kubelet's Running update, the first DisruptionTarget, the repeat.
+    // (Under load the API server re-runs a patch after a write conflict, and
+    // admission with it: a request may leave the same record twice.)
+    let mut reasons: Vec<&str> = tagger.iter().filter_map(|r| r["reason"].as_str()).collect();
+    reasons.dedup();
     assert_eq!(
         reasons,
         vec!["no_disruption_target", "tagged", "already_tagged"],
         "{tagger:?}"
     );
-    assert_eq!(tagger[1]["patched"], true);
-    assert_eq!(tagger[2]["patched"], false);
-    assert_eq!(tagger[1]["disruption_reason"], "PreemptionByScheduler");
+    let first = |reason: &str| {
+        tagger
+            .iter()
+            .find(|r| r["reason"] == reason)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(first("tagged")["patched"], true);
+    assert_eq!(first("already_tagged")["patched"], false);
+    assert_eq!(
+        first("tagged")["disruption_reason"],
+        "PreemptionByScheduler"
+    );
 
     // An operator deletes it with kubectl, as a known user, with a grace period.
     let (ok, _, err) = bed.kubectl(

@@ -51,18 +51,28 @@ async fn a_kubelet_s_own_disruption_is_allowed_unchanged_then_tagged_and_its_pod
             .map(String::as_str),
         Some("node shutting down")
     );
-    let recs = webhook
-        .wait_records("disruption_tagger", &ns, "k1", 3)
+    // The follow-up's record is written once the tag is (the audit log lags a
+    // moment behind); under load the API server may also re-run the node's
+    // patch after a write conflict, so records are matched, not counted.
+    webhook
+        .wait_record(|r| r["event"] == "follow_up" && r["name"] == "k1")
         .await?;
-    let node_update = recs
+    let recs = webhook.records_for("disruption_tagger", &ns, "k1")?;
+    let node_updates: Vec<_> = recs
         .iter()
-        .find(|r| {
+        .filter(|r| {
             r["user"] == "system:node:node-1" && r["disruption_reason"] == "TerminationByKubelet"
         })
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(node_update["reason"], "node_request_follow_up", "{recs:?}");
-    assert_eq!(node_update["patched"], false, "{recs:?}");
+        .collect();
+    assert!(!node_updates.is_empty(), "{recs:?}");
+    assert!(
+        node_updates.iter().all(|r| r["patched"] == false),
+        "a node's update is never patched: {recs:?}"
+    );
+    assert_eq!(
+        node_updates[0]["reason"], "node_request_follow_up",
+        "{recs:?}"
+    );
     let follow_up: Vec<_> = recs.iter().filter(|r| r["event"] == "follow_up").collect();
     assert_eq!(follow_up.len(), 1, "{recs:?}");
     assert_eq!(follow_up[0]["reason"], "tagged");

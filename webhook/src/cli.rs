@@ -149,7 +149,7 @@ pub enum CliError {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     // Flushes the log writer when main returns.
-    let _log = logging::init();
+    let log = logging::init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -162,7 +162,7 @@ pub fn main() -> i32 {
     };
     let res = rt.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve(*args).await,
+            Command::Serve(args) => serve(*args, Some(log.dropped.clone())).await,
             Command::Certs(args) => certs(args),
             Command::Probe(args) => {
                 crate::probe::probe(&args.url, args.timeout)
@@ -254,8 +254,12 @@ fn kind_indexes(
     Some(kinds)
 }
 
-/// Runs the webhook until SIGTERM or SIGINT.
-pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
+/// Runs the webhook until SIGTERM or SIGINT. `log_dropped` counts the audit
+/// records the log writer dropped (exported as a metric).
+pub async fn serve(
+    args: ServeArgs,
+    log_dropped: Option<tracing_appender::non_blocking::ErrorCounter>,
+) -> Result<(), CliError> {
     graceguard_certs::install_crypto_provider();
     let resolver = ReloadingResolver::from_files(&args.tls_cert, &args.tls_key)
         .map_err(|e| CliError::Config(format!("serving certificate: {e}")))?;
@@ -285,6 +289,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), CliError> {
             FollowUp::disabled()
         },
         kinds: kind_indexes(&client, &args, &metrics),
+        log_dropped,
         mode: args.mode,
         shutting_down: AtomicBool::new(false),
     });

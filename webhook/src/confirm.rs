@@ -85,11 +85,12 @@ impl Confirmer {
     /// holds: from the cache or one live read.
     pub async fn confirm(&self, namespace: &str, name: &str, index_uid: &str) -> Confirmation {
         let key = (namespace.to_string(), name.to_string());
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
         if self
             .cache
             .get(&key)
             .await
-            .is_some_and(|h| h.held.uid != index_uid)
+            .is_some_and(|h| h.held.uid != index_uid || past_grace(&h, now))
         {
             self.cache.invalidate(&key).await;
         }
@@ -118,6 +119,16 @@ impl Confirmer {
             },
         }
     }
+}
+
+/// A cached holder whose graceful deletion should be over by now: the pod is
+/// probably gone or going, so a denial must not rest on the old read. (An
+/// object with no grace period, held by finalizers, stays cached: only its
+/// uid changing, or the TTL, drops it.)
+fn past_grace(h: &Holder, now_unix: i64) -> bool {
+    h.held
+        .deletion
+        .is_some_and(|d| d.grace_seconds > 0 && d.seconds_left(now_unix) == 0)
 }
 
 /// A read that found no holder: not cached.
@@ -165,6 +176,42 @@ mod tests {
         // The index now has another pod under the name: the cached holder is stale.
         c.confirm("ns", "p", "u2").await;
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_terminating_holder_past_its_grace_is_read_again() {
+        use crate::pod_index::Deletion;
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        let over = Holder::from(HeldPod {
+            uid: "u".into(),
+            deletion: Some(Deletion {
+                at_unix: now - 5,
+                grace_seconds: 30,
+            }),
+        });
+        let (f, calls) = counting(Ok(Some(over)));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        c.confirm("ns", "p", "u").await;
+        c.confirm("ns", "p", "u").await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "not answered from the cache"
+        );
+
+        // Still within its grace: cached.
+        let within = Holder::from(HeldPod {
+            uid: "u".into(),
+            deletion: Some(Deletion {
+                at_unix: now + 60,
+                grace_seconds: 90,
+            }),
+        });
+        let (f, calls) = counting(Ok(Some(within)));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        c.confirm("ns", "p", "u").await;
+        c.confirm("ns", "p", "u").await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

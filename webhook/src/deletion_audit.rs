@@ -6,16 +6,51 @@ use crate::audit::AuditRecord;
 use crate::disruption;
 use crate::review::Request;
 
+/// The grace period the API server will use for a pod DELETE (its pod
+/// strategy and the generic store's rules):
+/// * a deletion already in progress (`in_progress`: its grace) can only be
+///   shortened, by a request asking for less;
+/// * otherwise the request's grace, else the pod's
+///   `terminationGracePeriodSeconds`, except that a pod never scheduled to a
+///   node, or one that already ended, is deleted at once (0).
+pub fn effective_grace(
+    requested: Option<i64>,
+    spec: Option<i64>,
+    node_name: Option<&str>,
+    phase: Option<&str>,
+    in_progress: Option<i64>,
+) -> i64 {
+    if let Some(existing) = in_progress {
+        return match requested {
+            Some(r) if r < existing => r,
+            _ => existing,
+        };
+    }
+    let unscheduled = node_name.is_none_or(str::is_empty);
+    let ended = matches!(phase, Some("Succeeded" | "Failed"));
+    if unscheduled || ended {
+        0
+    } else {
+        requested.or(spec).unwrap_or(0)
+    }
+}
+
 /// The audit record's deletion-specific fields for `req` (a pods DELETE).
 pub fn record(req: &Request) -> AuditRecord {
     let old = req.old_object.as_ref();
     let meta = old.map(|o| &o.metadata);
-    // What the API server will use: the request's, else the deletion already
-    // in progress, else the pod's spec.
-    let grace = req
-        .grace_period_seconds
-        .or_else(|| meta.and_then(|m| m.deletion_grace_period_seconds))
-        .or_else(|| old.and_then(|o| o.spec.as_ref()?.termination_grace_period_seconds));
+    let spec = old.and_then(|o| o.spec.as_ref());
+    let grace = effective_grace(
+        req.grace_period_seconds,
+        spec.and_then(|s| s.termination_grace_period_seconds),
+        spec.and_then(|s| s.node_name.as_deref()),
+        old.and_then(|o| o.status.as_ref()?.phase.as_deref()),
+        meta.and_then(|m| {
+            m.deletion_timestamp
+                .as_ref()
+                .map(|_| m.deletion_grace_period_seconds.unwrap_or(0))
+        }),
+    );
     let disruption = old.and_then(disruption::of_pod);
     AuditRecord {
         reason: if disruption.is_some() {
@@ -25,10 +60,111 @@ pub fn record(req: &Request) -> AuditRecord {
         }
         .into(),
         uid: meta.and_then(|m| m.uid.clone()),
-        grace_period_seconds: grace,
+        grace_period_seconds: Some(grace),
         already_terminating: Some(meta.is_some_and(|m| m.deletion_timestamp.is_some())),
         disruption_reason: disruption.map(|d| d.reason),
         phase: old.and_then(|o| o.status.as_ref()?.phase.clone()),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::effective_grace;
+
+    #[test]
+    fn the_api_server_s_grace_rules() {
+        let running = (Some("node-1"), Some("Running"));
+        // (requested, spec, node, phase, in progress) -> grace
+        let cases = [
+            (
+                "request wins",
+                Some(45),
+                Some(30),
+                running.0,
+                running.1,
+                None,
+                45,
+            ),
+            (
+                "else the pod's",
+                None,
+                Some(30),
+                running.0,
+                running.1,
+                None,
+                30,
+            ),
+            (
+                "unscheduled: at once",
+                Some(45),
+                Some(30),
+                None,
+                Some("Pending"),
+                None,
+                0,
+            ),
+            (
+                "empty node name: at once",
+                None,
+                Some(30),
+                Some(""),
+                Some("Pending"),
+                None,
+                0,
+            ),
+            (
+                "succeeded: at once",
+                Some(45),
+                Some(30),
+                running.0,
+                Some("Succeeded"),
+                None,
+                0,
+            ),
+            (
+                "failed: at once",
+                None,
+                Some(30),
+                running.0,
+                Some("Failed"),
+                None,
+                0,
+            ),
+            (
+                "in progress, shorter request",
+                Some(10),
+                Some(30),
+                running.0,
+                running.1,
+                Some(30),
+                10,
+            ),
+            (
+                "in progress, longer request",
+                Some(60),
+                Some(30),
+                running.0,
+                running.1,
+                Some(30),
+                30,
+            ),
+            (
+                "in progress, no request",
+                None,
+                Some(90),
+                running.0,
+                running.1,
+                Some(45),
+                45,
+            ),
+        ];
+        for (what, req, spec, node, phase, in_progress, want) in cases {
+            assert_eq!(
+                effective_grace(req, spec, node, phase, in_progress),
+                want,
+                "{what}"
+            );
+        }
     }
 }

@@ -35,6 +35,8 @@ pub struct App {
     pub follow_up: FollowUp,
     /// Name indexes of the other kinds quotas count (`None`: pods only).
     pub kinds: Option<Arc<KindIndexes>>,
+    /// Records the log writer dropped because stdout stalled.
+    pub log_dropped: Option<tracing_appender::non_blocking::ErrorCounter>,
     /// The install-wide mode; a namespace label overrides it.
     pub mode: Mode,
     /// Set on SIGTERM: readiness goes false while in-flight reviews finish.
@@ -82,7 +84,7 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
         Err(e) => {
             app.metrics.bad_requests.inc();
             tracing::warn!(endpoint = endpoint.as_str(), error = %e, "unreadable admission request");
-            return review::bad_request(&e);
+            return review::unreadable(body, &e);
         }
     };
     let (answer, mut rec) = match endpoint {

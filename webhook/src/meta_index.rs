@@ -154,12 +154,16 @@ impl<V: Clone> MetaIndex<V> {
                 }
             }
             Event::InitDone => {
-                if let Some((map, len)) = st.building.take() {
-                    st.live = map;
+                let replaced = st.building.take().map(|(map, len)| {
                     st.len = len;
-                }
+                    std::mem::replace(&mut st.live, map)
+                });
                 self.synced.store(true, Ordering::Release);
                 self.mark_healthy();
+                // Freeing the previous contents (up to every object of the
+                // cluster) must not hold the lock every admission read takes.
+                drop(st);
+                drop(replaced);
             }
             Event::Apply(m) => {
                 let (ns, name) = key(m);
@@ -271,6 +275,55 @@ mod tests {
 
     fn uid(m: &ObjectMeta) -> Option<String> {
         m.uid.clone()
+    }
+
+    /// A value that counts the times it was dropped while the index's lock was held.
+    #[derive(Clone)]
+    struct Probe {
+        idx: std::sync::Weak<MetaIndex<Probe>>,
+        locked_drops: std::sync::Arc<AtomicU64>,
+    }
+
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            if let Some(idx) = self.idx.upgrade() {
+                if idx.state.try_read().is_err() {
+                    self.locked_drops.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_relist_frees_the_old_contents_outside_the_lock() {
+        let idx = std::sync::Arc::new(MetaIndex::<Probe>::new("test"));
+        let locked_drops = std::sync::Arc::new(AtomicU64::new(0));
+        let project = |_: &ObjectMeta| {
+            Some(Probe {
+                idx: std::sync::Arc::downgrade(&idx),
+                locked_drops: std::sync::Arc::clone(&locked_drops),
+            })
+        };
+        for round in 0..2 {
+            idx.apply(Event::Init, project);
+            for i in 0..100 {
+                idx.apply(
+                    Event::InitApply(&meta("a", &format!("p{round}-{i}"))),
+                    project,
+                );
+            }
+            idx.apply(Event::InitDone, project);
+        }
+        assert_eq!(idx.len(), 100);
+        assert!(
+            idx.get("a", "p0-0").is_none(),
+            "the first list's contents are gone"
+        );
+        assert_eq!(
+            locked_drops.load(Ordering::SeqCst),
+            0,
+            "dropped while holding the lock"
+        );
     }
 
     #[test]

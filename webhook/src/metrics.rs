@@ -108,6 +108,7 @@ pub struct Metrics {
     pub follow_ups_dropped: Counter,
     pub kind_index_objects: Family<KindLabels, Gauge>,
     pub kind_index_ready: Family<KindLabels, Gauge>,
+    pub audit_records_dropped: Counter,
 }
 
 impl Metrics {
@@ -135,6 +136,7 @@ impl Metrics {
             follow_ups_dropped: Counter::default(),
             kind_index_objects: Family::default(),
             kind_index_ready: Family::default(),
+            audit_records_dropped: Counter::default(),
         };
         let mut r = Registry::with_prefix("graceguard");
         r.register(
@@ -207,6 +209,11 @@ impl Metrics {
             "follow_up_tags_dropped",
             "Follow-up tagging requests dropped because the queue was full",
             m.follow_ups_dropped.clone(),
+        );
+        r.register(
+            "audit_records_dropped",
+            "Log records (audit records among them) dropped because stdout stalled; admission never waits on the log",
+            m.audit_records_dropped.clone(),
         );
         r.register(
             "kind_index_objects",

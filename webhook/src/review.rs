@@ -107,6 +107,8 @@ pub struct Meta {
 pub struct PodSpec {
     #[serde(default)]
     pub termination_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    pub node_name: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -322,6 +324,9 @@ struct ResponseOut<'a> {
     /// Base64, as the API server expects `[]byte`.
     #[serde(skip_serializing_if = "Option::is_none")]
     patch: Option<ByteString>,
+    /// Shown to the client (kubectl prints them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<Vec<String>>,
 }
 
 #[derive(Serialize)]
@@ -343,6 +348,52 @@ pub fn answer(req: &Request, answer: Answer) -> Response {
             status: answer.status.as_ref(),
             patch_type: answer.patch.as_ref().map(|_| "JSONPatch"),
             patch: answer.patch.map(ByteString),
+            warnings: None,
+        },
+    };
+    Json(out).into_response()
+}
+
+/// The answer to a body graceguard cannot use. When the review's uid can be
+/// read, the request is allowed with a warning saying why: graceguard never
+/// refuses what it does not understand, even under `failurePolicy: Fail`,
+/// where an error answer would make the API server deny the request. Without
+/// a uid no answer can be matched to the request: a 400 (the API server then
+/// applies the failure policy).
+pub fn unreadable(body: &[u8], e: &ReviewError) -> Response {
+    #[derive(Deserialize)]
+    struct UidOnly {
+        #[serde(rename = "apiVersion", default)]
+        api_version: String,
+        request: Option<RequestUid>,
+    }
+    #[derive(Deserialize)]
+    struct RequestUid {
+        uid: String,
+    }
+    let Some((api_version, uid)) = serde_json::from_slice::<UidOnly>(body)
+        .ok()
+        .and_then(|r| Some((r.api_version, r.request?.uid)))
+        .filter(|(_, uid)| !uid.is_empty())
+    else {
+        return bad_request(e);
+    };
+    let out = ReviewOut {
+        api_version: if api_version.is_empty() {
+            "admission.k8s.io/v1"
+        } else {
+            &api_version
+        },
+        kind: "AdmissionReview",
+        response: ResponseOut {
+            uid: &uid,
+            allowed: true,
+            status: None,
+            patch_type: None,
+            patch: None,
+            warnings: Some(vec![format!(
+                "graceguard allowed this request unchecked: {e}"
+            )]),
         },
     };
     Json(out).into_response()

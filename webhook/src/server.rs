@@ -98,6 +98,12 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
+    // The log writer keeps its own count; the counter catches up at each scrape.
+    if let Some(dropped) = &h.app.log_dropped {
+        let counter = &h.app.metrics.audit_records_dropped;
+        let now = u64::try_from(dropped.dropped_lines()).unwrap_or(u64::MAX);
+        counter.inc_by(now.saturating_sub(counter.get()));
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -14,6 +14,8 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use serde_json::{json, Value};
+
 use super::stats::Stats;
 
 /// Where to send reviews.
@@ -87,6 +89,35 @@ pub async fn saturate(
                         stats.errors += 1;
                         sender = connect(&t).await?;
                     }
+                }
+            }
+            anyhow::Ok(stats)
+        }));
+    }
+    collect(tasks, start).await
+}
+
+/// Exactly `n` requests over `connections` connections, each answered before
+/// the next is sent on its connection (`bodies` round robin). For tests: it
+/// ends when every request is answered, however slow the server.
+pub async fn send_n(
+    t: &Target,
+    bodies: Arc<Vec<Bytes>>,
+    n: usize,
+    connections: usize,
+) -> Result<Stats> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let (t, bodies) = (t.clone(), Arc::clone(&bodies));
+        tasks.push(tokio::spawn(async move {
+            let mut stats = Stats::default();
+            let mut sender = connect(&t).await?;
+            for i in (c..n).step_by(connections.max(1)) {
+                let sent = Instant::now();
+                match send(&mut sender, &t.path, bodies[i % bodies.len()].clone()).await? {
+                    true => stats.micros.push(sent.elapsed().as_micros() as u64),
+                    false => stats.errors += 1,
                 }
             }
             anyhow::Ok(stats)
@@ -191,4 +222,29 @@ pub async fn serve_baseline(
                 .await;
         });
     }
+}
+
+/// 1,000 pod-Create reviews shaped like the API server's (the captured v1.20
+/// fixture, ~4 KB) in namespace `bench-index`: 99% free names, 1% the names
+/// of indexed pods `idx-N` (N below `indexed`).
+pub fn review_bodies(indexed: usize) -> Result<Vec<Bytes>> {
+    let template: Value = serde_json::from_str(include_str!(
+        "../../../webhook/tests/fixtures/01-create-pods.json"
+    ))?;
+    let mut out = Vec::with_capacity(1000);
+    for i in 0..1000usize {
+        let name = if i % 100 == 0 {
+            format!("idx-{}", (i / 100 * 7) % indexed.max(1))
+        } else {
+            format!("bench-free-{i}")
+        };
+        let mut v = template.clone();
+        v["request"]["uid"] = json!(format!("00000000-0000-0000-0000-{i:012}"));
+        v["request"]["name"] = json!(name);
+        v["request"]["namespace"] = json!("bench-index");
+        v["request"]["object"]["metadata"]["name"] = json!(name);
+        v["request"]["object"]["metadata"]["namespace"] = json!("bench-index");
+        out.push(Bytes::from(serde_json::to_vec(&v)?));
+    }
+    Ok(out)
 }

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use futures::{stream, StreamExt};
-use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
@@ -256,7 +255,7 @@ async fn throughput(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let bodies = Arc::new(review_bodies(s.pods)?);
+    let bodies = Arc::new(loadgen::review_bodies(s.pods)?);
     let gg = Target {
         addr: webhook.url.trim_start_matches("https://").parse()?,
         path: "/validate/pods".into(),
@@ -310,28 +309,6 @@ async fn throughput(
 
 /// Pod-CREATE reviews as the API server sends them: 99% free names, 1% names
 /// held by indexed pods.
-fn review_bodies(indexed: usize) -> Result<Vec<Bytes>> {
-    let template: Value = serde_json::from_str(include_str!(
-        "../../../webhook/tests/fixtures/01-create-pods.json"
-    ))?;
-    let mut out = Vec::with_capacity(1000);
-    for i in 0..1000usize {
-        let name = if i % 100 == 0 {
-            format!("idx-{}", (i / 100 * 7) % indexed.max(1))
-        } else {
-            format!("bench-free-{i}")
-        };
-        let mut v = template.clone();
-        v["request"]["uid"] = json!(format!("00000000-0000-0000-0000-{i:012}"));
-        v["request"]["name"] = json!(name);
-        v["request"]["namespace"] = json!("bench-index");
-        v["request"]["object"]["metadata"]["name"] = json!(name);
-        v["request"]["object"]["metadata"]["namespace"] = json!("bench-index");
-        out.push(Bytes::from(serde_json::to_vec(&v)?));
-    }
-    Ok(out)
-}
-
 fn synthetic_index(pods: usize) -> Result<()> {
     use graceguard_webhook::meta_index::MetaIndex;
     use graceguard_webhook::pod_index::HeldPod;
