@@ -254,7 +254,7 @@ class PerValuesFile:
                 self.assertEqual(sc["capabilities"], {"drop": ["ALL"]}, what)
                 self.assertEqual(sc["seccompProfile"], {"type": "RuntimeDefault"}, what)
                 self.assertIn("requests", c["resources"], what)
-                self.assertIn("limits", c["resources"], what)
+                self.assertIn("memory", c["resources"]["limits"], what)
         self.assertIs(self.r.one("Pod")["spec"]["automountServiceAccountToken"], False)
 
     def test_pod_disruption_budget_only_with_replicas(self) -> None:
@@ -445,6 +445,26 @@ class TestOptions(unittest.TestCase):
         with self.assertRaises(helm.HelmError) as ctx:
             cl.render({"certs": {"mode": "existingSecret", "existingSecret": {"name": "mine"}}})
         self.assertIn("certs.existingSecret.caBundle", str(ctx.exception))
+
+    def test_webhook_timeout_must_exceed_the_confirmation_timeout(self) -> None:
+        for values in ({"webhooks": {"timeoutSeconds": 1}},
+                       {"config": {"confirmTimeout": "2s"}},
+                       {"config": {"confirmTimeout": "1500ms"}}):
+            with self.assertRaises(helm.HelmError, msg=str(values)) as ctx:
+                cl.render(values)
+            self.assertIn("must exceed config.confirmTimeout", str(ctx.exception))
+        ok = cl.render_objects({"webhooks": {"timeoutSeconds": 5}, "config": {"confirmTimeout": "3s"}})
+        self.assertEqual(ok.webhook("collision-guard.graceguard.io")[1]["timeoutSeconds"], 5)
+
+    def test_own_pods_are_labelled_for_self_exclusion_and_have_no_cpu_limit(self) -> None:
+        r = cl.render_objects({})
+        pod = r.one("Deployment")["spec"]["template"]
+        self.assertEqual(pod["metadata"]["labels"]["graceguard.io/ignore"], "true")
+        # Every webhook's objectSelector skips exactly that label.
+        for cfg in r.webhook_configurations():
+            for wh in cfg["webhooks"]:
+                self.assertEqual(wh["objectSelector"], {"matchExpressions": [IGNORE_EXPR]}, wh["name"])
+        self.assertNotIn("cpu", pod["spec"]["containers"][0]["resources"]["limits"])
 
     def test_termination_grace_must_exceed_shutdown_grace(self) -> None:
         with self.assertRaises(helm.HelmError) as ctx:
