@@ -93,6 +93,10 @@ pub struct ServeArgs {
     /// The livelock detector's sliding window.
     #[arg(long, env = "GRACEGUARD_LIVELOCK_WINDOW", default_value = "10s", value_parser = duration)]
     pub livelock_window: Duration,
+    /// Admission connections open at once; at the cap new ones wait in the
+    /// kernel's backlog until one closes.
+    #[arg(long, env = "GRACEGUARD_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
     /// Largest admission request body accepted.
     #[arg(long, env = "GRACEGUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -323,6 +327,7 @@ pub async fn serve(
         server::admission_router(Arc::clone(&app), args.max_body_bytes),
         stop_tls_rx,
         args.shutdown_grace,
+        args.max_connections,
     ));
 
     wait_for_signal().await?;

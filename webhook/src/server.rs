@@ -13,11 +13,11 @@ use axum::BoxError;
 use axum::Router;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceBuilder;
 
@@ -35,7 +35,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The admission routes, with a request body limit (pods can be large) and a
 /// time limit, so a slow or silent client cannot hold a connection forever.
 pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/validate/pods", post(handlers::validate_pods))
         .route("/validate/collision", post(handlers::validate_pods))
         .route("/mutate/pods-status", post(handlers::mutate_pods_status))
@@ -47,18 +47,22 @@ pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
             "/validate/pods-eviction",
             post(handlers::validate_pods_eviction),
         )
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(|_: BoxError| async {
-                    (
-                        StatusCode::REQUEST_TIMEOUT,
-                        "the request took longer than 30 s",
-                    )
-                }))
-                .timeout(REQUEST_TIMEOUT),
-        )
-        .with_state(app)
+        .layer(DefaultBodyLimit::max(max_body_bytes));
+    with_time_limit(router).with_state(app)
+}
+
+/// `router`, answering 408 to a request that takes longer than [`REQUEST_TIMEOUT`].
+fn with_time_limit<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    router.layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(|_: BoxError| async {
+                (
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request took longer than 30 s",
+                )
+            }))
+            .timeout(REQUEST_TIMEOUT),
+    )
 }
 
 #[derive(Clone)]
@@ -69,11 +73,11 @@ struct Health {
 
 /// `/healthz`, `/readyz` and `/metrics`.
 pub fn health_router(app: Arc<App>, registry: Arc<Registry>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(Health { app, registry })
+        .route("/metrics", get(metrics));
+    with_time_limit(router).with_state(Health { app, registry })
 }
 
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
@@ -113,35 +117,88 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     )
 }
 
+/// Accepts connections on `listener` until `shutdown` turns true, at most
+/// `max_connections` open at once (at the cap it stops accepting until one
+/// closes, so a flood waits in the kernel's backlog instead of exhausting
+/// memory or file descriptors), and hands each to `serve` with its slot, to
+/// hold for the connection's life. Then waits up to `drain` for the
+/// connections `graceful` watches to finish.
+async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+    max_connections: usize,
+    graceful: GracefulShutdown,
+    drain: Duration,
+    serve: F,
+) where
+    F: Fn(tokio::net::TcpStream, std::net::SocketAddr, OwnedSemaphorePermit, Watcher) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(max_connections.max(1)));
+    loop {
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                // Never closed; stop serving if it were.
+                Err(_) => break,
+            },
+            _ = shutdown.changed() => break,
+        };
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    let _ = tcp.set_nodelay(true);
+                    tokio::spawn(serve(tcp, peer, slot, graceful.watcher()));
+                }
+                Err(e) => {
+                    // Typically out of file descriptors: back off a little.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(
+        connections = graceful.count(),
+        "stopped accepting; finishing in-flight requests"
+    );
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(after = ?drain, "connections still open at the end of the drain period; closing them");
+    }
+}
+
 /// Serves `router` over TLS on `listener` until `shutdown` turns true, then
-/// stops accepting and lets in-flight requests finish (at most `drain`).
+/// stops accepting and lets in-flight requests finish (at most `drain`), with
+/// at most `max_connections` connections open at once (the API server keeps
+/// few per webhook; many more means something is wrong).
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     router: Router,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     drain: Duration,
+    max_connections: usize,
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // Typically out of file descriptors: back off a little.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let service = TowerToHyperService::new(router.clone());
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    accept_loop(
+        listener,
+        shutdown,
+        max_connections,
+        graceful,
+        drain,
+        move |tcp, peer, slot, watcher| {
+            let acceptor = acceptor.clone();
+            let service = TowerToHyperService::new(router.clone());
+            async move {
+                let _slot = slot;
+                let stream =
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -152,58 +209,73 @@ pub async fn serve_tls(
                             return;
                         }
                     };
-                    // ALPN already chose the protocol; serving it directly (rather
-                    // than sniffing the first bytes) lets HTTP/1's header-read
-                    // timeout cover a client that never sends anything.
-                    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
-                    let io = TokioIo::new(stream);
-                    let res = if h2 {
-                        let conn = http2::Builder::new(TokioExecutor::new())
-                            .timer(TokioTimer::new())
-                            .keep_alive_interval(Duration::from_secs(30))
-                            .keep_alive_timeout(Duration::from_secs(10))
-                            .serve_connection(io, service);
-                        watcher.watch(conn).await
-                    } else {
-                        let conn = http1::Builder::new()
-                            .timer(TokioTimer::new())
-                            .header_read_timeout(HEADER_TIMEOUT)
-                            .serve_connection(io, service);
-                        watcher.watch(conn).await
-                    };
-                    if let Err(e) = res {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
+                // ALPN already chose the protocol; serving it directly (rather
+                // than sniffing the first bytes) lets HTTP/1's header-read
+                // timeout cover a client that never sends anything.
+                let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+                let io = TokioIo::new(stream);
+                let res = if h2 {
+                    let conn = http2::Builder::new(TokioExecutor::new())
+                        .timer(TokioTimer::new())
+                        .keep_alive_interval(Duration::from_secs(30))
+                        .keep_alive_timeout(Duration::from_secs(10))
+                        .serve_connection(io, service);
+                    watcher.watch(conn).await
+                } else {
+                    watcher.watch(http1_connection(io, service)).await
+                };
+                if let Err(e) = res {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
             }
-            _ = shutdown.changed() => break,
-        }
-    }
-    drop(listener);
-    tracing::info!(
-        connections = graceful.count(),
-        "stopped accepting; finishing in-flight reviews"
-    );
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(after = ?drain, "connections still open at the end of the drain period; closing them");
-    }
+        },
+    )
+    .await
 }
 
-/// Serves `router` over plain HTTP until `shutdown` turns true.
-pub async fn serve_plain(
-    listener: TcpListener,
-    router: Router,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let res = axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.changed().await;
-        })
-        .await;
-    if let Err(e) = res {
-        tracing::error!(error = %e, "health listener failed");
-    }
+/// An HTTP/1.1 connection whose client must send a request's headers within
+/// [`HEADER_TIMEOUT`].
+fn http1_connection<T>(
+    io: TokioIo<T>,
+    service: TowerToHyperService<Router>,
+) -> http1::Connection<TokioIo<T>, TowerToHyperService<Router>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(io, service)
+}
+
+/// Connections the health listener keeps open at once (probes and scrapes).
+const HEALTH_MAX_CONNECTIONS: usize = 64;
+
+/// Serves `router` over plain HTTP/1.1 until `shutdown` turns true: the same
+/// header-read and request time limits and a connection cap, so a stuck or
+/// hostile client on the health port cannot tie it up (the kubelet's probes
+/// use it).
+pub async fn serve_plain(listener: TcpListener, router: Router, shutdown: watch::Receiver<bool>) {
+    let graceful = GracefulShutdown::new();
+    let drain = Duration::from_secs(5);
+    accept_loop(
+        listener,
+        shutdown,
+        HEALTH_MAX_CONNECTIONS,
+        graceful,
+        drain,
+        move |tcp, peer, slot, watcher| {
+            let service = TowerToHyperService::new(router.clone());
+            async move {
+                let _slot = slot;
+                if let Err(e) = watcher
+                    .watch(http1_connection(TokioIo::new(tcp), service))
+                    .await
+                {
+                    tracing::debug!(%peer, error = %e, "health connection ended with an error");
+                }
+            }
+        },
+    )
+    .await
 }

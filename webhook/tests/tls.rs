@@ -34,6 +34,10 @@ fn write_pair(ca: &Ca, dir: &std::path::Path) {
 }
 
 async fn start() -> Server {
+    start_capped(1024).await
+}
+
+async fn start_capped(max_connections: usize) -> Server {
     graceguard_certs::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = Ca::new("tls-test-ca").expect("ca");
@@ -62,6 +66,7 @@ async fn start() -> Server {
         router,
         rx,
         Duration::from_secs(5),
+        max_connections,
     ));
     Server {
         addr,
@@ -165,6 +170,34 @@ async fn rotation_keeps_live_connections_and_serves_the_new_pair_to_new_ones() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_connection_cap_a_new_connection_waits_until_one_closes() {
+    let s = start_capped(2).await;
+    let ca = s.ca.cert_pem();
+    let (mut a, _, _) = connect(s.addr, &ca, &rustls::version::TLS13).await;
+    let (b, _, _) = connect(s.addr, &ca, &rustls::version::TLS13).await;
+    assert_eq!(get_path(&mut a, "/fast").await.expect("get"), "fast");
+    // A third: the TCP connect succeeds (the kernel's backlog), the TLS
+    // handshake does not start while both slots are taken.
+    let third = tokio::spawn({
+        let ca = ca.clone();
+        async move { connect(s.addr, &ca, &rustls::version::TLS13).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served past the cap of 2"
+    );
+    // One closes: the third is served.
+    drop(b);
+    let (mut c, _, _) = tokio::time::timeout(Duration::from_secs(20), third)
+        .await
+        .expect("served once a slot is free")
+        .expect("join");
+    assert_eq!(get_path(&mut c, "/fast").await.expect("get"), "fast");
+    assert_eq!(get_path(&mut a, "/fast").await.expect("get"), "fast");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_in_flight_requests_and_stops_accepting() {
     let s = start().await;
     let (mut sender, _, _) = connect(s.addr, &s.ca.cert_pem(), &rustls::version::TLS13).await;
@@ -216,4 +249,35 @@ async fn a_client_that_never_sends_a_request_is_disconnected() {
         Ok(Ok(_)) | Ok(Err(_)) => {}
         Err(_) => panic!("the idle connection was still open after 25 s"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_listener_closes_a_client_that_never_sends_a_request() {
+    use graceguard_webhook::server::serve_plain;
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (_stop, rx) = watch::channel(false);
+    let router = Router::new().route("/healthz", get(|| async { "ok" }));
+    tokio::spawn(serve_plain(listener, router, rx));
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    // Send nothing: the header-read timeout (10 s) must close it; 25 s is the
+    // bound of this test, not a speed target.
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(25), tcp.read(&mut buf)).await;
+    assert!(
+        closed.is_ok(),
+        "the idle health connection was still open after 25 s"
+    );
+    // And it still serves a real client.
+    let mut ok = TcpStream::connect(addr).await.expect("connect");
+    use tokio::io::AsyncWriteExt;
+    ok.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut resp = String::new();
+    ok.read_to_string(&mut resp).await.expect("read");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
 }
