@@ -104,6 +104,17 @@ impl ReloadingResolver {
     pub fn current(&self) -> Arc<CertifiedKey> {
         self.current.load_full()
     }
+
+    /// When the leaf certificate served now expires (unix seconds), so an
+    /// operator can alert before a rotation that never happened bites;
+    /// `None` if it cannot be read (it loaded, so this is not expected).
+    pub fn not_after_unix(&self) -> Option<i64> {
+        let ck = self.current.load();
+        let leaf = ck.cert.first()?;
+        x509_parser::parse_x509_certificate(leaf.as_ref())
+            .ok()
+            .map(|(_, cert)| cert.validity().not_after.timestamp())
+    }
 }
 
 fn describe(cert: &Path, key: &Path) -> String {
@@ -156,6 +167,20 @@ mod tests {
         std::fs::write(&c, "not a pem").expect("write");
         assert!(r.reload().is_err());
         assert_eq!(r.current().cert[0], second.cert[0]);
+    }
+
+    #[test]
+    fn the_expiry_of_the_pair_in_use_is_readable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (c, k) = pair(dir.path(), "one.example");
+        let r = ReloadingResolver::from_files(&c, &k).expect("load");
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let left = r.not_after_unix().expect("not after") - now;
+        // Ca::issue_server signs for 365 days.
+        assert!(
+            (364 * 86_400..=366 * 86_400).contains(&left),
+            "{left} s left"
+        );
     }
 
     #[test]

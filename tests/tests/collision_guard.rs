@@ -256,3 +256,17 @@ async fn sigterm_turns_readiness_off_keeps_serving_then_exits_cleanly() -> R {
     assert_eq!(webhook.records_for("collision_guard", &ns, POD)?.len(), 4);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_certificate_s_expiry_is_exported() -> R {
+    let bed = TestBed::start().await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    let expiry = webhook
+        .metric("graceguard_certificate_expiry_timestamp_seconds")?
+        .unwrap_or(0.0);
+    let now = k8s_openapi::jiff::Timestamp::now().as_second() as f64;
+    // The test CA signs serving certificates for 365 days.
+    let days = (expiry - now) / 86_400.0;
+    assert!((364.0..=366.0).contains(&days), "expires in {days} days");
+    Ok(())
+}

@@ -294,6 +294,7 @@ pub async fn serve(
         },
         kinds: kind_indexes(&client, &args, &metrics),
         log_dropped,
+        certificate: Some(resolver.clone()),
         mode: args.mode,
         shutting_down: AtomicBool::new(false),
     });

@@ -37,6 +37,8 @@ pub struct App {
     pub kinds: Option<Arc<KindIndexes>>,
     /// Records the log writer dropped because stdout stalled.
     pub log_dropped: Option<tracing_appender::non_blocking::ErrorCounter>,
+    /// The serving certificate in use (for its expiry metric).
+    pub certificate: Option<Arc<graceguard_certs::ReloadingResolver>>,
     /// The install-wide mode; a namespace label overrides it.
     pub mode: Mode,
     /// Set on SIGTERM: readiness goes false while in-flight reviews finish.

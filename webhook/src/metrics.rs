@@ -109,6 +109,7 @@ pub struct Metrics {
     pub kind_index_objects: Family<KindLabels, Gauge>,
     pub kind_index_ready: Family<KindLabels, Gauge>,
     pub audit_records_dropped: Counter,
+    pub certificate_expiry: Gauge,
 }
 
 impl Metrics {
@@ -137,6 +138,7 @@ impl Metrics {
             kind_index_objects: Family::default(),
             kind_index_ready: Family::default(),
             audit_records_dropped: Counter::default(),
+            certificate_expiry: Gauge::default(),
         };
         let mut r = Registry::with_prefix("graceguard");
         r.register(
@@ -214,6 +216,11 @@ impl Metrics {
             "audit_records_dropped",
             "Log records (audit records among them) dropped because stdout stalled; admission never waits on the log",
             m.audit_records_dropped.clone(),
+        );
+        r.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the serving certificate in use expires (unix seconds); alert well before it",
+            m.certificate_expiry.clone(),
         );
         r.register(
             "kind_index_objects",

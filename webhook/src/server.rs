@@ -108,6 +108,9 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
         let now = u64::try_from(dropped.dropped_lines()).unwrap_or(u64::MAX);
         counter.inc_by(now.saturating_sub(counter.get()));
     }
+    if let Some(expiry) = h.app.certificate.as_ref().and_then(|c| c.not_after_unix()) {
+        h.app.metrics.certificate_expiry.set(expiry);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -70,6 +70,7 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: M
         follow_up: FollowUp::disabled(),
         kinds: None,
         log_dropped: None,
+        certificate: None,
         mode,
         shutting_down: AtomicBool::new(false),
     });
