@@ -300,6 +300,7 @@ pub async fn serve(
     });
     pod_index::spawn_watchers(
         client,
+        app.confirmer.clone(),
         Arc::clone(&app.pods),
         Arc::clone(&app.namespaces),
         metrics,

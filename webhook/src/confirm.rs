@@ -121,6 +121,16 @@ impl Confirmer {
     }
 }
 
+impl Confirmer {
+    /// Drops what is cached for `namespace/name`: the index saw that object
+    /// go, so no denial may rest on an earlier read of it.
+    pub async fn forget(&self, namespace: &str, name: &str) {
+        self.cache
+            .invalidate(&(namespace.to_string(), name.to_string()))
+            .await;
+    }
+}
+
 /// A cached holder whose graceful deletion should be over by now: the pod is
 /// probably gone or going, so a denial must not rest on the old read. (An
 /// object with no grace period, held by finalizers, stays cached: only its
@@ -212,6 +222,22 @@ mod tests {
         c.confirm("ns", "p", "u").await;
         c.confirm("ns", "p", "u").await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_holder_the_index_saw_deleted_is_read_again() {
+        let held = Holder::from(HeldPod {
+            uid: "u".into(),
+            deletion: None,
+        });
+        let (f, calls) = counting(Ok(Some(held)));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        c.confirm("ns", "p", "u").await;
+        c.confirm("ns", "p", "u").await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "cached");
+        c.forget("ns", "p").await;
+        c.confirm("ns", "p", "u").await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "forgotten, read again");
     }
 
     #[tokio::test]

@@ -3,11 +3,15 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PartialObjectMeta;
 use kube::core::ObjectMeta;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
+use crate::confirm::Confirmer;
 use crate::meta_index::MetaIndex;
 use crate::metrics::Metrics;
 use crate::mode::{Mode, MODE_LABEL};
@@ -100,6 +104,7 @@ fn namespace_mode(m: &ObjectMeta) -> Option<Mode> {
 /// Starts the metadata watches that feed both indexes.
 pub fn spawn_watchers(
     client: Client,
+    confirmer: Confirmer,
     pods: Arc<PodIndex>,
     namespaces: Arc<NamespaceModes>,
     metrics: Metrics,
@@ -107,8 +112,23 @@ pub fn spawn_watchers(
     let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
     let m = metrics.clone();
     tokio::spawn(async move {
-        pods.run(
-            pod_api,
+        // A pod the watch sees deleted is forgotten by the confirmation cache
+        // at once, so a denial never outlives the pod by the cache's TTL.
+        let stream = watcher::watcher(pod_api, watcher::Config::default())
+            .default_backoff()
+            .then(move |ev| {
+                let confirmer = confirmer.clone();
+                async move {
+                    if let Ok(Event::Delete(p)) = &ev {
+                        let (ns, name) =
+                            (p.metadata.namespace.as_deref(), p.metadata.name.as_deref());
+                        confirmer.forget(ns.unwrap_or(""), name.unwrap_or("")).await;
+                    }
+                    ev
+                }
+            });
+        pods.run_stream(
+            stream,
             |meta| Some(HeldPod::from_meta(meta)),
             |idx| {
                 m.index_pods.set(idx.len() as i64);
