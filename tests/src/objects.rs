@@ -47,6 +47,37 @@ where
     }
 }
 
+/// Waits (up to 30 s) until graceguard's index has caught up with the object
+/// named like `obj`: a dry-run Create of it (which charges no quota) is
+/// answered by graceguard's denial, and that denial names `expect` (say, what
+/// holds a terminating object). A name graceguard has not seen yet cannot be
+/// guarded; real re-creates come long after the first Create and its
+/// deletion, a test's within milliseconds, faster than a watch under load.
+pub async fn wait_indexed<K>(api: &Api<K>, obj: &K, expect: &str) -> Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = crate::pods::outcome(api.create(&dry, obj).await)?;
+        if matches!(&out, CreateOutcome::Refused { message, .. }
+            if message.contains("graceguard denied") && message.contains(expect))
+        {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "graceguard did not index {:?} within 30 s (last answer {out:?})",
+            obj.meta().name
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `n` colliding Creates of `obj`: each must be graceguard's 409 AlreadyExists
 /// whose message names `holds`.
 pub async fn denied_n_times<K>(api: &Api<K>, obj: &K, n: usize, holds: &str) -> Result<()>

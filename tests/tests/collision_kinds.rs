@@ -61,6 +61,8 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
     assert_eq!(pods::create(&pod_api, &user).await?, CreateOutcome::Created);
     api.delete("data", &DeleteParams::default()).await?;
     let held = objects::wait_terminating(&api, "data").await?;
+    let pvc_protection = "held by finalizer kubernetes.io/pvc-protection";
+    objects::wait_indexed(&api, &pvc("data")?, pvc_protection).await?;
     assert!(held
         .finalizers()
         .iter()
@@ -89,16 +91,22 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
         storage,
         "no storage charged"
     );
-    // The first Create, five denials and the livelock record naming the loop
-    // (the audit log is written a moment after each answer).
-    let recs = webhook
-        .wait_records("collision_guard", &ns, "data", 7)
-        .await?;
+    // The first Create, the dry runs of the wait, five denials and the
+    // livelock record naming the loop; the audit log is written a moment after
+    // each answer, so wait for the fifth denial.
+    let real_denial = |r: &serde_json::Value| {
+        r["decision"] == "deny" && r["event"] == "admission" && r["dry_run"] == false
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let recs = loop {
+        let recs = webhook.records_for("collision_guard", &ns, "data")?;
+        if recs.iter().filter(|r| real_denial(r)).count() >= 5 || Instant::now() > deadline {
+            break recs;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(recs[0]["reason"], "name_free", "the first Create: {recs:?}");
-    let denials: Vec<_> = recs
-        .iter()
-        .filter(|r| r["decision"] == "deny" && r["event"] == "admission")
-        .collect();
+    let denials: Vec<_> = recs.iter().filter(|r| real_denial(r)).collect();
     assert_eq!(denials.len(), 5, "{recs:?}");
     assert!(denials
         .iter()
@@ -149,6 +157,7 @@ async fn a_configmap_held_by_a_finalizer_is_denied_until_it_is_gone_and_free_nam
     );
     api.delete("settings", &DeleteParams::default()).await?;
     objects::wait_terminating(&api, "settings").await?;
+    objects::wait_indexed(&api, &cm("settings", false)?, "graceguard.test/hold").await?;
     let count = quota::used(&bed.client, &ns, "objects", "count/configmaps").await?;
     objects::denied_n_times(
         &api,
@@ -248,6 +257,7 @@ async fn a_custom_resource_is_indexed_once_a_quota_counts_it_and_unindexed_when_
     webhook.wait_kind_indexed("widgets.graceguard.test").await?;
     api.delete("w", &DeleteParams::default()).await?;
     objects::wait_terminating(&api, "w").await?;
+    objects::wait_indexed(&api, &widget(false)?, "graceguard.test/hold").await?;
     let used = || quota::used(&bed.client, &ns, "widgets", "count/widgets.graceguard.test");
     let before = used().await?;
     objects::denied_n_times(

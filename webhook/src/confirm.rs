@@ -19,7 +19,7 @@ use moka::future::Cache;
 
 use crate::collision::Confirmation;
 use crate::metrics::Metrics;
-use crate::pod_index::Holder;
+use crate::pod_index::{HeldPod, Holder};
 
 /// Reads who holds `namespace/name` now: `Ok(None)` when nobody does.
 pub type Fetch =
@@ -81,17 +81,18 @@ impl Confirmer {
         Self::new(fetch, ttl, 100_000, metrics)
     }
 
-    /// Who holds `namespace/name`, which the index says pod `index_uid`
-    /// holds: from the cache or one live read.
-    pub async fn confirm(&self, namespace: &str, name: &str, index_uid: &str) -> Confirmation {
+    /// Who holds `namespace/name`, which the index says `indexed` holds: from
+    /// the cache or one live read. A cached read is dropped when the index has
+    /// since seen the name change hands (another uid) or its holder's deletion
+    /// begin, and when the holder's grace period has run out.
+    pub async fn confirm(&self, namespace: &str, name: &str, indexed: &HeldPod) -> Confirmation {
         let key = (namespace.to_string(), name.to_string());
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        if self
-            .cache
-            .get(&key)
-            .await
-            .is_some_and(|h| h.held.uid != index_uid || past_grace(&h, now))
-        {
+        if self.cache.get(&key).await.is_some_and(|h| {
+            h.held.uid != indexed.uid
+                || h.held.deletion.is_some() != indexed.deletion.is_some()
+                || past_grace(&h, now)
+        }) {
             self.cache.invalidate(&key).await;
         }
         let fetch = Arc::clone(&self.fetch);
@@ -151,7 +152,13 @@ enum Miss {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod_index::HeldPod;
+
+    fn indexed(uid: &str) -> HeldPod {
+        HeldPod {
+            uid: uid.into(),
+            deletion: None,
+        }
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn counting(answer: Result<Option<Holder>, String>) -> (Fetch, Arc<AtomicUsize>) {
@@ -175,16 +182,16 @@ mod tests {
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
         for _ in 0..50 {
             assert_eq!(
-                c.confirm("ns", "p", "u").await,
+                c.confirm("ns", "p", &indexed("u")).await,
                 Confirmation::Held(held.clone())
             );
         }
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         // Another name is another read.
-        c.confirm("ns", "q", "u").await;
+        c.confirm("ns", "q", &indexed("u")).await;
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         // The index now has another pod under the name: the cached holder is stale.
-        c.confirm("ns", "p", "u2").await;
+        c.confirm("ns", "p", &indexed("u2")).await;
         assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
 
@@ -192,17 +199,19 @@ mod tests {
     async fn a_terminating_holder_past_its_grace_is_read_again() {
         use crate::pod_index::Deletion;
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        let over = Holder::from(HeldPod {
+        // The index and the read agree on the holder, terminating.
+        let terminating = |at_unix, grace_seconds| HeldPod {
             uid: "u".into(),
             deletion: Some(Deletion {
-                at_unix: now - 5,
-                grace_seconds: 30,
+                at_unix,
+                grace_seconds,
             }),
-        });
-        let (f, calls) = counting(Ok(Some(over)));
+        };
+        let over = terminating(now - 5, 30);
+        let (f, calls) = counting(Ok(Some(Holder::from(over.clone()))));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
-        c.confirm("ns", "p", "u").await;
-        c.confirm("ns", "p", "u").await;
+        c.confirm("ns", "p", &over).await;
+        c.confirm("ns", "p", &over).await;
         assert_eq!(
             calls.load(Ordering::SeqCst),
             2,
@@ -210,17 +219,11 @@ mod tests {
         );
 
         // Still within its grace: cached.
-        let within = Holder::from(HeldPod {
-            uid: "u".into(),
-            deletion: Some(Deletion {
-                at_unix: now + 60,
-                grace_seconds: 90,
-            }),
-        });
-        let (f, calls) = counting(Ok(Some(within)));
+        let within = terminating(now + 60, 90);
+        let (f, calls) = counting(Ok(Some(Holder::from(within.clone()))));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
-        c.confirm("ns", "p", "u").await;
-        c.confirm("ns", "p", "u").await;
+        c.confirm("ns", "p", &within).await;
+        c.confirm("ns", "p", &within).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
@@ -232,20 +235,48 @@ mod tests {
         });
         let (f, calls) = counting(Ok(Some(held)));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
-        c.confirm("ns", "p", "u").await;
-        c.confirm("ns", "p", "u").await;
+        c.confirm("ns", "p", &indexed("u")).await;
+        c.confirm("ns", "p", &indexed("u")).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1, "cached");
         c.forget("ns", "p").await;
-        c.confirm("ns", "p", "u").await;
+        c.confirm("ns", "p", &indexed("u")).await;
         assert_eq!(calls.load(Ordering::SeqCst), 2, "forgotten, read again");
+    }
+
+    #[tokio::test]
+    async fn a_cached_live_holder_is_read_again_once_the_index_sees_its_deletion_begin() {
+        let (f, calls) = counting(Ok(Some(Holder::from(indexed("u")))));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        c.confirm("ns", "p", &indexed("u")).await;
+        c.confirm("ns", "p", &indexed("u")).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let terminating = HeldPod {
+            uid: "u".into(),
+            deletion: Some(crate::pod_index::Deletion {
+                at_unix: k8s_openapi::jiff::Timestamp::now().as_second() + 30,
+                grace_seconds: 30,
+            }),
+        };
+        c.confirm("ns", "p", &terminating).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "the deletion began: read again"
+        );
     }
 
     #[tokio::test]
     async fn a_free_name_is_not_cached() {
         let (f, calls) = counting(Ok(None));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
-        assert_eq!(c.confirm("ns", "p", "u").await, Confirmation::Free);
-        assert_eq!(c.confirm("ns", "p", "u").await, Confirmation::Free);
+        assert_eq!(
+            c.confirm("ns", "p", &indexed("u")).await,
+            Confirmation::Free
+        );
+        assert_eq!(
+            c.confirm("ns", "p", &indexed("u")).await,
+            Confirmation::Free
+        );
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 
@@ -254,9 +285,9 @@ mod tests {
         let (f, calls) = counting(Err("boom".into()));
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
         assert!(
-            matches!(c.confirm("ns", "p", "u").await, Confirmation::Failed(m) if m.contains("boom"))
+            matches!(c.confirm("ns", "p", &indexed("u")).await, Confirmation::Failed(m) if m.contains("boom"))
         );
-        c.confirm("ns", "p", "u").await;
+        c.confirm("ns", "p", &indexed("u")).await;
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }

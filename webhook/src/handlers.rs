@@ -295,7 +295,7 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     let Some(indexed) = indexed else {
         return (Answer::allow(), rec);
     };
-    let confirmation = confirmer.confirm(&namespace, &name, &indexed.uid).await;
+    let confirmation = confirmer.confirm(&namespace, &name, &indexed).await;
     if let collision::Confirmation::Failed(e) = &confirmation {
         tracing::warn!(namespace = %namespace, name = %name, error = %e, "could not confirm an index hit; allowing the Create");
     }
