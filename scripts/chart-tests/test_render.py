@@ -17,7 +17,7 @@ CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfigu
 # Every apiVersion the chart may render, and what serves it.
 KNOWN_APIS = {
     "v1", "apps/v1", "policy/v1", "policy/v1beta1", "rbac.authorization.k8s.io/v1",
-    "admissionregistration.k8s.io/v1", "cert-manager.io/v1", "monitoring.coreos.com/v1",
+    "admissionregistration.k8s.io/v1", "cert-manager.io/v1", "monitoring.coreos.com/v1", "networking.k8s.io/v1",
 }
 WEBHOOKS = {
     # values key: (webhook name, kind, path, operation, resource)
@@ -566,6 +566,26 @@ class TestOptions(unittest.TestCase):
         env = {e["name"]: e.get("value") for e in only_pods.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
         self.assertEqual(env["GRACEGUARD_COLLISION_KINDS"], "")
         self.assertNotIn("resourcequotas", str(only_pods.one("ClusterRole")["rules"]))
+
+    def test_network_policy_is_opt_in_and_egress_needs_the_api_server(self) -> None:
+        self.assertEqual(cl.render_objects({}).of_kind("NetworkPolicy"), [])
+        prom = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        r = cl.render_objects({"networkPolicy": {"enabled": True, "metricsFrom": prom}})
+        np = r.one("NetworkPolicy")
+        dep = r.one("Deployment")
+        self.assertEqual(np["spec"]["podSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"])
+        self.assertEqual(np["spec"]["policyTypes"], ["Ingress"])
+        webhook, metrics = np["spec"]["ingress"]
+        self.assertEqual(webhook["ports"], [{"port": 8443, "protocol": "TCP"}])
+        self.assertNotIn("from", webhook, "the API server may call from anywhere unless told")
+        self.assertEqual(metrics["from"], prom)
+        with self.assertRaises(helm.HelmError) as ctx:
+            cl.render({"networkPolicy": {"enabled": True, "egress": {"enabled": True, "apiServerCIDRs": [], "apiServerPorts": [443]}}})
+        self.assertIn("needs networkPolicy.egress.apiServerCIDRs", str(ctx.exception))
+        r = cl.render_objects({"networkPolicy": {"enabled": True, "egress": {"enabled": True, "apiServerCIDRs": ["10.0.0.10/32"], "apiServerPorts": [6443]}}})
+        np = r.one("NetworkPolicy")
+        self.assertEqual(np["spec"]["policyTypes"], ["Ingress", "Egress"])
+        self.assertEqual(np["spec"]["egress"][0], {"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]})
 
     def test_extra_env(self) -> None:
         env = [{"name": "RUST_LOG", "value": "debug"}]
