@@ -182,8 +182,9 @@ class PerValuesFile:
             self.assertIn("graceguard.io/not-after", ann)
             self.assertIn(f"{self.fullname}.{NAMESPACE}.svc", ann["graceguard.io/dns-names"].split(","))
         elif mode == "certManager":
-            cert = self.r.one("Certificate")
-            self.assertEqual(cert["spec"]["secretName"], secret_name)
+            serving = [c for c in self.r.of_kind("Certificate") if c["spec"]["secretName"] == secret_name]
+            self.assertEqual(len(serving), 1)
+            cert = serving[0]
             self.assertIn(f"{self.fullname}.{NAMESPACE}.svc", cert["spec"]["dnsNames"])
             self.assertIn("server auth", cert["spec"]["usages"])
             self.assertEqual(self.r.of_kind("Secret"), [])
@@ -196,8 +197,16 @@ class PerValuesFile:
             if self.merged["certs"]["certManager"]["issuerRef"]:
                 self.assertEqual(self.r.of_kind("Issuer"), [])
             else:
+                # A long-lived CA signs the serving certificate, so the injected
+                # caBundle survives the serving certificate's renewals.
                 issuer = self.r.one("Issuer", ref["name"])
-                self.assertEqual(issuer["spec"], {"selfSigned": {}})
+                ca_secret = issuer["spec"]["ca"]["secretName"]
+                ca_cert = next(c for c in self.r.of_kind("Certificate") if c["spec"]["secretName"] == ca_secret)
+                self.assertIs(ca_cert["spec"]["isCA"], True)
+                self.assertEqual(ca_cert["spec"]["privateKey"]["rotationPolicy"], "Never")
+                root = self.r.one("Issuer", ca_cert["spec"]["issuerRef"]["name"])
+                self.assertEqual(root["spec"], {"selfSigned": {}})
+                self.assertEqual(cert["spec"]["privateKey"]["rotationPolicy"], "Always")
         elif mode == "existingSecret":
             self.assertEqual(secret_name, self.merged["certs"]["existingSecret"]["name"])
             self.assertEqual(self.r.of_kind("Secret"), [])
