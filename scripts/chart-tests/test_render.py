@@ -596,6 +596,15 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(np["spec"]["policyTypes"], ["Ingress", "Egress"])
         self.assertEqual(np["spec"]["egress"][0], {"to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]})
 
+    def test_readiness_ignores_watch_errors_only_under_fail(self) -> None:
+        def env(values: dict[str, Any]) -> dict[str, Any]:
+            c = cl.render_objects(values).one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+            return {e["name"]: e.get("value") for e in c["env"]}
+        self.assertEqual(env({})["GRACEGUARD_READINESS_TRACKS_WATCH"], "true")
+        fail = {"webhooks": {"collisionGuard": {"enabled": True, "failurePolicy": "Fail",
+                                                "kinds": ["pods"]}}}
+        self.assertEqual(env(fail)["GRACEGUARD_READINESS_TRACKS_WATCH"], "false")
+
     def test_extra_env(self) -> None:
         env = [{"name": "RUST_LOG", "value": "debug"}]
         c = cl.render_objects({"extraEnv": env}).one("Deployment")["spec"]["template"]["spec"]["containers"][0]

@@ -120,6 +120,12 @@ pub struct ServeArgs {
     /// admission). Needs RBAC `patch` on pods; off keeps graceguard read-only.
     #[arg(long, env = "GRACEGUARD_FOLLOW_UP_TAGGING", default_value_t = true, action = clap::ArgAction::Set)]
     pub follow_up_tagging: bool,
+    /// Whether /readyz also fails while a watch is broken (true), or only until
+    /// the indexes have first synced (false: use it with failurePolicy Fail,
+    /// where an unready webhook refuses every pod Create; a stale index only
+    /// ever allows).
+    #[arg(long, env = "GRACEGUARD_READINESS_TRACKS_WATCH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub readiness_tracks_watch: bool,
     /// How long in-flight reviews may take to finish after SIGTERM.
     #[arg(long, env = "GRACEGUARD_SHUTDOWN_GRACE", default_value = "20s", value_parser = duration)]
     pub shutdown_grace: Duration,
@@ -296,6 +302,7 @@ pub async fn serve(
         log_dropped,
         certificate: Some(resolver.clone()),
         mode: args.mode,
+        readiness_tracks_watch: args.readiness_tracks_watch,
         shutting_down: AtomicBool::new(false),
     });
     pod_index::spawn_watchers(

@@ -41,16 +41,29 @@ pub struct App {
     pub certificate: Option<Arc<graceguard_certs::ReloadingResolver>>,
     /// The install-wide mode; a namespace label overrides it.
     pub mode: Mode,
+    /// Whether readiness also requires healthy watches (see [`App::is_ready`]).
+    pub readiness_tracks_watch: bool,
     /// Set on SIGTERM: readiness goes false while in-flight reviews finish.
     pub shutting_down: AtomicBool,
 }
 
 impl App {
     /// True when the indexes are synced and the server is not shutting down.
+    ///
+    /// With `readiness_tracks_watch` (the default, for `failurePolicy: Ignore`)
+    /// a broken watch also makes the replica unready, so traffic moves to a
+    /// healthy one. Without it (the chart's choice under `Fail`) readiness
+    /// only waits for the first sync: an unready webhook under `Fail` refuses
+    /// every pod Create in the cluster, while a stale index only ever allows
+    /// (a hit is confirmed by a live read), so a watch hiccup must not turn
+    /// into an outage.
     pub fn is_ready(&self) -> bool {
-        self.pods.is_ready()
-            && self.namespaces.is_ready()
-            && !self.shutting_down.load(Ordering::Acquire)
+        let indexes = if self.readiness_tracks_watch {
+            self.pods.is_ready() && self.namespaces.is_ready()
+        } else {
+            self.pods.is_synced() && self.namespaces.is_synced()
+        };
+        indexes && !self.shutting_down.load(Ordering::Acquire)
     }
 
     fn mode_for(&self, namespace: &str) -> Mode {

@@ -38,7 +38,9 @@ struct State<V> {
 }
 
 /// How long after the last watch error the index counts as healthy again.
-pub const RECOVERY: Duration = Duration::from_secs(10);
+/// Longer than the watch's retry backoff cap (kube-rs's default backoff: 30 s),
+/// so a watch that fails at every retry never looks healthy in between.
+pub const RECOVERY: Duration = Duration::from_secs(40);
 
 /// See the module docs. `V` is what is kept per object.
 pub struct MetaIndex<V> {
@@ -128,6 +130,11 @@ impl<V: Clone> MetaIndex<V> {
     }
 
     /// True once the initial list is applied, while the watch is healthy.
+    /// Whether the initial list has been applied (whatever the watch's health).
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
     pub fn is_ready(&self) -> bool {
         self.synced.load(Ordering::Acquire)
             && self.now_ms() >= self.broken_until_ms.load(Ordering::Acquire)

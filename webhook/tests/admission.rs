@@ -33,6 +33,7 @@ fn fixture(name: &str) -> Vec<u8> {
 struct Harness {
     router: Router,
     gets: Arc<AtomicUsize>,
+    app: Arc<App>,
 }
 
 /// An app whose index holds `held` (namespace, name) and whose live read
@@ -72,11 +73,13 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: M
         log_dropped: None,
         certificate: None,
         mode,
+        readiness_tracks_watch: true,
         shutting_down: AtomicBool::new(false),
     });
     Harness {
-        router: admission_router(app, MAX_BODY),
+        router: admission_router(Arc::clone(&app), MAX_BODY),
         gets,
+        app,
     }
 }
 
@@ -496,4 +499,42 @@ async fn the_eviction_audit_always_allows_and_reads_grace_and_dry_run() {
     let req = graceguard_webhook::review::parse(&eviction(None, true)).expect("parse");
     assert_eq!(req.grace_period_seconds, None);
     assert!(req.dry_run, "deleteOptions.dryRun makes it a dry run");
+}
+
+#[test]
+fn under_fail_a_broken_watch_does_not_make_the_webhook_unready() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    assert!(h.app.is_ready(), "synced");
+    // A watch error: with readiness tracking the watch (failurePolicy Ignore),
+    // the replica is unready until the watch recovers.
+    h.app.pods.mark_broken();
+    assert!(!h.app.is_ready());
+    // The same app as the chart runs it under failurePolicy Fail: still ready,
+    // since an unready webhook would refuse every pod Create.
+    let fail = App {
+        readiness_tracks_watch: false,
+        ..clone_app(&h.app)
+    };
+    assert!(fail.is_ready());
+    fail.shutting_down.store(true, Ordering::Release);
+    assert!(!fail.is_ready(), "shutting down is always unready");
+}
+
+/// A second app sharing the first's indexes.
+fn clone_app(app: &App) -> App {
+    let (metrics, _) = Metrics::new();
+    App {
+        pods: Arc::clone(&app.pods),
+        namespaces: Arc::clone(&app.namespaces),
+        confirmer: app.confirmer.clone(),
+        livelock: LivelockDetector::new(Duration::from_secs(10), 5),
+        metrics,
+        follow_up: FollowUp::disabled(),
+        kinds: None,
+        log_dropped: None,
+        certificate: None,
+        mode: Mode::Conflict,
+        readiness_tracks_watch: true,
+        shutting_down: AtomicBool::new(false),
+    }
 }
