@@ -71,30 +71,10 @@ pub async fn saturate(
     duration: Duration,
 ) -> Result<Stats> {
     let start = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..connections {
-        let (t, bodies) = (t.clone(), Arc::clone(&bodies));
-        tasks.push(tokio::spawn(async move {
-            let mut stats = Stats::default();
-            let mut sender = connect(&t).await?;
-            let mut i = c;
-            while start.elapsed() < duration {
-                let body = bodies[i % bodies.len()].clone();
-                i += connections;
-                let sent = Instant::now();
-                match send(&mut sender, &t.path, body).await {
-                    Ok(true) => stats.micros.push(sent.elapsed().as_micros() as u64),
-                    Ok(false) => stats.errors += 1,
-                    Err(_) => {
-                        stats.errors += 1;
-                        sender = connect(&t).await?;
-                    }
-                }
-            }
-            anyhow::Ok(stats)
-        }));
-    }
-    collect(tasks, start).await
+    drive(t, bodies, connections, move |c, k| {
+        (start.elapsed() < duration).then_some(c + k * connections)
+    })
+    .await
 }
 
 /// Exactly `n` requests over `connections` connections, each answered before
@@ -106,18 +86,38 @@ pub async fn send_n(
     n: usize,
     connections: usize,
 ) -> Result<Stats> {
+    drive(t, bodies, connections, move |c, k| {
+        let i = c + k * connections;
+        (i < n).then_some(i)
+    })
+    .await
+}
+
+/// Runs `connections` connections, each sending back-to-back while
+/// `next(connection, k)` names the body of its k-th request; a failed round
+/// trip is counted and the connection re-opened.
+async fn drive<F>(t: &Target, bodies: Arc<Vec<Bytes>>, connections: usize, next: F) -> Result<Stats>
+where
+    F: Fn(usize, usize) -> Option<usize> + Clone + Send + 'static,
+{
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for c in 0..connections {
-        let (t, bodies) = (t.clone(), Arc::clone(&bodies));
+    for c in 0..connections.max(1) {
+        let (t, bodies, next) = (t.clone(), Arc::clone(&bodies), next.clone());
         tasks.push(tokio::spawn(async move {
             let mut stats = Stats::default();
             let mut sender = connect(&t).await?;
-            for i in (c..n).step_by(connections.max(1)) {
+            let mut k = 0;
+            while let Some(i) = next(c, k) {
+                k += 1;
                 let sent = Instant::now();
-                match send(&mut sender, &t.path, bodies[i % bodies.len()].clone()).await? {
-                    true => stats.micros.push(sent.elapsed().as_micros() as u64),
-                    false => stats.errors += 1,
+                match send(&mut sender, &t.path, bodies[i % bodies.len()].clone()).await {
+                    Ok(true) => stats.micros.push(sent.elapsed().as_micros() as u64),
+                    Ok(false) => stats.errors += 1,
+                    Err(_) => {
+                        stats.errors += 1;
+                        sender = connect(&t).await?;
+                    }
                 }
             }
             anyhow::Ok(stats)
