@@ -65,19 +65,8 @@ pub enum Verdict {
     Deny(Box<Denial>),
 }
 
-/// The verdict once the live read has answered, for a pod Create.
-pub fn decide(confirmation: &Confirmation, name: &str, mode: Mode, now_unix: i64) -> Verdict {
-    decide_for(
-        &GroupResource::new("", "pods"),
-        confirmation,
-        name,
-        mode,
-        now_unix,
-    )
-}
-
-/// [`decide`] for a Create of kind `kind`.
-pub fn decide_for(
+/// The verdict for a Create of kind `kind` once the live read has answered.
+pub fn decide(
     kind: &GroupResource,
     confirmation: &Confirmation,
     name: &str,
@@ -278,7 +267,7 @@ mod tests {
             ),
         ];
         for (what, c, mode, want) in cases {
-            let got = decide(&c, "train-0", mode, NOW);
+            let got = decide(&GroupResource::pods(), &c, "train-0", mode, NOW);
             match (got, want) {
                 (Verdict::Allow(r), Ok(w)) => assert_eq!(r, w, "{what}"),
                 (Verdict::Deny(d), Err((code, reason, retry))) => {
@@ -298,6 +287,7 @@ mod tests {
     #[test]
     fn terminating_message_says_since_when_and_how_long_is_left() {
         let d = deny(decide(
+            &GroupResource::pods(),
             &Confirmation::Held(terminating(40, 60)),
             "train-0",
             Mode::Conflict,
@@ -325,7 +315,7 @@ mod tests {
         let mut holder = terminating(0, 0);
         holder.finalizers = vec!["kubernetes.io/pvc-protection".into()];
         let pvc = GroupResource::new("", "persistentvolumeclaims");
-        let d = deny(decide_for(
+        let d = deny(decide(
             &pvc,
             &Confirmation::Held(holder),
             "data",
@@ -350,7 +340,7 @@ mod tests {
         let mut job = terminating(0, 0);
         job.finalizers = vec!["foregroundDeletion".into()];
         let jobs = GroupResource::new("batch", "jobs");
-        let d = deny(decide_for(
+        let d = deny(decide(
             &jobs,
             &Confirmation::Held(job),
             "once",
@@ -375,6 +365,7 @@ mod tests {
     #[test]
     fn live_holder_message_says_it_exists() {
         let d = deny(decide(
+            &GroupResource::pods(),
             &Confirmation::Held(live()),
             "x",
             Mode::Conflict,

@@ -65,6 +65,9 @@ pub struct Settings {
     pub max_delay: Duration,
     /// Follow-ups waiting at once; more are dropped (and counted).
     pub queue: usize,
+    /// Follow-ups running at once (each a GET and a PATCH, with retries), so
+    /// a drain of many nodes does not turn into a burst on the API server.
+    pub concurrency: usize,
 }
 
 impl Default for Settings {
@@ -77,6 +80,7 @@ impl Default for Settings {
             min_delay: Duration::from_millis(25),
             max_delay: Duration::from_secs(2),
             queue: 4096,
+            concurrency: 16,
         }
     }
 }
@@ -194,13 +198,19 @@ async fn worker(
     inner: std::sync::Weak<Inner>,
     settings: Settings,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(settings.concurrency.max(1)));
     while let Some(job) = rx.recv().await {
         let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        // At the limit, jobs wait in the queue (bounded: beyond it they are dropped).
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
         let client = client.clone();
         // Each follow-up runs on its own: one slow pod must not hold up the rest.
         tokio::spawn(async move {
+            let _slot = slot;
             let (outcome, rec) = run(&client, &job, settings).await;
             inner
                 .pending

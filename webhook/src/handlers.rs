@@ -277,13 +277,15 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     if req.operation != "CREATE" || !req.sub_resource.is_empty() {
         return (Answer::allow(), allow(AllowReason::NotPodCreate));
     }
-    let kind = GroupResource::new(&req.resource.group, &req.resource.resource);
+    // Pod Creates, nearly all of them, build no kind: other kinds name theirs.
+    let other_kind = (!req.is_pods("CREATE", ""))
+        .then(|| GroupResource::new(&req.resource.group, &req.resource.resource));
     let name = object_name(req);
     let namespace = req.namespace.clone();
     let mut rec = AuditRecord {
         namespace: namespace.clone(),
         name: name.clone(),
-        resource: (!kind.is_pods()).then(|| kind.to_string()),
+        resource: other_kind.as_ref().map(ToString::to_string),
         ..allow(AllowReason::NameFree)
     };
     if name.is_empty() {
@@ -292,18 +294,19 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     }
     // Pods: the pod index. Any other kind: its index, when a quota counts it.
     let kind_index;
-    let (indexed, confirmer) = if kind.is_pods() {
-        (app.pods.get(&namespace, &name), &app.confirmer)
-    } else {
-        let Some(idx) = app.kinds.as_ref().and_then(|k| k.get(&kind)) else {
-            rec.reason = AllowReason::KindNotIndexed.as_str().into();
-            return (Answer::allow(), rec);
-        };
-        kind_index = idx;
-        (
-            kind_index.index.get(&namespace, &name),
-            &kind_index.confirmer,
-        )
+    let (indexed, confirmer) = match &other_kind {
+        None => (app.pods.get(&namespace, &name), &app.confirmer),
+        Some(kind) => {
+            let Some(idx) = app.kinds.as_ref().and_then(|k| k.get(kind)) else {
+                rec.reason = AllowReason::KindNotIndexed.as_str().into();
+                return (Answer::allow(), rec);
+            };
+            kind_index = idx;
+            (
+                kind_index.index.get(&namespace, &name),
+                &kind_index.confirmer,
+            )
+        }
     };
     let Some(indexed) = indexed else {
         return (Answer::allow(), rec);
@@ -314,7 +317,8 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     }
     let mode = app.mode_for(&namespace);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let d = match collision::decide_for(&kind, &confirmation, &name, mode, now) {
+    let kind = other_kind.unwrap_or_else(GroupResource::pods);
+    let d = match collision::decide(&kind, &confirmation, &name, mode, now) {
         Verdict::Allow(reason) => {
             rec.reason = reason.as_str().into();
             return (Answer::allow(), rec);

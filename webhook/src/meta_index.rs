@@ -112,14 +112,6 @@ impl<V: Clone> MetaIndex<V> {
         self.read().live.get(namespace)?.get(name).cloned()
     }
 
-    /// Whether `namespace/name` is indexed (no clone: the admission hot path).
-    pub fn contains(&self, namespace: &str, name: &str) -> bool {
-        self.read()
-            .live
-            .get(namespace)
-            .is_some_and(|m| m.contains_key(name))
-    }
-
     /// Objects indexed now.
     pub fn len(&self) -> usize {
         self.read().len

@@ -35,6 +35,11 @@ impl GroupResource {
         })
     }
 
+    /// Core pods.
+    pub fn pods() -> Self {
+        Self::new("", "pods")
+    }
+
     pub fn is_pods(&self) -> bool {
         self.group.is_empty() && self.resource == "pods"
     }
