@@ -44,12 +44,20 @@ class Result(unittest.TextTestResult):
             self._failed_now = True
         super().addSubTest(test, subtest, err)
 
+    def _failed(self, test):
+        if isinstance(test, unittest.TestCase):
+            self._failed_now = True
+        else:
+            # A setUpClass or setUpModule (or its tearDown) failed: it never
+            # passes through startTest/stopTest, and its tests do not run.
+            self.failed_ids.append(test.id())
+
     def addFailure(self, test, err):
-        self._failed_now = True
+        self._failed(test)
         super().addFailure(test, err)
 
     def addError(self, test, err):
-        self._failed_now = True
+        self._failed(test)
         super().addError(test, err)
 
     def addUnexpectedSuccess(self, test):
