@@ -39,6 +39,7 @@ pub mod logging;
 pub mod meta_index;
 pub mod metrics;
 pub mod mode;
+pub mod offline;
 pub mod pod_index;
 pub mod probe;
 pub mod quota_kinds;

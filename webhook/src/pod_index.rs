@@ -27,13 +27,15 @@ pub struct Deletion {
 
 impl Deletion {
     /// When the deletion was requested: the end of grace minus the grace.
+    /// Saturating: the grace comes from an API answer, and no value of it
+    /// may wrap or panic.
     pub fn requested_unix(&self) -> i64 {
-        self.at_unix - self.grace_seconds
+        self.at_unix.saturating_sub(self.grace_seconds)
     }
 
     /// Seconds of grace left at `now_unix` (never negative).
     pub fn seconds_left(&self, now_unix: i64) -> i64 {
-        (self.at_unix - now_unix).max(0)
+        self.at_unix.saturating_sub(now_unix).max(0)
     }
 }
 
