@@ -137,6 +137,9 @@ pub struct TestBed {
     // Field order is drop order: controllers, then the apiserver, then etcd.
     controllers: Vec<Managed>,
     apiserver: Managed,
+    /// How the apiserver was started, for [`TestBed::restart_apiserver`].
+    apiserver_cmd: (PathBuf, Vec<std::ffi::OsString>),
+    apiserver_restarts: u32,
     etcd: Managed,
     dir: Option<TempDir>,
     bins: ControlPlaneBins,
@@ -264,6 +267,10 @@ impl TestBed {
             .arg(format!("--audit-log-path={}", path(&d.join("audit.log"))))
             .arg("--audit-log-mode=blocking");
         }
+        let apiserver_cmd = (
+            PathBuf::from(cmd.get_program()),
+            cmd.get_args().map(|a| a.to_os_string()).collect(),
+        );
         let apiserver = Managed::spawn("kube-apiserver", cmd, &d.join("kube-apiserver.log"))?;
 
         let kubeconfig = d.join("kubeconfig");
@@ -273,6 +280,8 @@ impl TestBed {
         let mut bed = Self {
             controllers: Vec::new(),
             apiserver,
+            apiserver_cmd,
+            apiserver_restarts: 0,
             etcd,
             dir: Some(dir),
             bins,
@@ -485,6 +494,28 @@ impl TestBed {
             .is_some())
     }
 
+    /// Kills kube-apiserver (SIGKILL, as a crashed or rescheduled control
+    /// plane node) and calls `while_down` before starting it again with the
+    /// same flags, port and etcd; returns once it serves again. Watches and
+    /// connections of every client are cut, as in a real restart.
+    pub async fn restart_apiserver<F, Fut>(&mut self, while_down: F) -> Result<()>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        self.apiserver.kill();
+        while_down().await?;
+        self.apiserver_restarts += 1;
+        let (program, args) = &self.apiserver_cmd;
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        let log = self
+            .dir()
+            .join(format!("kube-apiserver-{}.log", self.apiserver_restarts));
+        self.apiserver = Managed::spawn("kube-apiserver", cmd, &log)?;
+        self.wait_ready().await
+    }
+
     /// Fails if a control-plane process has exited (with its log's tail).
     pub fn check_running(&mut self) -> Result<()> {
         self.etcd.check_running()?;
@@ -527,9 +558,25 @@ impl TestBed {
     pub async fn namespace(&self, prefix: &str) -> Result<String> {
         let n = self.ns_counter.fetch_add(1, Ordering::Relaxed);
         let name = format!("{prefix}-{n}");
+        self.namespace_named(&name, false).await?;
+        Ok(name)
+    }
+
+    /// Creates namespace `name`, opted out of graceguard (the chart's label)
+    /// when `opt_out`, and waits for its default ServiceAccount where a
+    /// controller makes one.
+    pub async fn namespace_named(&self, name: &str, opt_out: bool) -> Result<()> {
+        let labels = opt_out.then(|| {
+            [(
+                crate::webhook::OPT_OUT_LABEL.to_string(),
+                "true".to_string(),
+            )]
+            .into()
+        });
         let ns = Namespace {
             metadata: ObjectMeta {
-                name: Some(name.clone()),
+                name: Some(name.to_string()),
+                labels,
                 ..Default::default()
             },
             ..Default::default()
@@ -540,14 +587,14 @@ impl TestBed {
             .with_context(|| format!("creating namespace {name}"))?;
         if self.version.has_controllers() {
             let deadline = Instant::now() + Duration::from_secs(60);
-            while !self.default_service_account(&name).await? {
+            while !self.default_service_account(name).await? {
                 if Instant::now() > deadline {
                     bail!("no default ServiceAccount in namespace {name} after 60 s; is kube-controller-manager's serviceaccount-controller running?");
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        Ok(name)
+        Ok(())
     }
 
     /// The apiserver's audit log; fails if the bed was started without `audit`.

@@ -13,6 +13,7 @@
 //! binary against the bed.
 
 pub mod audit_log;
+pub mod balancer;
 pub mod bench;
 pub mod binaries;
 pub mod control_plane;

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -136,11 +137,14 @@ fn match_conditions(hook: Hook) -> Result<Value> {
 }
 
 /// How [`WebhookProcess::register_with`] registers the endpoints.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Registration {
     /// Add the chart's `matchConditions` (Kubernetes >= 1.30), so the API server
     /// calls graceguard only for the requests that matter.
     pub match_conditions: bool,
+    /// The `https://HOST:PORT` the API server calls instead of this process's
+    /// own address (a balancer in front of several replicas).
+    pub url: Option<String>,
 }
 
 /// The label that opts a namespace out, as the chart does.
@@ -168,13 +172,21 @@ pub struct WebhookProcess {
     pub log: PathBuf,
     /// Holds its ca.crt, tls.crt and tls.key.
     pub dir: PathBuf,
+    /// The CA that signed its serving pair (not kept by a replica).
+    ca: Option<Arc<graceguard_certs::Ca>>,
 }
 
 impl WebhookProcess {
     /// Starts the webhook as user `graceguard` with extra `args` (e.g.
     /// `["--mode", "retry"]`) and waits until `/readyz` answers 200.
     pub async fn start(bed: &TestBed, args: &[&str]) -> Result<Self> {
-        Self::start_inner(bed, args, &[], false).await
+        Self::start_inner(bed, args, &[], false, None).await
+    }
+
+    /// A second replica of `of`: same arguments style, same serving
+    /// certificate (so one `caBundle` covers both behind one registration).
+    pub async fn start_replica(bed: &TestBed, args: &[&str], of: &WebhookProcess) -> Result<Self> {
+        Self::start_inner(bed, args, &[], false, Some(of)).await
     }
 
     /// [`WebhookProcess::start`] with `env` set and stdout going into a pipe
@@ -184,7 +196,7 @@ impl WebhookProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self> {
-        Self::start_inner(bed, args, env, true).await
+        Self::start_inner(bed, args, env, true, None).await
     }
 
     async fn start_inner(
@@ -192,19 +204,29 @@ impl WebhookProcess {
         args: &[&str],
         env: &[(&str, &str)],
         stalled: bool,
+        replica_of: Option<&WebhookProcess>,
     ) -> Result<Self> {
         let bin = binaries::workspace_bin("graceguard-webhook", "GRACEGUARD_WEBHOOK_BIN")?;
         let (port, health_port) = (free_port()?, free_port()?);
         let dir = bed.dir().join(format!("webhook-{port}"));
-        let ca = graceguard_certs::Ca::new("graceguard-webhook-test-ca")?;
-        let pair = ca.issue_server(&["localhost".into()], &["127.0.0.1".parse()?])?;
-        ca.write_files(&pair, &dir)?;
+        let (ca_pem, certs, ca) = match replica_of {
+            Some(of) => {
+                std::fs::create_dir_all(&dir)?;
+                (of.ca_pem.clone(), of.dir.clone(), None)
+            }
+            None => {
+                let ca = graceguard_certs::Ca::new("graceguard-webhook-test-ca")?;
+                let pair = ca.issue_server(&["localhost".into()], &["127.0.0.1".parse()?])?;
+                ca.write_files(&pair, &dir)?;
+                (ca.cert_pem(), dir.clone(), Some(Arc::new(ca)))
+            }
+        };
         let mut cmd = Command::new(bin);
         cmd.arg("serve")
             .arg(format!("--listen=127.0.0.1:{port}"))
             .arg(format!("--health-listen=127.0.0.1:{health_port}"))
-            .arg(format!("--tls-cert={}", dir.join("tls.crt").display()))
-            .arg(format!("--tls-key={}", dir.join("tls.key").display()))
+            .arg(format!("--tls-cert={}", certs.join("tls.crt").display()))
+            .arg(format!("--tls-key={}", certs.join("tls.key").display()))
             .arg(format!(
                 "--kubeconfig={}",
                 bed.kubeconfig_for("graceguard")?.display()
@@ -221,9 +243,10 @@ impl WebhookProcess {
             proc,
             url: format!("https://127.0.0.1:{port}"),
             health: format!("127.0.0.1:{health_port}"),
-            ca_pem: ca.cert_pem(),
+            ca_pem,
             log,
             dir,
+            ca,
         };
         w.wait_ready().await?;
         Ok(w)
@@ -318,7 +341,7 @@ impl WebhookProcess {
             let mut spec = serde_json::json!({
                 "name": h.name(),
                 "clientConfig": {
-                    "url": format!("{}{}", self.url, h.path()),
+                    "url": format!("{}{}", how.url.as_deref().unwrap_or(&self.url), h.path()),
                     "caBundle": ByteString(self.ca_pem.clone().into_bytes()),
                 },
                 "rules": [h.rule()],
@@ -485,6 +508,26 @@ impl WebhookProcess {
                 r["endpoint"] == endpoint && r["namespace"] == namespace && r["name"] == name
             })
             .collect())
+    }
+
+    /// Writes a new serving pair from the same CA over the files it serves
+    /// (as cert-manager renewing its Secret does); it is picked up at the next
+    /// `--cert-reload-interval` tick.
+    pub fn rotate_certificate(&self) -> Result<()> {
+        let ca = self
+            .ca
+            .as_ref()
+            .context("a replica shares its pair with the first process: rotate that one")?;
+        let pair = ca.issue_server(&["localhost".into()], &["127.0.0.1".parse()?])?;
+        ca.write_files(&pair, &self.dir)?;
+        Ok(())
+    }
+
+    /// How many lines of its log contain `needle`.
+    pub fn log_lines_with(&self, needle: &str) -> Result<usize> {
+        let text = std::fs::read_to_string(&self.log)
+            .with_context(|| format!("reading {}", self.log.display()))?;
+        Ok(text.lines().filter(|l| l.contains(needle)).count())
     }
 
     /// Where to send reviews, for the load generator.

@@ -242,6 +242,7 @@ async fn with_match_conditions_ordinary_status_updates_and_generated_names_never
             ALL_HOOKS,
             Registration {
                 match_conditions: true,
+                ..Default::default()
             },
         )
         .await?;

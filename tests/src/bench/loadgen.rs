@@ -126,6 +126,42 @@ where
     collect(tasks, start).await
 }
 
+/// `workers` loops, each sending one review per new connection (a full TLS
+/// handshake every time) until `duration` has passed: what a certificate
+/// rotation must not break. A failed connect counts as an error.
+pub async fn handshake_each(
+    t: &Target,
+    bodies: Arc<Vec<Bytes>>,
+    workers: usize,
+    duration: Duration,
+) -> Result<Stats> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..workers.max(1) {
+        let (t, bodies) = (t.clone(), Arc::clone(&bodies));
+        tasks.push(tokio::spawn(async move {
+            let mut stats = Stats::default();
+            let mut i = w;
+            while start.elapsed() < duration {
+                let sent = Instant::now();
+                let ok = match connect(&t).await {
+                    Ok(mut sender) => send(&mut sender, &t.path, bodies[i % bodies.len()].clone())
+                        .await
+                        .unwrap_or(false),
+                    Err(_) => false,
+                };
+                match ok {
+                    true => stats.micros.push(sent.elapsed().as_micros() as u64),
+                    false => stats.errors += 1,
+                }
+                i += workers;
+            }
+            anyhow::Ok(stats)
+        }));
+    }
+    collect(tasks, start).await
+}
+
 /// Open loop: `rate` requests per second spread over `connections`, for
 /// `duration`. Latency is measured from the actual send; sends more than 1 ms
 /// behind their slot are counted as `late_sends`.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use futures::{stream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
@@ -24,7 +24,7 @@ use testbed::guard_task::{spec, RunningTask};
 use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::process::free_port;
-use testbed::webhook::{Hook, WebhookProcess, OPT_OUT_LABEL};
+use testbed::webhook::{Hook, WebhookProcess};
 use testbed::{TestBed, TestBedOptions};
 
 #[derive(Parser)]
@@ -168,7 +168,7 @@ async fn memory_and_throughput(
     );
 
     let ns = "bench-index";
-    create_namespace(bed, ns, false).await?;
+    bed.namespace_named(ns, false).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
     let t = Instant::now();
     create_all(s.pods, |i| {
@@ -347,31 +347,12 @@ fn synthetic_rss(pods: usize) -> Result<u64> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
 
-async fn create_namespace(bed: &TestBed, name: &str, opt_out: bool) -> Result<()> {
-    let mut labels = BTreeMap::new();
-    if opt_out {
-        labels.insert(OPT_OUT_LABEL.to_string(), "true".to_string());
-    }
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(bed.client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(())
-}
-
 /// Create latency through the real API server with and without the webhook
 /// in the path: interleaved batches in a namespace the webhook covers and one
 /// it is told to skip (opt-out label), so both see the same server state.
 async fn apiserver_overhead(s: &Sizes, bed: &TestBed) -> Result<()> {
-    create_namespace(bed, "ovh-with", false).await?;
-    create_namespace(bed, "ovh-without", true).await?;
+    bed.namespace_named("ovh-with", false).await?;
+    bed.namespace_named("ovh-without", true).await?;
     let with: Api<Pod> = Api::namespaced(bed.client.clone(), "ovh-with");
     let without: Api<Pod> = Api::namespaced(bed.client.clone(), "ovh-without");
     let (mut lat_with, mut lat_without) = (Vec::new(), Vec::new());
@@ -624,7 +605,7 @@ async fn kind_index_memory(n: usize) -> Result<()> {
     use testbed::webhook::COLLISION_KINDS;
     let bed = TestBed::start().await?;
     let ns = "kind-memory";
-    create_namespace(&bed, ns, false).await?;
+    bed.namespace_named(ns, false).await?;
     let webhook = WebhookProcess::start(&bed, &["--collision-kinds", COLLISION_KINDS]).await?;
     // (kind for --collision-kinds and the metric, quota resource name, object JSON)
     type KindCase = (&'static str, &'static str, fn(usize) -> Value);

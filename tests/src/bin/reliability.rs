@@ -1,0 +1,393 @@
+//! `scripts/reliability`: graceguard under the conditions a production
+//! cluster puts it in — hours of load, certificate rotation, a restarted
+//! kube-apiserver, a replica killed — against the real binaries on a real
+//! control plane. Each group checks its target and prints its figures.
+//!
+//! stdout: one JSON object per group (field `group`, field `pass`); stderr: a
+//! table. Exits 1 when a group misses its target.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, PostParams};
+use kube::Api;
+use serde_json::{json, Value};
+use testbed::balancer::Balancer;
+use testbed::bench::loadgen;
+use testbed::bench::procfs;
+use testbed::pods::{self, CreateOutcome};
+use testbed::webhook::{Hook, Registration, WebhookProcess};
+use testbed::{KubeVersion, TestBed};
+
+#[derive(Parser)]
+#[command(
+    name = "graceguard-reliability",
+    about = "Soak, certificate rotation, API server restart and replica loss, on a real control plane"
+)]
+struct Args {
+    /// Short runs (scripts/test): the soak's memory figure is printed but
+    /// not checked (too short to tell growth from warm-up).
+    #[arg(long)]
+    quick: bool,
+    /// Seconds of the soak (default 600; 20 with --quick).
+    #[arg(long)]
+    soak_seconds: Option<u64>,
+    /// Reviews per second of the soak.
+    #[arg(long, default_value_t = 1000)]
+    rate: u32,
+    /// Groups to run (soak, rotation, apiserver_restart, replica_kill); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(true) => {}
+        Ok(false) => {
+            eprintln!("reliability: a group missed its target (see `\"pass\":false` above)");
+            std::process::exit(1);
+        }
+        Err(e) => {
+            eprintln!("reliability failed: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Prints a group's figures; returns its `pass`.
+fn report(v: Value, line: String) -> bool {
+    println!("{v}");
+    eprintln!("{line}");
+    v["pass"].as_bool().unwrap_or(false)
+}
+
+async fn run(args: &Args) -> Result<bool> {
+    graceguard_certs::install_crypto_provider();
+    let wanted = |g: &str| args.only.is_empty() || args.only.iter().any(|o| o == g);
+    let q = args.quick;
+    let mut pass = true;
+    if wanted("soak") {
+        let secs = args.soak_seconds.unwrap_or(if q { 20 } else { 600 });
+        pass &= soak(secs, args.rate, !q).await?;
+    }
+    if wanted("rotation") {
+        pass &= rotation(Duration::from_secs(if q { 8 } else { 30 })).await?;
+    }
+    if wanted("apiserver_restart") {
+        pass &= apiserver_restart().await?;
+    }
+    if wanted("replica_kill") {
+        pass &= replica_kill(Duration::from_secs(if q { 9 } else { 30 })).await?;
+    }
+    Ok(pass)
+}
+
+/// The namespace of the load generator's reviews, with `n` real pods whose
+/// names 1% of the reviews reuse (each such hit costs a live read).
+async fn indexed_namespace(bed: &TestBed, webhook: &WebhookProcess, n: usize) -> Result<()> {
+    let ns = "bench-index";
+    bed.namespace_named(ns, false).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    for i in 0..n {
+        api.create(
+            &PostParams::default(),
+            &pods::task_pod(&format!("idx-{i}"), 30),
+        )
+        .await?;
+    }
+    webhook
+        .wait_metric("graceguard_index_pods", n as f64, Duration::from_secs(60))
+        .await
+}
+
+/// `secs` of reviews at `rate`/s in 30 s windows (5 s when short), resident
+/// memory read after each. Target: 0 failed reviews; with `check_memory`,
+/// resident memory after the last window within 10% of the first window's
+/// (the first is warm-up: connection buffers, caches, allocator arenas).
+async fn soak(secs: u64, rate: u32, check_memory: bool) -> Result<bool> {
+    let bed = TestBed::start().await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    indexed_namespace(&bed, &webhook, 100).await?;
+    let target = webhook.target("/validate/pods")?;
+    let bodies = Arc::new(loadgen::review_bodies(100)?);
+    let window = Duration::from_secs(if secs >= 120 { 30 } else { 5 });
+    let windows = (secs / window.as_secs()).max(2);
+    let (mut ok, mut errors, mut late) = (0usize, 0u64, 0u64);
+    let mut rss = Vec::new();
+    let mut p99 = Vec::new();
+    for _ in 0..windows {
+        let mut s = loadgen::fixed_rate(&target, Arc::clone(&bodies), rate, 4, window).await?;
+        ok += s.micros.len();
+        errors += s.errors;
+        late += s.late_sends;
+        p99.push(s.percentile(99.0) as f64 / 1000.0);
+        rss.push(procfs::rss_bytes(webhook.pid())?);
+    }
+    let first = rss[0] as f64;
+    let last = rss[rss.len() - 1] as f64;
+    let max = rss.iter().copied().max().unwrap_or_default() as f64;
+    let growth = (last - first) / first;
+    let dropped = webhook
+        .metric("graceguard_audit_records_dropped_total")?
+        .unwrap_or(0.0);
+    let pass = errors == 0 && (!check_memory || growth <= 0.10);
+    let p99_max = p99.iter().copied().fold(0.0, f64::max);
+    Ok(report(
+        json!({"group": "soak", "seconds": windows * window.as_secs(), "rate": rate, "reviews_ok": ok,
+        "errors": errors, "late_sends": late, "rss_first_window_bytes": rss[0], "rss_last_window_bytes": rss[rss.len() - 1],
+        "rss_max_bytes": max, "rss_growth_ratio": (growth * 1000.0).round() / 1000.0, "memory_checked": check_memory,
+        "p99_ms_worst_window": p99_max, "audit_records_dropped": dropped, "pass": pass}),
+        format!(
+            "soak               {} s at {rate}/s: {ok} reviews, {errors} errors, {late} late sends; rss {:.1} → {:.1} MB (max {:.1}, growth {:+.1}%{}); worst window p99 {p99_max:.2} ms; {dropped} audit records dropped",
+            windows * window.as_secs(),
+            first / 1e6,
+            last / 1e6,
+            max / 1e6,
+            growth * 100.0,
+            if check_memory { "" } else { ", not checked: short run" }
+        ),
+    ))
+}
+
+/// Reviews on live connections and on a new connection each, while the
+/// serving pair is replaced every second (reload interval 1 s). Target: 0
+/// failed reviews, and the webhook reloaded the pair more than once.
+async fn rotation(duration: Duration) -> Result<bool> {
+    let bed = TestBed::start().await?;
+    let webhook = WebhookProcess::start(&bed, &["--cert-reload-interval=1s"]).await?;
+    let target = webhook.target("/validate/pods")?;
+    let bodies = Arc::new(loadgen::review_bodies(1)?);
+    let rotations = Arc::new(AtomicU64::new(0));
+    let rotate = {
+        let rotations = Arc::clone(&rotations);
+        let webhook = &webhook;
+        async move {
+            let start = Instant::now();
+            while start.elapsed() < duration {
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                webhook.rotate_certificate()?;
+                rotations.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }
+    };
+    let (live, fresh, rotated) = tokio::join!(
+        loadgen::fixed_rate(&target, Arc::clone(&bodies), 300, 2, duration),
+        loadgen::handshake_each(&target, Arc::clone(&bodies), 2, duration),
+        rotate
+    );
+    rotated?;
+    let (live, fresh) = (live?, fresh?);
+    let reloads = webhook.log_lines_with("serving certificate reloaded")?;
+    let errors = live.errors + fresh.errors;
+    let pass = errors == 0 && reloads >= 2;
+    Ok(report(
+        json!({"group": "rotation", "seconds": duration.as_secs(), "rotations": rotations.load(Ordering::Relaxed),
+        "reloads": reloads, "reviews_on_live_connections": live.micros.len(), "reviews_on_new_connections": fresh.micros.len(),
+        "errors": errors, "pass": pass}),
+        format!(
+            "rotation           {} s: {} pairs written, {reloads} reloaded; {} reviews on live connections, {} on a new connection each; {errors} errors",
+            duration.as_secs(),
+            rotations.load(Ordering::Relaxed),
+            live.micros.len(),
+            fresh.micros.len()
+        ),
+    ))
+}
+
+/// kube-apiserver killed and restarted under a running webhook. Before the
+/// restart, nine live pods are denied re-creation (so their holders sit in
+/// the confirmation cache) and a tenth is put in a graceful deletion. Target:
+/// readiness drops while the API server is gone and returns; afterwards the
+/// nine, force-deleted, are re-created at once (a stale index or cache would
+/// deny them: a wrong denial) and the terminating tenth is still denied.
+async fn apiserver_restart() -> Result<bool> {
+    let mut bed = TestBed::start().await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let ns = bed.namespace("restart").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let names: Vec<String> = (0..10).map(|i| format!("keep-{i}")).collect();
+    for n in &names {
+        api.create(&PostParams::default(), &pods::task_pod(n, 30))
+            .await?;
+    }
+    webhook
+        .wait_metric("graceguard_index_pods", 11.0, Duration::from_secs(30))
+        .await?;
+    api.delete(&names[0], &DeleteParams::default()).await?;
+    for n in &names {
+        let out = pods::create(&api, &pods::task_pod(n, 30)).await?;
+        if !matches!(out, CreateOutcome::Refused { code: 409, .. }) {
+            bail!("before the restart, re-creating {n} was not refused 409: {out:?}");
+        }
+    }
+
+    let down = Instant::now();
+    let mut unready_after = None;
+    bed.restart_apiserver(|| async {
+        // Down for 10 s (a control-plane node rebooting): readiness must drop.
+        while down.elapsed() < Duration::from_secs(10) {
+            if unready_after.is_none() && !matches!(webhook.http_get("/readyz"), Ok((200, _))) {
+                unready_after = Some(down.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    })
+    .await?;
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(120);
+    while !matches!(webhook.http_get("/readyz"), Ok((200, _))) {
+        if Instant::now() > deadline {
+            bail!("the webhook was not ready 120 s after kube-apiserver came back");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready_after_back = back.elapsed();
+
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    let mut wrong_denials = Vec::new();
+    for n in &names[1..] {
+        api.delete(n, &force).await?;
+        // The delete is acknowledged; a Create of the name must now succeed
+        // (retried only while the API server itself still has the pod).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match pods::create(&api, &pods::task_pod(n, 30)).await? {
+                CreateOutcome::Created => break,
+                CreateOutcome::Refused { message, .. } if message.contains("graceguard") => {
+                    wrong_denials.push(format!("{n}: {message}"));
+                    break;
+                }
+                other if Instant::now() > deadline => bail!("re-creating {n}: {other:?}"),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+    let terminating = pods::create(&api, &pods::task_pod(&names[0], 30)).await?;
+    let still_denied = matches!(&terminating, CreateOutcome::Refused { code: 409, message, .. } if message.contains("graceguard"));
+    let pass = unready_after.is_some() && wrong_denials.is_empty() && still_denied;
+    Ok(report(
+        json!({"group": "apiserver_restart", "down_seconds": 10, "readiness_dropped": unready_after.is_some(),
+        "unready_after_seconds": unready_after.map(|d| d.as_secs_f64()), "ready_seconds_after_return": ready_after_back.as_secs_f64(),
+        "recreated_after_restart": names.len() - 1 - wrong_denials.len(), "wrong_denials": wrong_denials,
+        "terminating_still_denied": still_denied, "pass": pass}),
+        format!(
+            "apiserver_restart  down 10 s: readiness dropped {}; ready {:.1} s after it returned; {} of 9 force-deleted pods re-created with no wrong denial; terminating pod still denied: {still_denied}",
+            unready_after.map(|d| format!("after {:.1} s", d.as_secs_f64())).unwrap_or_else(|| "never".into()),
+            ready_after_back.as_secs_f64(),
+            names.len() - 1 - wrong_denials.len(),
+        ),
+    ))
+}
+
+/// Two replicas behind one registration (a balancer standing in for the
+/// Service), registered `failurePolicy: Ignore`; four clients create pods
+/// for `duration`, and one replica is killed (SIGKILL) a third of the way in.
+/// Target: 0 failed pod Creates, and the survivor served reviews after the kill.
+async fn replica_kill(duration: Duration) -> Result<bool> {
+    let bed = TestBed::start().await?;
+    let mut a = WebhookProcess::start(&bed, &[]).await?;
+    let b = WebhookProcess::start_replica(&bed, &[], &a).await?;
+    let addr = |w: &WebhookProcess| -> Result<std::net::SocketAddr> { Ok(w.target("/")?.addr) };
+    let lb = Balancer::start(vec![addr(&a)?, addr(&b)?]).await?;
+    a.register_with(
+        &bed,
+        &[Hook::CollisionGuard],
+        Registration {
+            url: Some(format!("https://{}", lb.addr)),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let ns = bed.namespace("replicas").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let start = Instant::now();
+    let clients = (0..4).map(|c| {
+        let api = api.clone();
+        async move {
+            let (mut ok, mut failed) = (0usize, Vec::new());
+            let mut k = 0;
+            while start.elapsed() < duration {
+                let name = format!("r-{c}-{k}");
+                k += 1;
+                match pods::create(&api, &pods::task_pod(&name, 0)).await {
+                    Ok(CreateOutcome::Created) => ok += 1,
+                    other => failed.push(format!("{name}: {other:?}")),
+                }
+            }
+            (ok, failed)
+        }
+    });
+    let kill = async {
+        tokio::time::sleep(duration / 3).await;
+        let served = count_reviews(&a, &ns)?;
+        a.kill();
+        anyhow::Ok((served, Instant::now()))
+    };
+    let (results, killed) = tokio::join!(join_all(clients), kill);
+    let (a_served, killed_at) = killed?;
+    let ok: usize = results.iter().map(|r| r.0).sum();
+    let failed: Vec<String> = results.into_iter().flat_map(|r| r.1).collect();
+    let b_served = count_reviews(&b, &ns)?;
+    let fail_open = apiserver_fail_open(&bed).await?;
+    let pass = failed.is_empty() && a_served > 0 && b_served > 0;
+    let after_kill = start
+        .elapsed()
+        .saturating_sub(killed_at.duration_since(start));
+    Ok(report(
+        json!({"group": "replica_kill", "seconds": duration.as_secs(), "creates_ok": ok, "creates_failed": failed.len(),
+        "failures": failed.iter().take(5).collect::<Vec<_>>(), "reviews_by_killed_replica": a_served,
+        "reviews_by_survivor": b_served, "apiserver_fail_open_calls": fail_open,
+        "seconds_after_kill": after_kill.as_secs_f64(), "pass": pass}),
+        format!(
+            "replica_kill       {} s, 4 clients: {ok} pod Creates, {} failed; killed replica served {a_served} reviews, survivor {b_served}; {} calls failed open at the API server",
+            duration.as_secs(),
+            failed.len(),
+            fail_open.map(|n| n.to_string()).unwrap_or_else(|| "? (no metric on this version)".into())
+        ),
+    ))
+}
+
+/// Collision-guard reviews of namespace `ns` in a replica's audit log.
+fn count_reviews(w: &WebhookProcess, ns: &str) -> Result<usize> {
+    Ok(w.audit_records()?
+        .iter()
+        .filter(|r| r["endpoint"] == Hook::CollisionGuard.endpoint() && r["namespace"] == ns)
+        .count())
+}
+
+/// The API server's count of webhook calls that failed and were let through
+/// (`apiserver_admission_webhook_fail_open_count`), if this version has it.
+async fn apiserver_fail_open(bed: &TestBed) -> Result<Option<u64>> {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("building a /metrics request")?;
+    let text = bed.client.request_text(req).await?;
+    let mut found = None;
+    for line in text.lines() {
+        if line.starts_with("apiserver_admission_webhook_fail_open_count{") {
+            let n: f64 = line
+                .rsplit_once(' ')
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0.0);
+            *found.get_or_insert(0) += n as u64;
+        }
+    }
+    // A counter with no series prints nothing: 0 where the version has it (1.28+).
+    Ok(match bed.version {
+        KubeVersion::V1_20 => found,
+        KubeVersion::V1_37 => Some(found.unwrap_or(0)),
+    })
+}
