@@ -161,6 +161,86 @@ fn opt_out() -> LabelSelector {
     }
 }
 
+/// One webhook of a configuration as the bed registers it (failurePolicy
+/// Ignore, the opt-out namespace selector); one shape for both kinds of
+/// webhook, each type reads the fields it has.
+fn webhook_spec(h: Hook, base_url: &str, ca_pem: &str, with_conditions: bool) -> Result<Value> {
+    let mut spec = serde_json::json!({
+        "name": h.name(),
+        "clientConfig": {
+            "url": format!("{base_url}{}", h.path()),
+            "caBundle": ByteString(ca_pem.as_bytes().to_vec()),
+        },
+        "rules": [h.rule()],
+        "failurePolicy": "Ignore",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 2,
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": opt_out(),
+        "reinvocationPolicy": "Never",
+    });
+    if with_conditions {
+        spec["matchConditions"] = match_conditions(h)?;
+    }
+    Ok(spec)
+}
+
+/// Registers a server at `base_url` (serving a certificate `ca_pem` signs)
+/// exactly as [`WebhookProcess::register_with`] registers the collision guard,
+/// except that it is called only in namespaces labelled `label=true` (and
+/// named `noop.bench.graceguard.io`): the floor any webhook costs the API
+/// server. Waits until the API server calls it (its admission metric counts
+/// a dry-run Create in namespace `probe_ns`).
+pub async fn register_noop(
+    bed: &TestBed,
+    base_url: &str,
+    ca_pem: &str,
+    label: &str,
+    probe_ns: &str,
+    match_conditions: bool,
+) -> Result<()> {
+    const NAME: &str = "noop.bench.graceguard.io";
+    let mut spec = webhook_spec(Hook::CollisionGuard, base_url, ca_pem, match_conditions)?;
+    spec["name"] = Value::from(NAME);
+    spec["namespaceSelector"] = serde_json::json!({"matchLabels": {label: "true"}});
+    let cfg = ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some("noop-bench".into()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![serde_json::from_value(spec)?]),
+    };
+    Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
+        .create(&PostParams::default(), &cfg)
+        .await
+        .context("registering the no-op webhook")?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), probe_ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sample = format!("name=\"{NAME}\"");
+    for n in 0.. {
+        api.create(&dry, &crate::pods::task_pod(&format!("noop-probe-{n}"), 1))
+            .await?;
+        let req = http::Request::get("/metrics").body(Vec::new())?;
+        let metrics = bed.client.request_text(req).await?;
+        if metrics.lines().any(|l| {
+            l.starts_with("apiserver_admission_webhook_admission_duration_seconds_count")
+                && l.contains(&sample)
+        }) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the API server did not call the no-op webhook within 30 s of registering it");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 /// A running `graceguard-webhook serve`; killed when dropped.
 pub struct WebhookProcess {
     proc: Managed,
@@ -253,7 +333,8 @@ impl WebhookProcess {
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Generous: at 100,000 pods the initial list alone takes a while on 2 cores.
+        let deadline = Instant::now() + Duration::from_secs(180);
         loop {
             self.proc.check_running()?;
             if matches!(self.http_get("/readyz"), Ok((200, _))) {
@@ -261,7 +342,7 @@ impl WebhookProcess {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "graceguard-webhook was not ready in 30 s; its log ends:\n{}",
+                    "graceguard-webhook was not ready in 180 s; its log ends:\n{}",
                     tail(&self.log, 20)
                 );
             }
@@ -336,28 +417,8 @@ impl WebhookProcess {
         hooks: &[Hook],
         how: Registration,
     ) -> Result<()> {
-        // One shape for both kinds of webhook; each type reads the fields it has.
-        let spec = |h: &Hook| -> Result<Value> {
-            let mut spec = serde_json::json!({
-                "name": h.name(),
-                "clientConfig": {
-                    "url": format!("{}{}", how.url.as_deref().unwrap_or(&self.url), h.path()),
-                    "caBundle": ByteString(self.ca_pem.clone().into_bytes()),
-                },
-                "rules": [h.rule()],
-                "failurePolicy": "Ignore",
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "timeoutSeconds": 2,
-                "matchPolicy": "Equivalent",
-                "namespaceSelector": opt_out(),
-                "reinvocationPolicy": "Never",
-            });
-            if how.match_conditions {
-                spec["matchConditions"] = match_conditions(*h)?;
-            }
-            Ok(spec)
-        };
+        let base = how.url.as_deref().unwrap_or(&self.url);
+        let spec = |h: &Hook| webhook_spec(*h, base, &self.ca_pem, how.match_conditions);
         let validating: Vec<ValidatingWebhook> = hooks
             .iter()
             .filter(|h| **h != Hook::DisruptionTagger)
@@ -530,7 +591,8 @@ impl WebhookProcess {
         Ok(text.lines().filter(|l| l.contains(needle)).count())
     }
 
-    /// Where to send reviews, for the load generator.
+    /// Where to send reviews, for the load generator (HTTP/2, as the API
+    /// server calls webhooks).
     pub fn target(&self, path: &str) -> Result<crate::bench::loadgen::Target> {
         let addr = self
             .url
@@ -542,6 +604,7 @@ impl WebhookProcess {
             addr,
             path: path.into(),
             ca_pem: self.ca_pem.clone(),
+            protocol: crate::bench::loadgen::Protocol::H2,
         })
     }
 

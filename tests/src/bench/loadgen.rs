@@ -1,5 +1,7 @@
-//! A TLS load generator for admission endpoints (hyper + rustls, HTTP/1.1
-//! keep-alive), and the minimal baseline server it is compared with.
+//! A TLS load generator for admission endpoints (hyper + rustls): HTTP/2,
+//! what kube-apiserver's webhook client negotiates (one connection, many
+//! concurrent streams), or HTTP/1.1 keep-alive (one request in flight per
+//! connection); and the minimal baseline server it is compared with.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,25 +20,53 @@ use serde_json::{json, Value};
 
 use super::stats::Stats;
 
+/// The HTTP version the load generator speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/2 over one connection; each "connection" of a run is a stream slot.
+    H2,
+    /// HTTP/1.1 keep-alive, one connection per slot.
+    Http1,
+}
+
+impl Protocol {
+    /// The `protocol` field of the benchmark rows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::H2 => "h2",
+            Protocol::Http1 => "http1",
+        }
+    }
+}
+
 /// Where to send reviews.
 #[derive(Clone)]
 pub struct Target {
     pub addr: SocketAddr,
     pub path: String,
     pub ca_pem: String,
+    pub protocol: Protocol,
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
 
+/// One new connection (TLS handshake, ALPN for the target's protocol).
 async fn connect(t: &Target) -> Result<Sender> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(t.ca_pem.as_bytes()).context("CA PEM")?)?;
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()?
     .with_root_certificates(roots)
     .with_no_client_auth();
+    cfg.alpn_protocols = vec![match t.protocol {
+        Protocol::H2 => b"h2".to_vec(),
+        Protocol::Http1 => b"http/1.1".to_vec(),
+    }];
     let tcp = TcpStream::connect(t.addr)
         .await
         .with_context(|| format!("connecting to {}", t.addr))?;
@@ -44,19 +74,57 @@ async fn connect(t: &Target) -> Result<Sender> {
     let tls = TlsConnector::from(Arc::new(cfg))
         .connect(ServerName::try_from("localhost")?.to_owned(), tcp)
         .await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
-    tokio::spawn(conn);
-    Ok(sender)
+    let io = TokioIo::new(tls);
+    Ok(match t.protocol {
+        Protocol::Http1 => {
+            let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+            tokio::spawn(conn);
+            Sender::H1(sender)
+        }
+        Protocol::H2 => {
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+            tokio::spawn(conn);
+            Sender::H2(sender)
+        }
+    })
+}
+
+/// `n` request slots: `n` HTTP/1.1 connections, or `n` clones of one HTTP/2
+/// connection (as the API server multiplexes its calls to one webhook).
+async fn connect_slots(t: &Target, n: usize) -> Result<Vec<Sender>> {
+    let mut out = Vec::with_capacity(n);
+    match t.protocol {
+        Protocol::Http1 => {
+            for _ in 0..n {
+                out.push(connect(t).await?);
+            }
+        }
+        Protocol::H2 => {
+            let Sender::H2(one) = connect(t).await? else {
+                bail!("an HTTP/2 connect returned an HTTP/1.1 sender");
+            };
+            out.extend((0..n).map(|_| Sender::H2(one.clone())));
+        }
+    }
+    Ok(out)
 }
 
 /// One review round trip; Ok(true) when it was answered 200 with a review.
 async fn send(sender: &mut Sender, path: &str, body: Bytes) -> Result<bool> {
-    sender.ready().await?;
-    let req = http::Request::post(path)
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(body))?;
-    let resp = sender.send_request(req).await?;
+    let req = http::Request::post(path).header("content-type", "application/json");
+    let resp = match sender {
+        Sender::H1(s) => {
+            s.ready().await?;
+            s.send_request(req.header("host", "localhost").body(Full::new(body))?)
+                .await?
+        }
+        Sender::H2(s) => {
+            s.ready().await?;
+            let uri = format!("https://localhost{path}");
+            s.send_request(req.uri(uri).body(Full::new(body))?).await?
+        }
+    };
     let ok = resp.status() == 200;
     let body = resp.into_body().collect().await?.to_bytes();
     Ok(ok && body.windows(7).any(|w| w == b"allowed"))
@@ -100,13 +168,13 @@ async fn drive<F>(t: &Target, bodies: Arc<Vec<Bytes>>, connections: usize, next:
 where
     F: Fn(usize, usize) -> Option<usize> + Clone + Send + 'static,
 {
+    let senders = connect_slots(t, connections.max(1)).await?;
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for c in 0..connections.max(1) {
+    for (c, mut sender) in senders.into_iter().enumerate() {
         let (t, bodies, next) = (t.clone(), Arc::clone(&bodies), next.clone());
         tasks.push(tokio::spawn(async move {
             let mut stats = Stats::default();
-            let mut sender = connect(&t).await?;
             let mut k = 0;
             while let Some(i) = next(c, k) {
                 k += 1;
@@ -175,10 +243,8 @@ pub async fn fixed_rate(
     let total = (f64::from(rate) * duration.as_secs_f64()) as usize;
     let interval = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     // Connect first, so handshakes are not measured.
-    let mut senders = Vec::new();
-    for _ in 0..connections {
-        senders.push(connect(t).await?);
-    }
+    let senders = connect_slots(t, connections.max(1)).await?;
+    let connections = senders.len();
     let start = Instant::now() + Duration::from_millis(50);
     let mut tasks = Vec::new();
     for (c, mut sender) in senders.into_iter().enumerate() {

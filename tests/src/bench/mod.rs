@@ -3,5 +3,6 @@
 //! figures read from /proc.
 
 pub mod loadgen;
+pub mod pin;
 pub mod procfs;
 pub mod stats;

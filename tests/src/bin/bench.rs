@@ -13,19 +13,21 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use futures::{stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use hyper::body::Bytes;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
-use testbed::bench::loadgen::{self, Target};
+use testbed::bench::loadgen::{self, Protocol, Target};
+use testbed::bench::pin;
 use testbed::bench::procfs;
 use testbed::bench::stats::percentile_f64;
 use testbed::guard_task::{spec, RunningTask};
-use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
+use testbed::kubelet::{now_rfc3339, Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::process::free_port;
-use testbed::webhook::{Hook, WebhookProcess};
-use testbed::{TestBed, TestBedOptions};
+use testbed::webhook::{register_noop, Hook, Registration, WebhookProcess};
+use testbed::{KubeVersion, TestBed, TestBedOptions};
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +52,16 @@ struct Args {
     /// Pods fed synthetically into an index for the memory figure.
     #[arg(long)]
     synthetic_pods: Option<usize>,
+    /// Only these groups (comma-separated): webhook (index memory,
+    /// saturation, fixed rate), apiserver_overhead, livelock_storm,
+    /// guard_recovery, tag_delay, kind_index_memory, match_conditions_share,
+    /// index_memory_scale.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Real pods in the API server when a webhook starts, for its start-to-ready
+    /// time and memory (100,000; 1,000 with --quick).
+    #[arg(long)]
+    scale_pods: Option<usize>,
     /// Seconds per load-generator run.
     #[arg(long)]
     seconds: Option<f64>,
@@ -138,17 +150,39 @@ async fn run(args: &Args) -> Result<()> {
             .unwrap_or(0)
     ));
 
-    let bed = TestBed::start().await?;
-    let webhook = WebhookProcess::start(&bed, &[]).await?;
-    memory_and_throughput(args, &s, &bed, &webhook).await?;
-    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
-    apiserver_overhead(&s, &bed).await?;
-    livelock_storm(&s, &bed, &webhook).await?;
-    drop(webhook);
-    drop(bed);
-    guard_recovery().await?;
-    tag_delay(if q { 5 } else { 20 }).await?;
-    kind_index_memory(if q { 100 } else { 2000 }).await?;
+    let wanted = |g: &str| args.only.is_empty() || args.only.iter().any(|o| o == g);
+    if ["webhook", "apiserver_overhead", "livelock_storm"]
+        .iter()
+        .any(|g| wanted(g))
+    {
+        let bed = TestBed::start().await?;
+        let webhook = WebhookProcess::start(&bed, &[]).await?;
+        if wanted("webhook") {
+            memory_and_throughput(args, &s, &bed, &webhook).await?;
+        }
+        webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+        if wanted("apiserver_overhead") {
+            apiserver_overhead(&s, &bed, &webhook).await?;
+        }
+        if wanted("livelock_storm") {
+            livelock_storm(&s, &bed, &webhook).await?;
+        }
+    }
+    if wanted("guard_recovery") {
+        guard_recovery().await?;
+    }
+    if wanted("tag_delay") {
+        tag_delay(if q { 5 } else { 20 }).await?;
+    }
+    if wanted("kind_index_memory") {
+        kind_index_memory(if q { 100 } else { 2000 }).await?;
+    }
+    if wanted("match_conditions_share") {
+        match_conditions_share(if q { 10 } else { 100 }).await?;
+    }
+    if wanted("index_memory_scale") {
+        index_memory_at_scale(args.scale_pods.unwrap_or(if q { 1000 } else { 100_000 })).await?;
+    }
     table(format!("done in {:.0} s", started.elapsed().as_secs_f64()));
     Ok(())
 }
@@ -218,48 +252,92 @@ async fn memory_and_throughput(
     ));
 
     // Throughput and latency.
-    let baseline_port = free_port()?;
-    let exe = std::env::current_exe()?;
-    let mut baseline = Command::new(exe)
-        .args([
-            "baseline-server",
-            "--listen",
-            &format!("127.0.0.1:{baseline_port}"),
-        ])
-        .arg("--cert")
-        .arg(webhook.dir.join("tls.crt"))
-        .arg("--key")
-        .arg(webhook.dir.join("tls.key"))
-        .stdin(Stdio::null())
-        .spawn()
-        .context("starting the baseline server")?;
-    let result = throughput(args, s, webhook, baseline_port).await;
-    let _ = baseline.kill();
-    let _ = baseline.wait();
+    let baseline = BaselineServer::start(webhook).await?;
+    let bodies = Arc::new(loadgen::review_bodies(s.pods)?);
+    // Load generator on CPU 0, the server under test on CPU 1 (both servers
+    // are pinned there and measured in turn); unpinned again afterwards.
+    let pinned = pin::online_cpus() >= 2;
+    let procs = [std::process::id(), webhook.pid(), baseline.pid()];
+    if pinned {
+        pin::pin(procs[0], &[0])?;
+        pin::pin(procs[1], &[1])?;
+        pin::pin(procs[2], &[1])?;
+    } else {
+        table("webhook groups: fewer than 2 CPUs online, so load generator and servers are not pinned".into());
+    }
+    let mut result = Ok(());
+    for protocol in [Protocol::H2, Protocol::Http1] {
+        result = throughput_rows(args, s, webhook, baseline.port, &bodies, protocol, pinned).await;
+        if result.is_err() {
+            break;
+        }
+    }
+    if pinned {
+        for pid in procs {
+            pin::pin(pid, &pin::all_cpus())?;
+        }
+    }
     result
 }
 
-async fn throughput(
+/// The baseline server (`graceguard-bench baseline-server`) in a process of
+/// its own, serving the webhook's certificate; killed when dropped.
+struct BaselineServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl BaselineServer {
+    async fn start(webhook: &WebhookProcess) -> Result<Self> {
+        let port = free_port()?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(["baseline-server", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--cert")
+            .arg(webhook.dir.join("tls.crt"))
+            .arg("--key")
+            .arg(webhook.dir.join("tls.key"))
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting the baseline server")?;
+        let server = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                bail!("the baseline server did not start listening on port {port} within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(server)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for BaselineServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Saturation and fixed-rate rows for one protocol.
+async fn throughput_rows(
     args: &Args,
     s: &Sizes,
     webhook: &WebhookProcess,
     baseline_port: u16,
+    bodies: &Arc<Vec<Bytes>>,
+    protocol: Protocol,
+    pinned: bool,
 ) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(("127.0.0.1", baseline_port))
-        .await
-        .is_err()
-    {
-        if Instant::now() > deadline {
-            bail!("the baseline server did not start");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let bodies = Arc::new(loadgen::review_bodies(s.pods)?);
     let gg = Target {
-        addr: webhook.url.trim_start_matches("https://").parse()?,
-        path: "/validate/pods".into(),
-        ca_pem: webhook.ca_pem.clone(),
+        protocol,
+        ..webhook.target("/validate/pods")?
     };
     let base = Target {
         addr: SocketAddr::from(([127, 0, 0, 1], baseline_port)),
@@ -267,37 +345,40 @@ async fn throughput(
     };
     let dur = Duration::from_secs_f64(s.seconds);
     let c = args.connections;
+    let p = protocol.as_str();
     // Warm both up (TLS sessions, caches, allocator) before measuring.
-    loadgen::saturate(&gg, Arc::clone(&bodies), c, Duration::from_millis(500)).await?;
-    loadgen::saturate(&base, Arc::clone(&bodies), c, Duration::from_millis(500)).await?;
-    let mut sat_base = loadgen::saturate(&base, Arc::clone(&bodies), c, dur).await?;
-    let mut sat_gg = loadgen::saturate(&gg, Arc::clone(&bodies), c, dur).await?;
+    loadgen::saturate(&gg, Arc::clone(bodies), c, Duration::from_millis(500)).await?;
+    loadgen::saturate(&base, Arc::clone(bodies), c, Duration::from_millis(500)).await?;
+    let mut sat_base = loadgen::saturate(&base, Arc::clone(bodies), c, dur).await?;
+    let mut sat_gg = loadgen::saturate(&gg, Arc::clone(bodies), c, dur).await?;
     let ratio = sat_gg.rps() / sat_base.rps().max(1.0);
     emit(
-        json!({"group": "webhook_saturation", "connections": c, "indexed_pods": s.pods,
+        json!({"group": "webhook_saturation", "protocol": p, "pinned": pinned, "connections": c, "indexed_pods": s.pods,
         "graceguard_rps": sat_gg.rps().round(), "baseline_rps": sat_base.rps().round(), "throughput_ratio": round3(ratio),
         "graceguard_p50_us": sat_gg.percentile(50.0), "graceguard_p99_us": sat_gg.percentile(99.0), "graceguard_p999_us": sat_gg.percentile(99.9),
         "baseline_p50_us": sat_base.percentile(50.0), "baseline_p99_us": sat_base.percentile(99.0),
         "errors": sat_gg.errors + sat_base.errors}),
     );
     table(format!(
-        "webhook_saturation  graceguard {:>7.0}/s  baseline {:>7.0}/s  ratio {ratio:.2}  (p99 {} us vs {} us, {c} connections)",
+        "webhook_saturation  {p:<5} graceguard {:>7.0}/s  baseline {:>7.0}/s  ratio {ratio:.2}  (p99 {} us vs {} us, {c} {})",
         sat_gg.rps(),
         sat_base.rps(),
         sat_gg.percentile(99.0),
-        sat_base.percentile(99.0)
+        sat_base.percentile(99.0),
+        if protocol == Protocol::H2 { "streams on 1 connection" } else { "connections" }
     ));
 
-    let mut fr_base = loadgen::fixed_rate(&base, Arc::clone(&bodies), args.rate, c, dur).await?;
-    let mut fr_gg = loadgen::fixed_rate(&gg, Arc::clone(&bodies), args.rate, c, dur).await?;
+    let mut fr_base = loadgen::fixed_rate(&base, Arc::clone(bodies), args.rate, c, dur).await?;
+    let mut fr_gg = loadgen::fixed_rate(&gg, Arc::clone(bodies), args.rate, c, dur).await?;
+    let p99_ratio = fr_gg.percentile(99.0) as f64 / fr_base.percentile(99.0).max(1) as f64;
     emit(
-        json!({"group": "webhook_fixed_rate", "rate": args.rate, "connections": c,
+        json!({"group": "webhook_fixed_rate", "protocol": p, "pinned": pinned, "rate": args.rate, "connections": c,
         "p50_us": fr_gg.percentile(50.0), "p99_us": fr_gg.percentile(99.0), "p999_us": fr_gg.percentile(99.9),
         "baseline_p50_us": fr_base.percentile(50.0), "baseline_p99_us": fr_base.percentile(99.0), "baseline_p999_us": fr_base.percentile(99.9),
-        "achieved_rps": fr_gg.rps().round(), "late_sends": fr_gg.late_sends, "errors": fr_gg.errors}),
+        "p99_ratio": round3(p99_ratio), "achieved_rps": fr_gg.rps().round(), "late_sends": fr_gg.late_sends, "errors": fr_gg.errors}),
     );
     table(format!(
-        "webhook_fixed_rate  {}/s: graceguard p50 {} us p99 {} us p99.9 {} us; baseline p99 {} us",
+        "webhook_fixed_rate  {p:<5} {}/s: graceguard p50 {} us p99 {} us p99.9 {} us; baseline p99 {} us (ratio {p99_ratio:.2})",
         args.rate,
         fr_gg.percentile(50.0),
         fr_gg.percentile(99.0),
@@ -347,19 +428,42 @@ fn synthetic_rss(pods: usize) -> Result<u64> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
 
-/// Create latency through the real API server with and without the webhook
-/// in the path: interleaved batches in a namespace the webhook covers and one
-/// it is told to skip (opt-out label), so both see the same server state.
-async fn apiserver_overhead(s: &Sizes, bed: &TestBed) -> Result<()> {
+/// Create latency through the real API server on three sides, in
+/// interleaved batches so all see the same server state: no webhook (a
+/// namespace graceguard is told to skip), graceguard's collision guard, and
+/// the floor: a no-op webhook (the baseline server) registered exactly like
+/// the collision guard, called only in its own namespace.
+async fn apiserver_overhead(s: &Sizes, bed: &TestBed, webhook: &WebhookProcess) -> Result<()> {
+    const NOOP_LABEL: &str = "bench.graceguard.io/noop";
     bed.namespace_named("ovh-with", false).await?;
     bed.namespace_named("ovh-without", true).await?;
-    let with: Api<Pod> = Api::namespaced(bed.client.clone(), "ovh-with");
-    let without: Api<Pod> = Api::namespaced(bed.client.clone(), "ovh-without");
-    let (mut lat_with, mut lat_without) = (Vec::new(), Vec::new());
+    bed.namespace_named("ovh-noop", true).await?;
+    let label = json!({"metadata": {"labels": {NOOP_LABEL: "true"}}});
+    Api::<Namespace>::all(bed.client.clone())
+        .patch("ovh-noop", &PatchParams::default(), &Patch::Merge(&label))
+        .await?;
+    let noop = BaselineServer::start(webhook).await?;
+    let noop_url = format!("https://127.0.0.1:{}", noop.port);
+    register_noop(
+        bed,
+        &noop_url,
+        &webhook.ca_pem,
+        NOOP_LABEL,
+        "ovh-noop",
+        false,
+    )
+    .await?;
+
+    let sides = ["ovh-without", "ovh-with", "ovh-noop"];
+    let apis: Vec<Api<Pod>> = sides
+        .iter()
+        .map(|ns| Api::namespaced(bed.client.clone(), ns))
+        .collect();
+    let mut lat: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
     let batch = 25;
     let mut i = 0;
     while i < s.api_pods {
-        for (api, lat) in [(&without, &mut lat_without), (&with, &mut lat_with)] {
+        for (api, lat) in apis.iter().zip(lat.iter_mut()) {
             let mut names = Vec::new();
             for k in i..(i + batch).min(s.api_pods) {
                 let name = format!("ovh-{k}");
@@ -385,22 +489,182 @@ async fn apiserver_overhead(s: &Sizes, bed: &TestBed) -> Result<()> {
         }
         i += batch;
     }
-    let (mw, mo) = (
-        percentile_f64(&mut lat_with, 50.0),
-        percentile_f64(&mut lat_without, 50.0),
-    );
-    let (pw, po) = (
-        percentile_f64(&mut lat_with, 99.0),
-        percentile_f64(&mut lat_without, 99.0),
-    );
+    let med: Vec<f64> = lat.iter_mut().map(|l| percentile_f64(l, 50.0)).collect();
+    let p99: Vec<f64> = lat.iter_mut().map(|l| percentile_f64(l, 99.0)).collect();
+    let (mo, mw, mn) = (med[0], med[1], med[2]);
+    let (added_gg, added_noop) = (mw - mo, mn - mo);
+    // Below 10 us the floor is noise and a ratio against it means nothing.
+    let vs_noop = (added_noop > 0.01).then(|| round3(added_gg / added_noop));
     let ratio = mw / mo.max(1e-9);
     emit(
         json!({"group": "apiserver_overhead", "pods": s.api_pods, "median_ms_without": round3(mo), "median_ms_with": round3(mw),
-        "p99_ms_without": round3(po), "p99_ms_with": round3(pw), "added_latency_ratio": round3(ratio)}),
+        "median_ms_noop": round3(mn), "p99_ms_without": round3(p99[0]), "p99_ms_with": round3(p99[1]), "p99_ms_noop": round3(p99[2]),
+        "added_latency_ratio": round3(ratio), "added_ms_graceguard": round3(added_gg), "added_ms_noop": round3(added_noop),
+        "added_latency_ratio_vs_noop": vs_noop}),
     );
     table(format!(
-        "apiserver_overhead  {} pods/side: median {mw:.2} ms with vs {mo:.2} ms without (ratio {ratio:.3}); p99 {pw:.2} vs {po:.2} ms",
-        s.api_pods
+        "apiserver_overhead  {} pods/side: median {mw:.2} ms graceguard, {mn:.2} ms no-op webhook, {mo:.2} ms none; added {added_gg:+.2} ms vs the no-op's {added_noop:+.2} ms (ratio {}); p99 {:.2} / {:.2} / {:.2} ms",
+        s.api_pods,
+        vs_noop.map(|r| format!("{r:.2}")).unwrap_or_else(|| "n/a: the floor is below 10 us".into()),
+        p99[1],
+        p99[2],
+        p99[0]
+    ));
+    Ok(())
+}
+
+/// Kubernetes >= 1.30 with the chart's `matchConditions`: which pod writes
+/// still reach graceguard. A workload shaped like a cluster's: half the pods
+/// named by a client, half by `generateName` (controllers); each gets three
+/// ordinary status updates from its node's kubelet, every tenth a
+/// `DisruptionTarget` as well; then each is deleted.
+async fn match_conditions_share(n: usize) -> Result<()> {
+    let bed = TestBed::start().await?;
+    if bed.version != KubeVersion::V1_37 {
+        table("match_conditions_share: needs Kubernetes >= 1.30 (GRACEGUARD_KUBE=1.37)".into());
+        return Ok(());
+    }
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    let hooks = [
+        Hook::CollisionGuard,
+        Hook::DisruptionTagger,
+        Hook::DeletionAudit,
+    ];
+    webhook
+        .register_with(
+            &bed,
+            &hooks,
+            Registration {
+                match_conditions: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let ns = bed.namespace("share").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let node: Api<Pod> = Api::namespaced(bed.client_as(pods::NODE).await?, &ns);
+    let (mut creates, mut updates, mut deletes) = (0usize, 0usize, 0usize);
+    let mut names = Vec::new();
+    for i in 0..n {
+        let mut p = pods::task_pod(&format!("named-{i}"), 0);
+        if i % 2 == 1 {
+            p.metadata.name = None;
+            p.metadata.generate_name = Some("generated-".into());
+        }
+        let created = api.create(&PostParams::default(), &p).await?;
+        creates += 1;
+        names.push(created.metadata.name.unwrap_or_default());
+    }
+    for (i, name) in names.iter().enumerate() {
+        for k in 0..3 {
+            let st = json!({"status": {"phase": "Running", "message": format!("heartbeat {k}")}});
+            node.patch_status(name, &PatchParams::default(), &Patch::Merge(&st))
+                .await?;
+            updates += 1;
+        }
+        if i % 10 == 0 {
+            let st = json!({"status": {"conditions": [{"type": "DisruptionTarget", "status": "True",
+                "reason": "TerminationByKubelet", "message": "bench", "lastTransitionTime": now_rfc3339()}]}});
+            node.patch_status(name, &PatchParams::default(), &Patch::Strategic(&st))
+                .await?;
+            updates += 1;
+        }
+    }
+    for name in &names {
+        api.delete(
+            name,
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await?;
+        deletes += 1;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let records = webhook.audit_records()?;
+    // Distinct values of `field` among the records of `endpoint`: calls by
+    // request uid; deletes by pod name, since the API server validates one
+    // DELETE again (a new call) whenever its cached copy of the pod was stale.
+    let distinct = |endpoint: &str, field: &str| {
+        records
+            .iter()
+            .filter(|r| {
+                r["namespace"] == ns.as_str()
+                    && r["endpoint"] == endpoint
+                    && r["event"] == "admission"
+            })
+            .filter_map(|r| r[field].as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    let (rc, ru, rd) = (
+        distinct(Hook::CollisionGuard.endpoint(), "request_uid"),
+        distinct(Hook::DisruptionTagger.endpoint(), "request_uid"),
+        distinct(Hook::DeletionAudit.endpoint(), "name"),
+    );
+    let delete_calls = distinct(Hook::DeletionAudit.endpoint(), "request_uid");
+    let writes = creates + updates + deletes;
+    let share = (rc + ru + rd) as f64 / writes as f64;
+    emit(
+        json!({"group": "match_conditions_share", "pods": n, "writes": writes, "reached": rc + ru + rd, "share": round3(share),
+        "creates": creates, "creates_reached": rc, "status_updates": updates, "status_updates_reached": ru,
+        "deletes": deletes, "deletes_reached": rd, "delete_calls": delete_calls}),
+    );
+    table(format!(
+        "match_conditions_share  {writes} pod writes, {} reached graceguard ({:.0}%): creates {rc}/{creates}, status updates {ru}/{updates}, deletes {rd}/{deletes} (in {delete_calls} calls: the API server re-validates a DELETE whose cached pod was stale)",
+        rc + ru + rd,
+        share * 100.0
+    ));
+    Ok(())
+}
+
+/// The pod index at scale, with real objects: `n` pods in 100 namespaces of
+/// a test API server, then a webhook started against it: the time from start
+/// to ready (the initial list) and its resident memory once ready.
+async fn index_memory_at_scale(n: usize) -> Result<()> {
+    let bed = TestBed::start().await?;
+    let namespaces = 100.min(n.max(1));
+    for k in 0..namespaces {
+        bed.namespace_named(&format!("scale-{k}"), false).await?;
+    }
+    let t = Instant::now();
+    let apis: Vec<Api<Pod>> = (0..namespaces)
+        .map(|k| Api::namespaced(bed.client.clone(), &format!("scale-{k}")))
+        .collect();
+    let results: Vec<Result<()>> = stream::iter(0..n)
+        .map(|i| {
+            let api = apis[i % namespaces].clone();
+            async move {
+                let mut p = pods::task_pod(&format!("train-job-{:08}-{}", i / 3, i % 3), 30);
+                if let Some(spec) = p.spec.as_mut() {
+                    spec.node_name = None;
+                }
+                api.create(&PostParams::default(), &p).await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<()>>()?;
+    table(format!(
+        "created {n} pods in {:.0} s",
+        t.elapsed().as_secs_f64()
+    ));
+    let t = Instant::now();
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    let ready = t.elapsed().as_secs_f64();
+    let indexed = webhook.metric("graceguard_index_pods")?.unwrap_or(0.0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss = procfs::rss_bytes(webhook.pid())?;
+    emit(
+        json!({"group": "index_memory", "pods": n, "rss_bytes": rss, "ready_seconds": round3(ready), "indexed": indexed,
+        "synthetic": false, "note": "a webhook started against an API server already holding the pods: start to ready is the initial list"}),
+    );
+    table(format!(
+        "index_memory   real, at start: {n:>7} pods  rss {:>6.1} MB  ready {ready:.1} s after start ({indexed} indexed)",
+        mb(rss)
     ));
     Ok(())
 }
