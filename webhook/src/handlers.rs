@@ -15,9 +15,7 @@ use crate::confirm::Confirmer;
 use crate::follow_up::{FollowUp, Source};
 use crate::kind_index::KindIndexes;
 use crate::livelock::LivelockDetector;
-use crate::metrics::{
-    reason_labels, Endpoint, EndpointLabels, ExplainedLabels, Metrics, ReviewLabels,
-};
+use crate::metrics::{reason_labels, Endpoint, ExplainedLabels, Metrics};
 use crate::mode::Mode;
 use crate::pod_index::{NamespaceModes, PodIndex};
 use crate::quota_kinds::GroupResource;
@@ -94,7 +92,11 @@ pub async fn validate_pods_eviction(State(app): State<Arc<App>>, body: Bytes) ->
 
 async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
     let start = Instant::now();
-    let req = match review::parse(body) {
+    let read = match endpoint {
+        Endpoint::collision_guard => review::Read::NameOnly,
+        _ => review::Read::Pods,
+    };
+    let req = match review::parse_as(body, read) {
         Ok(r) => r,
         Err(e) => {
             app.metrics.bad_requests.inc();
@@ -124,17 +126,12 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
         rec.name.clone_from(&req.name);
     }
     rec.latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-    app.metrics
-        .reviews
-        .get_or_create(&ReviewLabels {
-            endpoint,
-            decision: rec.decision,
-        })
-        .inc();
-    app.metrics
-        .review_seconds
-        .get_or_create(&EndpointLabels { endpoint })
-        .observe(elapsed.as_secs_f64());
+    let series = app.metrics.review(endpoint);
+    match answer.allowed {
+        true => series.allowed.inc(),
+        false => series.denied.inc(),
+    };
+    series.seconds.observe(elapsed.as_secs_f64());
     rec.emit();
     review::answer(&req, answer)
 }

@@ -41,6 +41,7 @@ pub fn init() -> Logging {
             64 * 1024,
             std::io::stdout(),
         ));
+    crate::audit::set_sink(writer.clone());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .json()

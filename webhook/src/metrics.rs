@@ -110,18 +110,59 @@ pub struct Metrics {
     pub kind_index_ready: Family<KindLabels, Gauge>,
     pub audit_records_dropped: Counter,
     pub certificate_expiry: Gauge,
+    /// Each endpoint's review series, resolved once: the admission path
+    /// increments them without a label hash or the family's lock.
+    handles: Arc<[ReviewHandles; 4]>,
 }
 
+/// One endpoint's `admission_reviews` and `admission_review_seconds` series.
+#[derive(Clone)]
+pub struct ReviewHandles {
+    pub allowed: Counter,
+    pub denied: Counter,
+    pub seconds: Histogram,
+}
+
+const ENDPOINTS: [Endpoint; 4] = [
+    Endpoint::collision_guard,
+    Endpoint::disruption_tagger,
+    Endpoint::deletion_audit,
+    Endpoint::eviction_audit,
+];
+
 impl Metrics {
+    /// The series of `endpoint`'s reviews.
+    pub fn review(&self, endpoint: Endpoint) -> &ReviewHandles {
+        &self.handles[endpoint as usize]
+    }
+
     /// The metrics and the registry that exports them.
     pub fn new() -> (Self, Arc<Registry>) {
-        let m = Self {
-            reviews: Family::default(),
-            review_seconds: Family::new_with_constructor(|| {
+        let reviews: Family<ReviewLabels, Counter> = Family::default();
+        let review_seconds: Family<EndpointLabels, Histogram> =
+            Family::new_with_constructor(|| {
                 // 10 µs .. ~0.33 s: the decision is an index lookup, a
                 // confirmation a GET; the apiserver's own buckets start at 5 ms.
                 Histogram::new(exponential_buckets(0.000_01, 2.0, 16))
-            }),
+            });
+        let handles = Arc::new(ENDPOINTS.map(|endpoint| {
+            let counter = |decision| {
+                reviews
+                    .get_or_create(&ReviewLabels { endpoint, decision })
+                    .clone()
+            };
+            ReviewHandles {
+                allowed: counter("allow"),
+                denied: counter("deny"),
+                seconds: review_seconds
+                    .get_or_create(&EndpointLabels { endpoint })
+                    .clone(),
+            }
+        }));
+        let m = Self {
+            reviews,
+            review_seconds,
+            handles,
             bad_requests: Counter::default(),
             index_pods: Gauge::default(),
             index_ready: Gauge::default(),
@@ -243,4 +284,30 @@ pub fn render(registry: &Registry) -> String {
         tracing::warn!(error = %e, "encoding metrics failed");
     }
     out
+}
+
+#[cfg(test)]
+mod handle_tests {
+    use super::*;
+
+    /// `review()` indexes by the enum's discriminant: each slot must hold
+    /// its own endpoint's series.
+    #[test]
+    fn each_endpoint_counts_into_its_own_series() {
+        let (m, registry) = Metrics::new();
+        for (i, e) in ENDPOINTS.iter().enumerate() {
+            assert_eq!(*e as usize, i);
+        }
+        m.review(Endpoint::eviction_audit).denied.inc();
+        let text = render(&registry);
+        assert!(
+            text.contains(
+                "graceguard_admission_reviews_total{endpoint=\"eviction_audit\",decision=\"deny\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "graceguard_admission_reviews_total{endpoint=\"collision_guard\",decision=\"deny\"} 0"
+        ));
+    }
 }

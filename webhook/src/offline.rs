@@ -16,6 +16,9 @@ use crate::{deletion_audit, disruption, tagger};
 /// Runs `body` through the parser and the pure decisions; returns the HTTP
 /// status of the answer graceguard would send. Must never panic.
 pub fn process(body: &[u8], now_unix: i64) -> u16 {
+    if let Ok(req) = review::parse_as(body, review::Read::NameOnly) {
+        let _ = (req.object_name.as_deref(), req.is_pods("CREATE", ""));
+    }
     let req = match review::parse(body) {
         Ok(req) => req,
         Err(e) => return review::unreadable(body, &e).status().as_u16(),

@@ -34,15 +34,18 @@ pub enum ReviewError {
 }
 
 #[derive(Deserialize)]
-struct ReviewIn {
+struct ReviewIn<'a> {
     #[serde(rename = "apiVersion", default)]
     api_version: String,
-    request: Option<RawRequest>,
+    #[serde(borrow)]
+    request: Option<RawRequest<'a>>,
 }
 
+/// The request, with `object`, `oldObject` and `options` borrowed raw from the
+/// body (no copy) until a decision asks for them.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawRequest {
+struct RawRequest<'a> {
     uid: String,
     resource: Gvr,
     #[serde(default)]
@@ -54,14 +57,14 @@ struct RawRequest {
     operation: String,
     #[serde(default)]
     user_info: UserInfo,
-    #[serde(default)]
-    object: Option<Box<RawValue>>,
-    #[serde(default)]
-    old_object: Option<Box<RawValue>>,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    old_object: Option<&'a RawValue>,
     #[serde(default)]
     dry_run: Option<bool>,
-    #[serde(default)]
-    options: Option<Box<RawValue>>,
+    #[serde(borrow, default)]
+    options: Option<&'a RawValue>,
 }
 
 /// The resource a request is for.
@@ -238,36 +241,54 @@ fn pod(raw: Option<&RawValue>, field: &'static str) -> Result<Option<Pod>, Revie
     }
 }
 
-/// Parses an `admission.k8s.io/v1` AdmissionReview.
+/// How much of a request's objects a decision reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// The collision guard: the Create's name, for any kind. The pod itself
+    /// (labels, annotations, status) is never built.
+    NameOnly,
+    /// The tagger and the audits: pods requests' `object` and `oldObject`
+    /// as [`Pod`]s; another kind's Create, its name.
+    Pods,
+}
+
+/// Parses an `admission.k8s.io/v1` AdmissionReview, reading pods whole.
 pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
+    parse_as(body, Read::Pods)
+}
+
+/// Parses an `admission.k8s.io/v1` AdmissionReview in one pass over the
+/// body, building only what `read` asks for.
+pub fn parse_as(body: &[u8], read: Read) -> Result<Request, ReviewError> {
     let review: ReviewIn = serde_json::from_slice(body).map_err(ReviewError::Json)?;
     let r = review.request.ok_or(ReviewError::NoRequest)?;
     let pods = r.resource.group.is_empty() && r.resource.resource == "pods";
     let eviction = pods && r.sub_resource.as_deref() == Some("eviction");
-    let (object, old_object) = if pods && !eviction {
+    let (object, old_object) = if pods && !eviction && read == Read::Pods {
         (
-            pod(r.object.as_deref(), "request.object")?,
-            pod(r.old_object.as_deref(), "request.oldObject")?,
+            pod(r.object, "request.object")?,
+            pod(r.old_object, "request.oldObject")?,
         )
     } else {
         (None, None)
     };
-    // Another kind's Create: its name only. Unreadable means no name (allowed).
-    let object_name = match (&r.object, pods) {
-        (Some(o), false) if r.operation == "CREATE" => serde_json::from_str::<Head>(o.get())
-            .ok()
-            .and_then(|h| h.metadata.name),
+    // A Create's name when the pod is not read (or another kind's).
+    // Unreadable means no name (allowed).
+    let object_name = match r.object {
+        Some(o) if r.operation == "CREATE" && object.is_none() && !eviction => {
+            serde_json::from_str::<Head>(o.get())
+                .ok()
+                .and_then(|h| h.metadata.name)
+        }
         _ => None,
     };
     let options = if eviction {
         // A missing or unreadable Eviction body still gets its audit record.
         r.object
-            .as_deref()
             .and_then(|o| serde_json::from_str::<Eviction>(o.get()).ok())
             .and_then(|e| e.delete_options)
     } else {
         r.options
-            .as_deref()
             .and_then(|o| serde_json::from_str::<DeleteOptions>(o.get()).ok())
     }
     .unwrap_or_default();

@@ -266,7 +266,32 @@ async fn malformed_requests_get_a_clear_400() {
 async fn a_review_whose_uid_reads_but_whose_object_does_not_is_allowed_with_a_warning() {
     let h = harness(&[], Ok(None), Mode::Conflict);
     // A pods review whose object is not a pod: under failurePolicy Fail an
-    // error answer would deny the Create; graceguard allows it and says why.
+    // error answer would deny the update; graceguard allows it and says why.
+    let mut v: Value =
+        serde_json::from_slice(&fixture("02-update-pods-status.json")).expect("json");
+    v["request"]["object"]["spec"] = "not a pod spec".into();
+    let (status, out) = post(
+        &h.router,
+        "/mutate/pods-status",
+        serde_json::to_vec(&v).expect("json"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["response"]["allowed"], true, "{out}");
+    assert_eq!(
+        out["response"]["uid"],
+        request_uid("02-update-pods-status.json").as_str()
+    );
+    let warning = out["response"]["warnings"][0].as_str().unwrap_or_default();
+    assert!(
+        warning.contains("allowed this request unchecked"),
+        "{warning}"
+    );
+    assert!(warning.contains("not a Pod"), "{warning}");
+    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+
+    // The collision guard reads a Create's name only: the same broken spec
+    // does not keep it from checking the name (free here: allowed, no warning).
     let mut v: Value = serde_json::from_slice(&fixture("04-create-pods.json")).expect("json");
     v["request"]["object"]["spec"] = "not a pod spec".into();
     let (status, out) = post(
@@ -277,17 +302,7 @@ async fn a_review_whose_uid_reads_but_whose_object_does_not_is_allowed_with_a_wa
     .await;
     assert_eq!(status, StatusCode::OK, "{out}");
     assert_eq!(out["response"]["allowed"], true, "{out}");
-    assert_eq!(
-        out["response"]["uid"],
-        request_uid("04-create-pods.json").as_str()
-    );
-    let warning = out["response"]["warnings"][0].as_str().unwrap_or_default();
-    assert!(
-        warning.contains("allowed this request unchecked"),
-        "{warning}"
-    );
-    assert!(warning.contains("not a Pod"), "{warning}");
-    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    assert!(out["response"].get("warnings").is_none(), "{out}");
 }
 
 #[tokio::test]
