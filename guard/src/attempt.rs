@@ -203,6 +203,16 @@ impl TaskMachine {
         }
     }
 
+    /// The Create's outcome is unknown (a timeout, a reset connection): it
+    /// may have succeeded. The name is read before anything is created again,
+    /// so a pod this attempt made is adopted, never met by a blind re-Create
+    /// (which, with a full quota, would wait on its own pod forever).
+    pub fn on_create_unknown(&mut self) -> Step {
+        Step::ReadExisting {
+            name: self.pod_name(),
+        }
+    }
+
     /// The Create was refused.
     pub fn on_refused(&mut self, refusal: &CreateRefusal) -> Step {
         match refusal {
@@ -558,6 +568,29 @@ mod tests {
         m.on_refused(&CreateRefusal::NameTaken);
         assert_eq!(m.on_existing(None), Step::RetryLater);
         assert_eq!(m.retry_create(), create("train-0", 0));
+    }
+
+    #[test]
+    fn an_unknown_create_outcome_reads_the_name_before_creating_again() {
+        let mut m = TaskMachine::new(spec(0, 3));
+        m.start();
+        assert_eq!(
+            m.on_create_unknown(),
+            Step::ReadExisting {
+                name: "train-0".into()
+            }
+        );
+        // It had in fact been created: our labels, so it is adopted, not re-created.
+        let ours = Existing {
+            uid: "u0".into(),
+            labels: [
+                (TASK_LABEL.to_string(), "train".to_string()),
+                (ATTEMPT_LABEL.to_string(), "0".to_string()),
+                (INSTANCE_LABEL.to_string(), "exec-1".to_string()),
+            ]
+            .into(),
+        };
+        assert!(matches!(m.on_existing(Some(ours)), Step::Observe { .. }));
     }
 
     #[test]

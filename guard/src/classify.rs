@@ -23,7 +23,10 @@ pub enum CreateRefusal {
     /// 409 AlreadyExists (from the API server or graceguard's webhook): read
     /// the pod holding the name before deciding anything.
     NameTaken,
-    /// 429, 5xx, timeouts: retry with backoff; no attempt spent.
+    /// 429, 5xx, timeouts, and a 409 other than AlreadyExists (the
+    /// ResourceQuota plugin's "Operation cannot be fulfilled on
+    /// resourcequotas": its own write conflicted): retry with backoff; no
+    /// attempt spent.
     Transient,
     /// Anything else (RBAC or pod-security 403, an invalid manifest): the
     /// user's configuration is wrong; retrying cannot help.
@@ -38,7 +41,7 @@ pub fn classify(e: &ApiError) -> CreateRefusal {
             None => CreateRefusal::QuotaFull,
         },
         409 if e.reason == "AlreadyExists" => CreateRefusal::NameTaken,
-        429 | 500..=599 => CreateRefusal::Transient,
+        409 | 429 | 500..=599 => CreateRefusal::Transient,
         _ => CreateRefusal::Configuration {
             message: format!("{} {}: {}", e.code, e.reason, e.message),
         },
@@ -148,6 +151,10 @@ mod tests {
                 },
             ),
             (err(409, "AlreadyExists", "object is being deleted: pods \"t-0\" already exists"), CreateRefusal::NameTaken),
+            (
+                err(409, "Conflict", "Operation cannot be fulfilled on resourcequotas \"compute\": the object has been modified; please apply your changes to the latest version and try again"),
+                CreateRefusal::Transient,
+            ),
             (err(429, "TooManyRequests", "slow down"), CreateRefusal::Transient),
             (err(500, "InternalError", "etcd"), CreateRefusal::Transient),
             (err(503, "ServiceUnavailable", ""), CreateRefusal::Transient),

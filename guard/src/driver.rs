@@ -17,8 +17,8 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
 use crate::attempt::{Existing, Observation, Outcome, PodView, Step, TaskMachine, TaskSpec};
-use crate::backoff::{BackoffPolicy, NamespaceBackoffs};
-use crate::classify::{classify, ApiError, CreateRefusal};
+use crate::backoff::{at_least, BackoffPolicy, NamespaceBackoffs};
+use crate::classify::{classify, ApiError};
 use crate::naming::{
     self, ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
 };
@@ -127,6 +127,7 @@ impl Guard {
         let mut step = m.start();
         let mut uid = String::new();
         let mut watch: Option<PodWatch> = None;
+        let mut retry_after: Option<Duration> = None;
         loop {
             for t in m.take_transitions() {
                 on_transition(&t);
@@ -151,12 +152,19 @@ impl Guard {
                                 message: s.message.clone(),
                             };
                             let refusal = classify(&e);
+                            // 429 (graceguard's retry mode, API priority and
+                            // fairness) says how long to wait: at least that.
+                            retry_after = s
+                                .details
+                                .as_ref()
+                                .map(|d| Duration::from_secs(d.retry_after_seconds.into()))
+                                .filter(|d| !d.is_zero());
                             tracing::debug!(pod = %name, ?refusal, message = %e.message, "create refused");
                             m.on_refused(&refusal)
                         }
                         Err(e) => {
-                            tracing::warn!(pod = %name, error = %e, "create failed; retrying");
-                            m.on_refused(&CreateRefusal::Transient)
+                            tracing::warn!(pod = %name, error = %e, "create outcome unknown; reading the name before creating again");
+                            m.on_create_unknown()
                         }
                     }
                 }
@@ -166,7 +174,8 @@ impl Guard {
                     m.retry_create()
                 }
                 Step::RetryLater => {
-                    tokio::time::sleep(retry.next().unwrap_or(transient.max)).await;
+                    let backoff = retry.next().unwrap_or(transient.max);
+                    tokio::time::sleep(at_least(backoff, retry_after.take())).await;
                     m.retry_create()
                 }
                 Step::ReadExisting { name } => match api.get_opt(&name).await {

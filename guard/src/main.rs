@@ -28,7 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one pod task to completion; exit 0 if it succeeded, 1 if it failed, 2 on a usage error.
+    /// Run one pod task to completion; exit 0 if it succeeded, 1 if it failed, 2 on a usage
+    /// error; 130 after SIGINT and 143 after SIGTERM (the current pod deleted first).
     Run(RunArgs),
 }
 
@@ -82,20 +83,47 @@ fn default_instance() -> String {
 /// Usage and configuration errors: exit 2.
 struct Usage(String);
 
+/// How `run` ended.
+enum Ended {
+    Task(Outcome),
+    /// Stopped by a signal: the shell's exit code for it (128 + number).
+    Signal(i32),
+}
+
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
     let Command::Run(args) = cli.command;
     graceguard_certs::install_crypto_provider();
     let code = match run(args).await {
-        Ok(o) if o.succeeded => 0,
-        Ok(_) => 1,
+        Ok(Ended::Task(o)) if o.succeeded => 0,
+        Ok(Ended::Task(_)) => 1,
+        Ok(Ended::Signal(code)) => code,
         Err(Usage(msg)) => {
             eprintln!("graceguard: {msg}");
             2
         }
     };
     std::process::exit(code);
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM (how Kubernetes, Argo and Airflow
+/// stop a process) with the exit code for it: 130 or 143.
+/// The handlers are installed when this is called, not when the future is
+/// first polled.
+fn stop_signal() -> Result<impl std::future::Future<Output = i32>, Usage> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listen = |kind| signal(kind).map_err(|e| Usage(format!("cannot listen for signals: {e}")));
+    let (mut int, mut term) = (
+        listen(SignalKind::interrupt())?,
+        listen(SignalKind::terminate())?,
+    );
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => 130,
+            _ = term.recv() => 143,
+        }
+    })
 }
 
 async fn client(kubeconfig: Option<&PathBuf>) -> Result<(kube::Client, String), Usage> {
@@ -195,7 +223,10 @@ impl Progress {
     }
 }
 
-async fn run(args: RunArgs) -> Result<Outcome, Usage> {
+async fn run(args: RunArgs) -> Result<Ended, Usage> {
+    // Listen before anything is created, so no signal can leave a pod behind.
+    let stop = stop_signal()?;
+    tokio::pin!(stop);
     let template = read_manifest(&args.file)?;
     let (client, default_ns) = client(args.kubeconfig.as_ref()).await?;
     let namespace = args
@@ -231,12 +262,12 @@ async fn run(args: RunArgs) -> Result<Outcome, Usage> {
     let current = CurrentPod::default();
     let result = tokio::select! {
         r = guard.run_tracked(spec, template, |t| progress.show(t), current.clone()) => r,
-        _ = tokio::signal::ctrl_c() => {
+        code = &mut stop => {
             progress.finish();
             let pod = current.lock().map(|c| c.clone()).unwrap_or_default();
-            cancel(&client, pod).await;
+            cancel(&client, pod, code).await;
             renewal.abort();
-            return Ok(Outcome { succeeded: false, failure_kind: None, reason: Some("interrupted".into()), attempts: 0, user_failures: 0, system_failures: 0 });
+            return Ok(Ended::Signal(code));
         }
     };
     progress.finish();
@@ -248,25 +279,36 @@ async fn run(args: RunArgs) -> Result<Outcome, Usage> {
                 (false, Some(r)) => eprintln!("task failed: {r}"),
                 (false, None) => eprintln!("task failed"),
             }
-            Ok(o)
+            Ok(Ended::Task(o))
         }
         Err(e) => Err(Usage(e.to_string())),
     }
 }
 
-/// Ctrl-C: delete the current attempt's pod gracefully and wait until it is gone.
-async fn cancel(client: &kube::Client, pod: Option<PodRef>) {
+/// SIGINT or SIGTERM: delete the current attempt's pod gracefully, only if it
+/// is still the pod this run created (a uid precondition: a pod of the same
+/// name created since is left alone), and wait until it is gone.
+async fn cancel(client: &kube::Client, pod: Option<PodRef>, code: i32) {
+    let signal = if code == 143 { "SIGTERM" } else { "SIGINT" };
     let Some(p) = pod else {
-        eprintln!("interrupted");
+        eprintln!("stopped by {signal}; no pod was running");
         return;
     };
     eprintln!(
-        "interrupted: deleting pod {}/{} gracefully and waiting for it",
-        p.namespace, p.name
+        "stopped by {signal}: deleting pod {}/{} (uid {}) gracefully and waiting for it",
+        p.namespace, p.name, p.uid
     );
     let api: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
-    if let Err(e) = api.delete(&p.name, &DeleteParams::default()).await {
-        if !matches!(&e, kube::Error::Api(s) if s.code == 404) {
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(p.uid.clone()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    if let Err(e) = api.delete(&p.name, &dp).await {
+        // 404: already gone; 409: the name now holds another pod (not ours).
+        if !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409) {
             eprintln!("could not delete pod {}: {e}", p.name);
             return;
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use testbed::binaries::workspace_bin;
-use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
+use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
 use testbed::{pods, TestBed};
 use tokio::process::Command;
 
@@ -135,6 +135,60 @@ async fn usage_errors_exit_2_with_a_message_saying_what_to_fix() -> R {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{manifest:?}: {err}");
         assert!(err.contains(want), "{manifest:?}: {err}");
+    }
+    Ok(())
+}
+
+/// Kubernetes, Argo and Airflow stop a process with SIGTERM; a terminal user
+/// with Ctrl-C (SIGINT). Either way the running pod is deleted (with a uid
+/// precondition) and waited out, and the exit code is the shell's: 143 / 130.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_and_sigint_delete_the_running_pod_and_exit_143_and_130() -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("cli-stop").await?;
+    // The node finishes a graceful deletion after a tenth of its grace (3 s).
+    let _kubelet = Kubelet::start(
+        &bed,
+        KubeletOptions {
+            finish_deletions: FinishDeletions::AfterShareOfGrace(0.1),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let manifest = bed.dir().join("nightly.yaml");
+    std::fs::write(&manifest, POD_YAML)?;
+    let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    for (task, signal, code, name) in [
+        ("term", libc::SIGTERM, 143, "SIGTERM"),
+        ("int", libc::SIGINT, 130, "SIGINT"),
+    ] {
+        let child = Command::new(&bin)
+            .args(["run", "-f"])
+            .arg(&manifest)
+            .args(["--namespace", &ns, "--name", task, "--kubeconfig"])
+            .arg(bed.kubeconfig_for("alice")?)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let pod = format!("{task}-0");
+        pods::wait_running(&api, &pod).await?;
+        let uid = api.get(&pod).await?.metadata.uid.unwrap_or_default();
+        let pid = child.id().ok_or_else(|| anyhow::anyhow!("no pid"))?;
+        // SAFETY: signalling our own child process.
+        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+        let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output()).await??;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{name}: {stderr}");
+        assert!(stderr.contains(&format!("stopped by {name}")), "{stderr}");
+        // It waited until its pod was gone.
+        let now = api.get_opt(&pod).await?;
+        assert!(
+            now.as_ref().and_then(|p| p.metadata.uid.as_deref()) != Some(uid.as_str()),
+            "{pod} still exists after the CLI exited: {:?}",
+            now.map(|p| p.metadata.deletion_timestamp)
+        );
     }
     Ok(())
 }
