@@ -1,4 +1,5 @@
-// Feature `mimalloc` (default): see webhook/Cargo.toml and the README's benchmarks.
+// Feature `mimalloc` (default), configured at compile time in .cargo/config.toml:
+// see webhook/Cargo.toml and the README's benchmarks.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
