@@ -100,6 +100,27 @@ fn identity(key: &str) -> Result<Identity> {
         })
 }
 
+/// True when `proc` exited at start because `port` was already in use (it
+/// binds within moments of starting); false once it listens or keeps running.
+async fn lost_its_port(proc: &mut Managed, port: u16) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        if proc.check_running().is_err() {
+            return std::fs::read_to_string(&proc.log)
+                .map(|l| l.contains("address already in use"))
+                .unwrap_or(false);
+        }
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
 /// How to start a [`TestBed`].
 #[derive(Clone, Debug, Default)]
 pub struct TestBedOptions {
@@ -217,61 +238,72 @@ impl TestBed {
             .collect();
         std::fs::write(d.join("tokens.csv"), tokens)?;
 
-        let port = free_port()?;
-        let url = format!("https://127.0.0.1:{port}");
-        let path = |p: &Path| p.display().to_string();
-        let mut cmd = Command::new(&bins.kube_apiserver);
-        cmd.arg(format!("--etcd-servers={etcd_url}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
-            // 1.37 refuses a loopback address for the `kubernetes` Service's
-            // endpoints; nothing in the bed reaches the API server through it.
-            .arg("--endpoint-reconciler-type=none")
-            .arg(format!("--secure-port={port}"))
-            .arg(format!("--tls-cert-file={}", path(&pki.join("tls.crt"))))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                path(&pki.join("tls.key"))
-            ))
-            .arg(format!("--client-ca-file={}", path(&pki.join("ca.crt"))))
-            .arg(format!("--token-auth-file={}", path(&d.join("tokens.csv"))))
-            .arg("--authorization-mode=Node,RBAC")
-            .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg(format!("--service-account-key-file={}", path(&sa_pub)))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                path(&sa_key)
-            ))
-            .arg("--service-cluster-ip-range=10.0.0.0/24")
-            .arg("--enable-admission-plugins=NodeRestriction,ResourceQuota")
-            .arg(format!("--cert-dir={}", path(&pki)))
-            .arg("--v=1");
-        match version {
-            KubeVersion::V1_20 => {
-                // No controller-manager runs on 1.20, so no default ServiceAccount
-                // would ever exist for the ServiceAccount plugin to find.
-                cmd.arg("--insecure-port=0")
-                    .arg("--disable-admission-plugins=ServiceAccount");
+        // A port picked free can be taken by another process before
+        // kube-apiserver binds it; it then exits at once. Pick another.
+        let mut tries = 0;
+        let (apiserver, apiserver_cmd, url) = loop {
+            tries += 1;
+            let port = free_port()?;
+            let url = format!("https://127.0.0.1:{port}");
+            let path = |p: &Path| p.display().to_string();
+            let mut cmd = Command::new(&bins.kube_apiserver);
+            cmd.arg(format!("--etcd-servers={etcd_url}"))
+                .arg("--bind-address=127.0.0.1")
+                .arg("--advertise-address=127.0.0.1")
+                // 1.37 refuses a loopback address for the `kubernetes` Service's
+                // endpoints; nothing in the bed reaches the API server through it.
+                .arg("--endpoint-reconciler-type=none")
+                .arg(format!("--secure-port={port}"))
+                .arg(format!("--tls-cert-file={}", path(&pki.join("tls.crt"))))
+                .arg(format!(
+                    "--tls-private-key-file={}",
+                    path(&pki.join("tls.key"))
+                ))
+                .arg(format!("--client-ca-file={}", path(&pki.join("ca.crt"))))
+                .arg(format!("--token-auth-file={}", path(&d.join("tokens.csv"))))
+                .arg("--authorization-mode=Node,RBAC")
+                .arg("--service-account-issuer=https://kubernetes.default.svc")
+                .arg(format!("--service-account-key-file={}", path(&sa_pub)))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    path(&sa_key)
+                ))
+                .arg("--service-cluster-ip-range=10.0.0.0/24")
+                .arg("--enable-admission-plugins=NodeRestriction,ResourceQuota")
+                .arg(format!("--cert-dir={}", path(&pki)))
+                .arg("--v=1");
+            match version {
+                KubeVersion::V1_20 => {
+                    // No controller-manager runs on 1.20, so no default ServiceAccount
+                    // would ever exist for the ServiceAccount plugin to find.
+                    cmd.arg("--insecure-port=0")
+                        .arg("--disable-admission-plugins=ServiceAccount");
+                }
+                KubeVersion::V1_37 => {}
             }
-            KubeVersion::V1_37 => {}
-        }
-        if opts.audit {
-            std::fs::write(
-                d.join("audit-policy.yaml"),
-                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n- level: Metadata\n",
-            )?;
-            cmd.arg(format!(
-                "--audit-policy-file={}",
-                path(&d.join("audit-policy.yaml"))
-            ))
-            .arg(format!("--audit-log-path={}", path(&d.join("audit.log"))))
-            .arg("--audit-log-mode=blocking");
-        }
-        let apiserver_cmd = (
-            PathBuf::from(cmd.get_program()),
-            cmd.get_args().map(|a| a.to_os_string()).collect(),
-        );
-        let apiserver = Managed::spawn("kube-apiserver", cmd, &d.join("kube-apiserver.log"))?;
+            if opts.audit {
+                std::fs::write(
+                    d.join("audit-policy.yaml"),
+                    "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n- level: Metadata\n",
+                )?;
+                cmd.arg(format!(
+                    "--audit-policy-file={}",
+                    path(&d.join("audit-policy.yaml"))
+                ))
+                .arg(format!("--audit-log-path={}", path(&d.join("audit.log"))))
+                .arg("--audit-log-mode=blocking");
+            }
+            let apiserver_cmd = (
+                PathBuf::from(cmd.get_program()),
+                cmd.get_args().map(|a| a.to_os_string()).collect(),
+            );
+            let log = d.join("kube-apiserver.log");
+            let mut apiserver = Managed::spawn("kube-apiserver", cmd, &log)?;
+            if tries < 5 && lost_its_port(&mut apiserver, port).await {
+                continue;
+            }
+            break (apiserver, apiserver_cmd, url);
+        };
 
         let kubeconfig = d.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &url, &pki.join("ca.crt"), ADMIN.key)?;
