@@ -130,9 +130,22 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; the OS does not hand it
-/// out again soon).
+/// A free TCP port on 127.0.0.1 for a child process to listen on.
 pub fn free_port() -> Result<u16> {
+    // Not a port the kernel hands out (`bind(:0)` or an outgoing connection's
+    // local port can take an ephemeral port between our check and the
+    // child's bind): a random one below the ephemeral range, checked free.
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (from, to) = (10_000u16, low.saturating_sub(1).max(10_001));
+    for _ in 0..200 {
+        let port = fastrand::u16(from..=to);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
     Ok(l.local_addr()?.port())
 }
