@@ -541,12 +541,9 @@ mod tests {
         assert_eq!(phases(&mut m), ["0:Launching", "0:Failed/NameConflict"]);
     }
 
-    #[test]
-    fn already_exists_on_our_own_pod_adopts_it() {
-        let mut m = TaskMachine::new(spec(0, 3));
-        m.start();
-        m.on_refused(&CreateRefusal::NameTaken);
-        let ours = Existing {
+    /// Attempt 0 of task `train`'s pod as this instance (`exec-1`) labels it.
+    fn ours_attempt_0() -> Existing {
+        Existing {
             uid: "u0".into(),
             labels: [
                 (TASK_LABEL.to_string(), "train".to_string()),
@@ -554,7 +551,15 @@ mod tests {
                 (INSTANCE_LABEL.to_string(), "exec-1".to_string()),
             ]
             .into(),
-        };
+        }
+    }
+
+    #[test]
+    fn already_exists_on_our_own_pod_adopts_it() {
+        let mut m = TaskMachine::new(spec(0, 3));
+        m.start();
+        m.on_refused(&CreateRefusal::NameTaken);
+        let ours = ours_attempt_0();
         assert_eq!(
             m.on_existing(Some(ours)),
             Step::Observe {
@@ -581,15 +586,7 @@ mod tests {
             }
         );
         // It had in fact been created: our labels, so it is adopted, not re-created.
-        let ours = Existing {
-            uid: "u0".into(),
-            labels: [
-                (TASK_LABEL.to_string(), "train".to_string()),
-                (ATTEMPT_LABEL.to_string(), "0".to_string()),
-                (INSTANCE_LABEL.to_string(), "exec-1".to_string()),
-            ]
-            .into(),
-        };
+        let ours = ours_attempt_0();
         assert!(matches!(m.on_existing(Some(ours)), Step::Observe { .. }));
     }
 
