@@ -6,19 +6,21 @@
 //!
 //! 1. every attempt has its own pod name ([`naming`]);
 //! 2. a graceful deletion is a state, `ShuttingDown`, waited out until the pod
-//!    is gone ([`attempt`]);
+//!    is gone ([`reconcile`]);
 //! 3. AlreadyExists is never success: the holder is read, adopted if it is
-//!    this attempt's own pod, a `NameConflict` otherwise ([`attempt`]);
+//!    this attempt's own pod, a `NameConflict` otherwise ([`reconcile`]);
 //! 4. a quota rejection is waiting with a shared per-namespace backoff
 //!    ([`classify`], [`backoff`]);
-//! 5. system failures are bounded, and only a Running attempt resets the count
-//!    ([`attempt`]);
+//! 5. system failures are bounded, and only a Running attempt resets the
+//!    consecutive count; every wait has a bound ([`bounds`]);
 //! 6. completed pods left by a dead instance are reported once and drained
 //!    ([`adoption`], [`lease`]).
 //!
-//! The decisions are pure ([`attempt::TaskMachine`], [`classify`],
-//! [`backoff`]); [`driver::Guard`] performs them against the API server with
-//! kube-rs.
+//! The decisions are pure ([`reconcile::reconcile`], [`classify`],
+//! [`backoff`]) and their state is rebuilt from the pods ([`pod_record`]), so
+//! a restarted executor resumes its tasks. [`executor::Executor`] runs all
+//! tasks of an instance from one shared pod watch; `graceguard sidecar`
+//! serves it over HTTP ([`sidecar`]) for executors in any language.
 //!
 //! A minimal executor:
 //!
@@ -29,11 +31,8 @@
 //! # async fn run(client: kube::Client, template: Pod) -> anyhow::Result<()> {
 //! let guard = Guard::new(client, GuardConfig::new("executor-1"));
 //! let spec = TaskSpec {
-//!     task: "train-a0".into(),
-//!     namespace: "team-a".into(),
-//!     instance: "executor-1".into(),
 //!     retries: 2,
-//!     max_system_failures: 3,
+//!     ..TaskSpec::new("train-a0", "team-a", "executor-1")
 //! };
 //! let outcome = guard
 //!     .run(spec, template, |t| println!("{} attempt {}: {}", t.task, t.attempt, t.phase))
@@ -44,14 +43,20 @@
 //! ```
 
 pub mod adoption;
-pub mod attempt;
 pub mod backoff;
+pub mod bounds;
 pub mod classify;
 pub mod driver;
+pub mod events;
+pub mod executor;
 pub mod lease;
 pub mod naming;
 pub mod phase;
+pub mod pod_record;
+pub mod reconcile;
+pub mod sidecar;
 
-pub use attempt::{Outcome, TaskSpec};
+pub use bounds::Bounds;
 pub use driver::{Guard, GuardConfig, GuardError};
 pub use phase::{FailureKind, Phase, Transition};
+pub use reconcile::{Outcome, TaskSpec};

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use graceguard::driver::{CurrentPod, PodRef};
+use graceguard::executor::{delete_exact, Executor, TaskKey};
 use graceguard::lease::InstanceLease;
-use graceguard::{Guard, GuardConfig, Outcome, TaskSpec, Transition};
+use graceguard::sidecar::{serve, Listen, Sidecar};
+use graceguard::{Bounds, Guard, GuardConfig, Outcome, TaskSpec, Transition};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::Api;
@@ -31,6 +31,36 @@ enum Command {
     /// Run one pod task to completion; exit 0 if it succeeded, 1 if it failed, 2 on a usage
     /// error; 130 after SIGINT and 143 after SIGTERM (the current pod deleted first).
     Run(RunArgs),
+    /// Serve the executor core as a local HTTP+JSON API (see /openapi.json)
+    /// for executors in any language; runs until SIGTERM or SIGINT (exit 0).
+    Sidecar(SidecarArgs),
+}
+
+#[derive(clap::Args)]
+struct SidecarArgs {
+    /// Listen on this Unix socket (mode 0600; a stale file is replaced).
+    #[arg(long, conflicts_with = "listen", required_unless_present = "listen")]
+    socket: Option<PathBuf>,
+    /// Listen on this loopback address instead (needs --token-file).
+    #[arg(long, requires = "token_file")]
+    listen: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token TCP clients must send.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// This executor instance's name (pod labels, its Lease). Restarted with
+    /// the same name, the sidecar resumes the instance's tasks.
+    #[arg(long)]
+    instance: String,
+    /// Watch and run tasks in this namespace only (default: all namespaces,
+    /// which needs cluster-wide list/watch on pods).
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// Where the instance's Lease lives (default: --namespace, else the
+    /// kubeconfig's namespace).
+    #[arg(long)]
+    lease_namespace: Option<String>,
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -60,24 +90,58 @@ struct RunArgs {
     /// Print one JSON object per transition on stdout.
     #[arg(long, value_enum)]
     events: Option<EventsFormat>,
-    /// This executor instance's name (labels and Lease).
+    /// This executor instance's name (labels and Lease). Run again with the
+    /// same instance, a task resumes from its pods instead of starting over;
+    /// the default, `run-<hostname>`, is stable across container restarts.
     #[arg(long, default_value_t = default_instance())]
     instance: String,
+    #[command(flatten)]
+    bounds: BoundsArgs,
 }
 
-/// `run-<host>-<random>`: unique even where every run is PID 1 in a container.
+/// The task's bounds (see the README, "Bounds"); 0 disables a time bound.
+#[derive(clap::Args, Clone)]
+struct BoundsArgs {
+    /// The whole task may take this many seconds (0: no deadline).
+    #[arg(long, default_value_t = 0)]
+    deadline_seconds: u64,
+    /// A pod Pending this long after creation is deleted and retried (0: never).
+    #[arg(long, default_value_t = 900)]
+    pending_timeout_seconds: u64,
+    /// A pod terminating this long past its grace period is left behind (0: wait forever).
+    #[arg(long, default_value_t = 300)]
+    terminating_ceiling_seconds: u64,
+    /// System failures in all before the task fails.
+    #[arg(long, default_value_t = 10)]
+    max_total_system_failures: u32,
+    /// Transient Create errors in a row before an attempt is a system failure.
+    #[arg(long, default_value_t = 30)]
+    max_transient_retries: u32,
+}
+
+impl BoundsArgs {
+    fn to_bounds(&self) -> Bounds {
+        let opt = |s: u64| (s > 0).then_some(s);
+        Bounds {
+            deadline_seconds: opt(self.deadline_seconds),
+            pending_timeout_seconds: opt(self.pending_timeout_seconds),
+            terminating_ceiling_seconds: opt(self.terminating_ceiling_seconds),
+            max_total_system_failures: self.max_total_system_failures.max(1),
+            max_transient_retries: self.max_transient_retries,
+        }
+    }
+}
+
+/// `run-<hostname>`: stable across restarts of the same container or host,
+/// so a restarted run resumes its task.
 fn default_instance() -> String {
-    use std::hash::{BuildHasher, Hasher};
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "local".into());
-    // RandomState is seeded from the OS's randomness.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    graceguard::naming::task_stem(&format!("run-{host}-{:08x}", h.finish() as u32))
+    graceguard::naming::task_stem(&format!("run-{host}"))
 }
 
 /// Usage and configuration errors: exit 2.
@@ -93,9 +157,12 @@ enum Ended {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    let Command::Run(args) = cli.command;
     graceguard_certs::install_crypto_provider();
-    let code = match run(args).await {
+    let ended = match cli.command {
+        Command::Run(args) => run(args).await,
+        Command::Sidecar(args) => sidecar(args).await,
+    };
+    let code = match ended {
         Ok(Ended::Task(o)) if o.succeeded => 0,
         Ok(Ended::Task(_)) => 1,
         Ok(Ended::Signal(code)) => code,
@@ -250,22 +317,27 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
     .await
     .map_err(|e| Usage(e.to_string()))?;
     let renewal = lease.spawn_renewal();
-    let guard = Guard::new(client.clone(), GuardConfig::new(&args.instance));
+    // The same reconciler as the sidecar's, for one task: a task whose pods
+    // this instance made before (a restarted run) is resumed.
+    let executor =
+        Guard::new(client.clone(), GuardConfig::new(&args.instance)).executor(&namespace);
+    let key = TaskKey::new(&namespace, &task);
     let spec = TaskSpec {
-        task,
-        namespace,
-        instance: args.instance.clone(),
         retries: args.retries,
-        max_system_failures: args.max_system_failures,
+        max_system_failures: args.max_system_failures.max(1),
+        bounds: args.bounds.to_bounds(),
+        ..TaskSpec::new(&task, &namespace, &args.instance)
     };
+    executor
+        .submit(spec, template)
+        .await
+        .map_err(|e| Usage(e.to_string()))?;
     let progress = Progress::new(args.events == Some(EventsFormat::Json));
-    let current = CurrentPod::default();
     let result = tokio::select! {
-        r = guard.run_tracked(spec, template, |t| progress.show(t), current.clone()) => r,
+        r = executor.wait_result(&key, |t| progress.show(t)) => r,
         code = &mut stop => {
             progress.finish();
-            let pod = current.lock().map(|c| c.clone()).unwrap_or_default();
-            cancel(&client, pod, code).await;
+            cancel(&client, &executor, &key, code).await;
             renewal.abort();
             return Ok(Ended::Signal(code));
         }
@@ -285,42 +357,96 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
     }
 }
 
-/// SIGINT or SIGTERM: delete the current attempt's pod gracefully, only if it
-/// is still the pod this run created (a uid precondition: a pod of the same
-/// name created since is left alone), and wait until it is gone.
-async fn cancel(client: &kube::Client, pod: Option<PodRef>, code: i32) {
+async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
+    tracing_subscriber::fmt()
+        .json()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let stop = stop_signal()?;
+    let listen = match (&args.socket, args.listen) {
+        (Some(p), _) => Listen::Socket(p.clone()),
+        (None, Some(addr)) => Listen::Tcp(addr),
+        (None, None) => return Err(Usage("pass --socket PATH or --listen ADDR".into())),
+    };
+    let token = match &args.token_file {
+        Some(f) => {
+            let t = std::fs::read_to_string(f)
+                .map_err(|e| Usage(format!("cannot read --token-file {}: {e}", f.display())))?;
+            let t = t.trim().to_string();
+            if t.len() < 16 {
+                return Err(Usage(format!(
+                    "the token in {} is shorter than 16 characters; use a long random one",
+                    f.display()
+                )));
+            }
+            Some(std::sync::Arc::new(t))
+        }
+        None => None,
+    };
+    let (client, default_ns) = client(args.kubeconfig.as_ref()).await?;
+    let lease_ns = args
+        .lease_namespace
+        .clone()
+        .or_else(|| args.namespace.clone())
+        .unwrap_or(default_ns);
+    let lease = InstanceLease::acquire(
+        client.clone(),
+        &lease_ns,
+        &args.instance,
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(|e| Usage(e.to_string()))?;
+    let renewal = lease.spawn_renewal();
+    let mut config = GuardConfig::new(&args.instance);
+    config.namespace = args.namespace.clone();
+    let executor = Executor::start(client, config);
+    let state = Sidecar { executor, token };
+    let served = serve(listen, state, async move {
+        stop.await;
+    })
+    .await;
+    renewal.abort();
+    served.map_err(Usage)?;
+    Ok(Ended::Signal(0))
+}
+
+/// SIGINT or SIGTERM: abort the task (its current pod is deleted gracefully,
+/// only if it is still the pod this run created: a uid precondition), and
+/// wait until the pod is gone.
+async fn cancel(client: &kube::Client, executor: &Executor, key: &TaskKey, code: i32) {
     let signal = if code == 143 { "SIGTERM" } else { "SIGINT" };
-    let Some(p) = pod else {
+    let status = match executor.abort(key).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("stopped by {signal}; could not abort the task: {e}");
+            return;
+        }
+    };
+    let Some(uid) = status.uid else {
         eprintln!("stopped by {signal}; no pod was running");
         return;
     };
     eprintln!(
-        "stopped by {signal}: deleting pod {}/{} (uid {}) gracefully and waiting for it",
-        p.namespace, p.name, p.uid
+        "stopped by {signal}: deleting pod {}/{} (uid {uid}) gracefully and waiting for it",
+        key.namespace, status.pod
     );
-    let api: Api<Pod> = Api::namespaced(client.clone(), &p.namespace);
-    let dp = DeleteParams {
-        preconditions: Some(kube::api::Preconditions {
-            uid: Some(p.uid.clone()),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    if let Err(e) = api.delete(&p.name, &dp).await {
-        // 404: already gone; 409: the name now holds another pod (not ours).
-        if !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409) {
-            eprintln!("could not delete pod {}: {e}", p.name);
-            return;
-        }
-    }
-    let gone = await_condition(api, &p.name, conditions::is_deleted(&p.uid));
+    let api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+    // The executor deletes it in the background; this makes sure it was
+    // asked before waiting (a second delete of the same uid is harmless).
+    delete_exact(&api, &status.pod, &uid).await;
+    let gone = await_condition(api, &status.pod, conditions::is_deleted(&uid));
     if tokio::time::timeout(Duration::from_secs(300), gone)
         .await
         .is_err()
     {
         eprintln!(
             "pod {} is still terminating after 300 s; leaving it to the cluster",
-            p.name
+            status.pod
         );
     }
 }

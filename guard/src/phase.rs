@@ -1,11 +1,11 @@
 //! What a task is doing, as its caller sees it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Who is to blame for a failure: the user's retries pay for `User`;
 /// `System` failures (preemption, external deletion, name conflicts) are
 /// bounded separately.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FailureKind {
     User,
@@ -13,7 +13,8 @@ pub enum FailureKind {
 }
 
 /// A task's phase. Each change is reported as a [`Transition`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "phase")]
 pub enum Phase {
     /// A Create is being sent.
     Launching,

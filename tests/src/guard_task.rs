@@ -21,11 +21,9 @@ pub struct RunningTask {
 /// The spec the tests use: instance `exec-1`, 2 retries, 3 system failures.
 pub fn spec(task: &str, ns: &str) -> TaskSpec {
     TaskSpec {
-        task: task.into(),
-        namespace: ns.into(),
-        instance: "exec-1".into(),
         retries: 2,
         max_system_failures: 3,
+        ..TaskSpec::new(task, ns, "exec-1")
     }
 }
 

@@ -1,0 +1,213 @@
+//! The executor's event log: numbered, long-polled, acknowledged.
+//!
+//! A result is delivered at least once and marked done only after the caller
+//! acknowledged it: events stay in the log (and are served again after a
+//! reconnect) until acknowledged. Transitions are informational and the
+//! oldest of them give way when the log is full; results never do.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::phase::Transition;
+use crate::reconcile::Outcome;
+
+/// Unacknowledged events kept at most (results are kept beyond it).
+pub const CAPACITY: usize = 100_000;
+
+/// What happened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventBody {
+    /// A task's phase changed.
+    Transition {
+        namespace: String,
+        #[serde(flatten)]
+        transition: Transition,
+    },
+    /// A task ended; acknowledging it marks its pod done.
+    Result {
+        namespace: String,
+        task: String,
+        outcome: Outcome,
+    },
+    /// A completed pod of a dead instance, claimed for this one;
+    /// acknowledging it marks the pod done.
+    Adopted {
+        namespace: String,
+        pod: String,
+        uid: String,
+        task: String,
+        attempt: String,
+        instance: String,
+        /// `Succeeded` or `Failed`.
+        phase: String,
+    },
+    /// A pod of a dead instance was deleted before it completed: its task
+    /// has no result and must be run again by the caller.
+    Gone {
+        namespace: String,
+        pod: String,
+        uid: String,
+        task: String,
+        attempt: String,
+        instance: String,
+    },
+}
+
+impl EventBody {
+    /// Whether acknowledging it writes a done-mark (and so it is never dropped).
+    pub fn needs_ack(&self) -> bool {
+        !matches!(self, EventBody::Transition { .. })
+    }
+}
+
+/// One numbered event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Logged {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+#[derive(Default)]
+struct Inner {
+    next: u64,
+    events: VecDeque<Logged>,
+    dropped: u64,
+}
+
+/// See the module docs.
+#[derive(Default)]
+pub struct EventLog {
+    inner: Mutex<Inner>,
+    notify: Notify,
+}
+
+impl EventLog {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends `body`; returns its sequence number (from 1).
+    pub fn push(&self, body: EventBody) -> u64 {
+        let seq = {
+            let mut i = self.lock();
+            i.next += 1;
+            let seq = i.next;
+            i.events.push_back(Logged { seq, body });
+            if i.events.len() > CAPACITY {
+                if let Some(pos) = i.events.iter().position(|e| !e.body.needs_ack()) {
+                    i.events.remove(pos);
+                    i.dropped += 1;
+                }
+            }
+            seq
+        };
+        self.notify.notify_waiters();
+        seq
+    }
+
+    /// Events after `after`, at most `limit`, waiting up to `wait` for one.
+    pub async fn after(&self, after: u64, limit: usize, wait: Duration) -> Vec<Logged> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before reading, so a push in between is not missed.
+            notified.as_mut().enable();
+            let found: Vec<Logged> = self
+                .lock()
+                .events
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(limit)
+                .cloned()
+                .collect();
+            if !found.is_empty() {
+                return found;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Vec::new();
+            }
+        }
+    }
+
+    /// Removes every event up to `seq`; returns those needing a done-mark.
+    pub fn ack(&self, seq: u64) -> Vec<Logged> {
+        let mut i = self.lock();
+        let mut acked = Vec::new();
+        while i.events.front().is_some_and(|e| e.seq <= seq) {
+            if let Some(e) = i.events.pop_front() {
+                if e.body.needs_ack() {
+                    acked.push(e);
+                }
+            }
+        }
+        acked
+    }
+
+    /// The last sequence number handed out.
+    pub fn last_seq(&self) -> u64 {
+        self.lock().next
+    }
+
+    /// Unacknowledged events held, and transitions dropped for room.
+    pub fn counts(&self) -> (usize, u64) {
+        let i = self.lock();
+        (i.events.len(), i.dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transition(task: &str) -> EventBody {
+        EventBody::Transition {
+            namespace: "ns".into(),
+            transition: Transition {
+                task: task.into(),
+                attempt: 0,
+                pod: format!("{task}-0"),
+                phase: "Queued",
+                reason: None,
+                failure_kind: None,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn events_are_served_after_a_sequence_until_acknowledged() {
+        let log = EventLog::default();
+        assert_eq!(log.push(transition("a")), 1);
+        assert_eq!(log.push(transition("b")), 2);
+        let got = log.after(0, 10, Duration::ZERO).await;
+        assert_eq!(got.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+        // Not acknowledged: served again.
+        assert_eq!(log.after(0, 10, Duration::ZERO).await.len(), 2);
+        assert_eq!(log.after(1, 10, Duration::ZERO).await.len(), 1);
+        assert!(log.ack(1).is_empty(), "a transition needs no done-mark");
+        assert_eq!(log.after(0, 10, Duration::ZERO).await.len(), 1);
+        let json =
+            serde_json::to_value(&log.after(0, 1, Duration::ZERO).await[0]).expect("serializes");
+        assert_eq!(json["type"], "transition");
+        assert_eq!(json["seq"], 2);
+        assert_eq!(json["task"], "b");
+    }
+
+    #[tokio::test]
+    async fn a_long_poll_wakes_on_a_push() {
+        let log = std::sync::Arc::new(EventLog::default());
+        let l = log.clone();
+        let waiter = tokio::spawn(async move { l.after(0, 10, Duration::from_secs(30)).await });
+        tokio::task::yield_now().await;
+        log.push(transition("a"));
+        let got = waiter.await.expect("joins");
+        assert_eq!(got.len(), 1);
+        assert!(log.after(1, 10, Duration::from_millis(10)).await.is_empty());
+    }
+}

@@ -1,0 +1,736 @@
+//! The reconcile core: rules 1, 2, 3 and 5 and the bounds, free of I/O and
+//! of clocks.
+//!
+//! [`reconcile`] takes a task's state, the pods of the task as the shared
+//! watch sees them, and the time, and returns the next state and what to do.
+//! The answers to those actions (a Create's result, a read of a name) come
+//! back through [`apply`]. The state is plain data ([`TaskState`] is serde):
+//! everything that must survive a restart is also written on each pod the
+//! task creates ([`crate::pod_record`]), so [`restore`] rebuilds it from the
+//! cluster and a restarted executor resumes a task instead of starting it
+//! over (and meeting its own pod with a Create).
+
+use serde::{Deserialize, Serialize};
+
+use crate::bounds::{after, Bounds};
+use crate::classify::CreateRefusal;
+use crate::naming::{self, ATTEMPT_LABEL, INSTANCE_LABEL, TASK_LABEL};
+use crate::phase::{FailureKind, Phase, Transition};
+use crate::pod_record::PodRecord;
+
+/// How long a created pod may be missing from the watch before its name is
+/// read directly (the watch is normally a few milliseconds behind).
+pub const WATCH_LAG_MS: i64 = 30_000;
+
+/// One task to run to completion.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    pub task: String,
+    pub namespace: String,
+    /// The executor instance launching it (labels, adoption, leases).
+    pub instance: String,
+    /// User failures (container exits) retried before the task fails.
+    pub retries: u32,
+    /// Consecutive system failures (preemptions, external deletions) before
+    /// the task fails; reset only when an attempt reaches Running.
+    pub max_system_failures: u32,
+    #[serde(default)]
+    pub bounds: Bounds,
+}
+
+impl TaskSpec {
+    /// A spec with the default bounds.
+    pub fn new(task: &str, namespace: &str, instance: &str) -> Self {
+        Self {
+            task: task.into(),
+            namespace: namespace.into(),
+            instance: instance.into(),
+            retries: 0,
+            max_system_failures: 3,
+            bounds: Bounds::default(),
+        }
+    }
+
+    /// The pod name of `attempt`.
+    pub fn pod_name(&self, attempt: u32) -> String {
+        naming::pod_name(&self.task, attempt)
+    }
+}
+
+/// A pod of the task, as the watch last saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
+    pub uid: String,
+    /// Its attempt label.
+    pub attempt: u32,
+    /// `status.phase` (Pending when absent).
+    pub phase: String,
+    /// Its `DisruptionTarget=True` reason, if any.
+    pub disruption: Option<String>,
+    /// `metadata.creationTimestamp`, ms since the epoch.
+    pub created_ms: i64,
+    /// `metadata.deletionTimestamp` (the end of its grace period), ms.
+    pub deletion_ms: Option<i64>,
+    /// Labelled done: its result was delivered and acknowledged.
+    pub done: bool,
+    /// What the task had spent when this pod was created.
+    pub record: Option<PodRecord>,
+}
+
+impl PodView {
+    pub fn deleting(&self) -> bool {
+        self.deletion_ms.is_some()
+    }
+}
+
+/// The pod found holding a name after AlreadyExists or an unknown outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Existing {
+    pub uid: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// Where the current attempt's pod stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PodTrack {
+    /// To be created (when `not_before` allows).
+    ToCreate,
+    /// A Create is in flight.
+    Creating,
+    /// A Create's outcome is unknown: the name is read before anything else.
+    Unknown,
+    /// A read of the name is in flight.
+    Reading,
+    /// Created with this uid; `seen` once the watch has shown it.
+    Created { uid: String, seen: bool, at_ms: i64 },
+}
+
+/// How a task ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub succeeded: bool,
+    pub failure_kind: Option<FailureKind>,
+    pub reason: Option<String>,
+    /// Attempts started (pod names used).
+    pub attempts: u32,
+    /// User failures (the user's retry budget spent).
+    pub user_failures: u32,
+    /// System failures in all.
+    pub system_failures: u32,
+    /// The pod whose end decided it.
+    pub pod: String,
+    /// That pod's uid, when it existed.
+    pub uid: Option<String>,
+}
+
+/// A task's whole state: serializable, and rebuilt by [`restore`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskState {
+    pub attempt: u32,
+    pub user_failures: u32,
+    pub system_failures: u32,
+    pub consecutive_system_failures: u32,
+    pub transient_retries: u32,
+    pub phase: Phase,
+    /// When the task was first launched (the deadline counts from here).
+    pub started_ms: i64,
+    pub pod: PodTrack,
+    /// No Create before this (a quota or transient backoff).
+    pub not_before_ms: Option<i64>,
+    /// Why graceguard itself asked for the current pod's deletion.
+    pub deleting_for: Option<String>,
+    pub outcome: Option<Outcome>,
+}
+
+/// One thing for the I/O layer to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Create attempt `attempt`'s pod under `name`, with `record` on it.
+    Create {
+        name: String,
+        attempt: u32,
+        record: PodRecord,
+    },
+    /// Read the pod holding `name`, then [`Input::Read`].
+    Read { name: String },
+    /// Delete pod `name` gracefully with a uid precondition.
+    Delete { name: String, uid: String },
+    /// Publish a Warning event on pod `pod`.
+    Warn {
+        pod: String,
+        reason: String,
+        message: String,
+    },
+}
+
+/// What [`reconcile`] and [`apply`] decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub actions: Vec<Action>,
+    pub transitions: Vec<Transition>,
+    /// Call [`reconcile`] again at this time (a backoff or a bound ends).
+    pub wake_at_ms: Option<i64>,
+}
+
+/// An answer to an [`Action`], or the executor's own word.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    Created {
+        uid: String,
+    },
+    /// A refused Create; `retry_at_ms` is when its backoff ends.
+    Refused {
+        refusal: CreateRefusal,
+        retry_at_ms: i64,
+    },
+    /// No answer to a Create (timeout, reset connection).
+    CreateUnknown,
+    /// What holds the name (`None`: nothing).
+    Read(Option<Existing>),
+    /// The read failed; try again at `retry_at_ms`.
+    ReadFailed {
+        retry_at_ms: i64,
+    },
+    /// The executor gives up on the task: its pod is deleted.
+    Abort,
+}
+
+/// A fresh task, launched at `now_ms` (no transition recorded).
+pub fn start(now_ms: i64) -> TaskState {
+    TaskState {
+        attempt: 0,
+        user_failures: 0,
+        system_failures: 0,
+        consecutive_system_failures: 0,
+        transient_retries: 0,
+        phase: Phase::Launching,
+        started_ms: now_ms,
+        pod: PodTrack::ToCreate,
+        not_before_ms: None,
+        deleting_for: None,
+        outcome: None,
+    }
+}
+
+/// A fresh task, launched at `now_ms`, with its Launching transition.
+pub fn launch(spec: &TaskSpec, now_ms: i64) -> (TaskState, Decision) {
+    let mut t = Task::new(spec, start(now_ms));
+    t.record(Phase::Launching);
+    t.finish()
+}
+
+/// The executor decided to run an ended task again: the next attempt under
+/// the next name. Counters are kept (the consecutive count restarts).
+pub fn retry(spec: &TaskSpec, state: TaskState, _now_ms: i64) -> (TaskState, Decision) {
+    let mut t = Task::new(spec, state);
+    if t.s.outcome.take().is_some() {
+        t.s.attempt += 1;
+        t.s.consecutive_system_failures = 0;
+        t.s.transient_retries = 0;
+        t.s.deleting_for = None;
+        t.s.not_before_ms = None;
+        t.s.pod = PodTrack::ToCreate;
+        t.record(Phase::Launching);
+    }
+    t.finish()
+}
+
+/// The state of a task whose pods are `pods`, as a restarted executor finds
+/// them: the newest attempt's pod, with what its record says had been spent.
+/// No pods: a fresh task.
+pub fn restore(pods: &[PodView], now_ms: i64) -> TaskState {
+    let Some(newest) = pods.iter().max_by_key(|p| (p.attempt, p.created_ms)) else {
+        return start(now_ms);
+    };
+    let r = newest.record.clone().unwrap_or_default();
+    TaskState {
+        attempt: newest.attempt,
+        user_failures: r.user_failures,
+        system_failures: r.system_failures,
+        consecutive_system_failures: r.consecutive_system_failures,
+        transient_retries: 0,
+        phase: Phase::Queued,
+        started_ms: r.started_ms.unwrap_or(newest.created_ms),
+        pod: PodTrack::Created {
+            uid: newest.uid.clone(),
+            seen: true,
+            at_ms: now_ms,
+        },
+        not_before_ms: None,
+        deleting_for: None,
+        outcome: None,
+    }
+}
+
+/// Decides the next step of `state` given the task's `pods` at `now_ms`.
+pub fn reconcile(
+    spec: &TaskSpec,
+    state: TaskState,
+    pods: &[PodView],
+    now_ms: i64,
+) -> (TaskState, Decision) {
+    let mut t = Task::new(spec, state);
+    t.reconcile(pods, now_ms);
+    t.finish()
+}
+
+/// Feeds an answer (or the executor's word) into `state`, then reconciles
+/// with the task's `pods` as the watch shows them now.
+pub fn apply(
+    spec: &TaskSpec,
+    state: TaskState,
+    input: Input,
+    pods: &[PodView],
+    now_ms: i64,
+) -> (TaskState, Decision) {
+    let mut t = Task::new(spec, state);
+    t.apply(input, now_ms);
+    t.reconcile(pods, now_ms);
+    t.finish()
+}
+
+/// The task being decided on: its spec, state and the decision so far.
+struct Task<'a> {
+    spec: &'a TaskSpec,
+    s: TaskState,
+    d: Decision,
+}
+
+impl<'a> Task<'a> {
+    fn new(spec: &'a TaskSpec, s: TaskState) -> Self {
+        Self {
+            spec,
+            s,
+            d: Decision::default(),
+        }
+    }
+
+    fn finish(self) -> (TaskState, Decision) {
+        (self.s, self.d)
+    }
+
+    fn pod_name(&self) -> String {
+        self.spec.pod_name(self.s.attempt)
+    }
+
+    fn wake_at(&mut self, at: i64) {
+        self.d.wake_at_ms = Some(self.d.wake_at_ms.map_or(at, |w| w.min(at)));
+    }
+
+    /// Records `phase` as a transition, even if it equals the current one
+    /// (a new attempt's Launching).
+    fn record(&mut self, phase: Phase) {
+        let (reason, failure_kind) = match &phase {
+            Phase::ShuttingDown { reason } => (Some(reason.clone()), None),
+            Phase::Failed { kind, reason } => (Some(reason.clone()), Some(*kind)),
+            _ => (None, None),
+        };
+        self.d.transitions.push(Transition {
+            task: self.spec.task.clone(),
+            attempt: self.s.attempt,
+            pod: self.pod_name(),
+            phase: phase.name(),
+            reason,
+            failure_kind,
+        });
+        self.s.phase = phase;
+    }
+
+    /// Moves to `phase`, recording it only if it differs.
+    fn change(&mut self, phase: Phase) {
+        if phase != self.s.phase {
+            self.record(phase);
+        }
+    }
+
+    fn current_uid(&self) -> Option<String> {
+        match &self.s.pod {
+            PodTrack::Created { uid, .. } => Some(uid.clone()),
+            _ => None,
+        }
+    }
+
+    fn reconcile(&mut self, pods: &[PodView], now: i64) {
+        if self.s.outcome.is_some() {
+            return;
+        }
+        if let Some(secs) = self.spec.bounds.deadline_seconds {
+            let due = after(self.s.started_ms, secs);
+            if now >= due {
+                return self.deadline_exceeded(pods, secs);
+            }
+            self.wake_at(due);
+        }
+        let attempt = self.s.attempt;
+        let cur = pods.iter().find(|p| p.attempt == attempt);
+        match self.s.pod.clone() {
+            PodTrack::ToCreate | PodTrack::Creating | PodTrack::Unknown | PodTrack::Reading
+                if cur.is_some() =>
+            {
+                // The watch shows this attempt's pod: whatever was pending
+                // (a Create answer, a read), the pod itself is the answer.
+                if let Some(p) = cur {
+                    self.adopt(p.uid.clone(), now);
+                    self.s.pod = PodTrack::Created {
+                        uid: p.uid.clone(),
+                        seen: true,
+                        at_ms: now,
+                    };
+                    self.observe(p, now);
+                }
+            }
+            PodTrack::ToCreate => match self.s.not_before_ms {
+                Some(nb) if nb > now => self.wake_at(nb),
+                _ => self.create(),
+            },
+            PodTrack::Creating | PodTrack::Reading => {}
+            PodTrack::Unknown => {
+                self.s.pod = PodTrack::Reading;
+                let name = self.pod_name();
+                self.d.actions.push(Action::Read { name });
+            }
+            PodTrack::Created { uid, seen, at_ms } => match cur {
+                Some(p) if p.uid == uid => {
+                    self.s.pod = PodTrack::Created {
+                        uid,
+                        seen: true,
+                        at_ms,
+                    };
+                    self.observe(p, now);
+                }
+                // Another pod under our attempt's labels: ours is gone.
+                Some(_) => self.gone(),
+                None if seen => self.gone(),
+                None if now - at_ms >= WATCH_LAG_MS => {
+                    // Created but never shown by the watch: ask the API server.
+                    self.s.pod = PodTrack::Reading;
+                    let name = self.pod_name();
+                    self.d.actions.push(Action::Read { name });
+                }
+                None => self.wake_at(at_ms.saturating_add(WATCH_LAG_MS)),
+            },
+        }
+    }
+
+    fn apply(&mut self, input: Input, now: i64) {
+        if self.s.outcome.is_some() {
+            return;
+        }
+        match input {
+            Input::Created { uid } => {
+                self.s.transient_retries = 0;
+                self.s.not_before_ms = None;
+                if matches!(self.s.pod, PodTrack::Creating | PodTrack::ToCreate) {
+                    self.adopt(uid, now);
+                }
+            }
+            Input::Refused {
+                refusal,
+                retry_at_ms,
+            } => self.refused(refusal, retry_at_ms),
+            Input::CreateUnknown => self.s.pod = PodTrack::Unknown,
+            Input::Read(existing) => self.on_existing(existing, now),
+            Input::ReadFailed { retry_at_ms } => {
+                self.s.pod = PodTrack::Unknown;
+                self.wake_at(retry_at_ms);
+            }
+            Input::Abort => {
+                if let Some(uid) = self.current_uid() {
+                    let name = self.pod_name();
+                    self.d.actions.push(Action::Delete { name, uid });
+                }
+                self.fail(
+                    FailureKind::User,
+                    "Aborted: the executor aborted the task; its pod is deleted".into(),
+                );
+            }
+        }
+    }
+
+    fn create(&mut self) {
+        self.s.pod = PodTrack::Creating;
+        let record = PodRecord {
+            user_failures: self.s.user_failures,
+            system_failures: self.s.system_failures,
+            consecutive_system_failures: self.s.consecutive_system_failures,
+            started_ms: Some(self.s.started_ms),
+        };
+        self.d.actions.push(Action::Create {
+            name: self.pod_name(),
+            attempt: self.s.attempt,
+            record,
+        });
+    }
+
+    fn adopt(&mut self, uid: String, now: i64) {
+        self.s.pod = PodTrack::Created {
+            uid,
+            seen: false,
+            at_ms: now,
+        };
+        self.change(Phase::Queued);
+    }
+
+    fn refused(&mut self, refusal: CreateRefusal, retry_at: i64) {
+        self.s.pod = PodTrack::ToCreate;
+        match refusal {
+            CreateRefusal::QuotaFull => {
+                // Waiting for room is not a failure: no attempt, no retry spent.
+                self.change(Phase::WaitingForResources);
+                self.s.not_before_ms = Some(retry_at);
+                self.wake_at(retry_at);
+            }
+            CreateRefusal::ExceedsQuotaLimit { detail } => self.fail(
+                FailureKind::User,
+                format!("ResourceRequestsExceedLimits: {detail}"),
+            ),
+            CreateRefusal::NameTaken => {
+                self.s.pod = PodTrack::Reading;
+                let name = self.pod_name();
+                self.d.actions.push(Action::Read { name });
+            }
+            CreateRefusal::Transient => {
+                self.s.transient_retries += 1;
+                let max = self.spec.bounds.max_transient_retries;
+                if self.s.transient_retries > max {
+                    self.s.transient_retries = 0;
+                    return self.system_failure(format!(
+                        "TransientRetriesExhausted: {max} transient Create errors in a row (max_transient_retries)"
+                    ));
+                }
+                self.s.not_before_ms = Some(retry_at);
+                self.wake_at(retry_at);
+            }
+            CreateRefusal::Configuration { message } => self.fail(FailureKind::User, message),
+        }
+    }
+
+    fn on_existing(&mut self, existing: Option<Existing>, now: i64) {
+        let Some(e) = existing else {
+            // The name is free (the holder vanished, or an unknown Create
+            // never happened): create it (when the backoff allows).
+            self.s.pod = PodTrack::ToCreate;
+            return;
+        };
+        let want = [
+            (TASK_LABEL, naming::task_label_value(&self.spec.task)),
+            (ATTEMPT_LABEL, self.s.attempt.to_string()),
+            (INSTANCE_LABEL, self.spec.instance.clone()),
+        ];
+        if want.iter().all(|(k, v)| e.labels.get(*k) == Some(v)) {
+            // Our own pod (a Create that had in fact succeeded, or one made
+            // before a restart): adopt it; the watch reports the rest.
+            return self.adopt(e.uid, now);
+        }
+        let name = self.pod_name();
+        self.s.system_failures += 1;
+        self.fail(
+            FailureKind::System,
+            format!(
+                "NameConflict: pod {name} already exists and is not attempt {} of task {} from instance {}; delete it or choose another task name",
+                self.s.attempt, self.spec.task, self.spec.instance
+            ),
+        );
+    }
+
+    fn observe(&mut self, p: &PodView, now: i64) {
+        match p.phase.as_str() {
+            "Succeeded" => return self.succeed(p),
+            "Failed" => {
+                return match p.disruption.clone() {
+                    // A kubelet- or PodGC-set disruption: not the user's fault.
+                    Some(reason) => self.system_failure(reason),
+                    // Deleted before it ended: the deletion killed it.
+                    None if p.deleting() || matches!(self.s.phase, Phase::ShuttingDown { .. }) => {
+                        let reason = self.deletion_reason(p);
+                        self.system_failure(reason)
+                    }
+                    None => self.user_failure("the pod failed (phase Failed)".into(), p),
+                };
+            }
+            _ => {}
+        }
+        if let Some(deadline) = p.deletion_ms {
+            let reason = self.deletion_reason(p);
+            self.change(Phase::ShuttingDown { reason });
+            // Rule 2: no Create while it exists, up to the ceiling.
+            if let Some(ceiling) = self.spec.bounds.terminating_ceiling_seconds {
+                let stuck_at = after(deadline, ceiling);
+                if now >= stuck_at {
+                    return self.stuck_terminating(p, ceiling);
+                }
+                self.wake_at(stuck_at);
+            }
+            return;
+        }
+        if p.phase == "Running" {
+            self.s.consecutive_system_failures = 0;
+            return self.change(Phase::Running);
+        }
+        if self.s.phase != Phase::Running {
+            self.change(Phase::Queued);
+        }
+        if let Some(secs) = self.spec.bounds.pending_timeout_seconds {
+            let due = after(p.created_ms, secs);
+            if now >= due {
+                if self.s.deleting_for.is_none() {
+                    self.s.deleting_for = Some(format!(
+                        "PendingTimeout: still Pending {secs} s after creation (pending_timeout_seconds)"
+                    ));
+                    let name = self.pod_name();
+                    self.d.actions.push(Action::Delete {
+                        name,
+                        uid: p.uid.clone(),
+                    });
+                }
+            } else {
+                self.wake_at(due);
+            }
+        }
+    }
+
+    fn deletion_reason(&self, p: &PodView) -> String {
+        p.disruption
+            .clone()
+            .or_else(|| match &self.s.phase {
+                Phase::ShuttingDown { reason } => Some(reason.clone()),
+                _ => None,
+            })
+            .or_else(|| self.s.deleting_for.clone())
+            .unwrap_or_else(|| "Deleted".into())
+    }
+
+    fn stuck_terminating(&mut self, p: &PodView, ceiling: u64) {
+        let pod = self.pod_name();
+        self.d.actions.push(Action::Warn {
+            pod: pod.clone(),
+            reason: "TerminatingTooLong".into(),
+            message: format!(
+                "pod {pod} (uid {}) is still terminating {ceiling} s after its grace period (a finalizer or a lost node?); task {} moves on to its next pod name and leaves this pod to the cluster",
+                p.uid, self.spec.task
+            ),
+        });
+        self.system_failure(format!(
+            "TerminatingTooLong: pod {pod} outlived its grace period by {ceiling} s"
+        ));
+    }
+
+    fn deadline_exceeded(&mut self, pods: &[PodView], secs: u64) {
+        let attempt = self.s.attempt;
+        if let Some(p) = pods.iter().find(|p| p.attempt == attempt && !p.deleting()) {
+            let name = self.pod_name();
+            self.d.actions.push(Action::Delete {
+                name,
+                uid: p.uid.clone(),
+            });
+        }
+        self.fail(
+            FailureKind::User,
+            format!("DeadlineExceeded: the task ran longer than {secs} s (deadline_seconds)"),
+        );
+    }
+
+    /// The current attempt's pod is gone (NotFound, or replaced).
+    fn gone(&mut self) {
+        let reason = match &self.s.phase {
+            Phase::ShuttingDown { reason } => reason.clone(),
+            _ => self
+                .s
+                .deleting_for
+                .clone()
+                .unwrap_or_else(|| "Deleted".into()),
+        };
+        self.system_failure(reason);
+    }
+
+    fn system_failure(&mut self, reason: String) {
+        self.s.system_failures += 1;
+        self.s.consecutive_system_failures += 1;
+        let max = self.spec.max_system_failures;
+        if self.s.consecutive_system_failures >= max {
+            let n = self.s.consecutive_system_failures;
+            return self.fail(
+                FailureKind::System,
+                format!(
+                    "{n} consecutive system failures (last: {reason}) without an attempt reaching Running; max_system_failures is {max}"
+                ),
+            );
+        }
+        let total_max = self.spec.bounds.max_total_system_failures;
+        if self.s.system_failures >= total_max {
+            let n = self.s.system_failures;
+            return self.fail(
+                FailureKind::System,
+                format!(
+                    "{n} system failures in all (last: {reason}); max_total_system_failures is {total_max}"
+                ),
+            );
+        }
+        self.next_attempt();
+    }
+
+    fn user_failure(&mut self, reason: String, p: &PodView) {
+        self.s.user_failures += 1;
+        if self.s.user_failures > self.spec.retries {
+            let kind = FailureKind::User;
+            let reason = format!("{reason}; {} retries used", self.spec.retries);
+            self.s.outcome = Some(self.outcome(false, Some(kind), Some(reason.clone()), p));
+            return self.change(Phase::Failed { kind, reason });
+        }
+        self.next_attempt();
+    }
+
+    fn next_attempt(&mut self) {
+        self.s.attempt += 1;
+        self.s.deleting_for = None;
+        self.s.not_before_ms = None;
+        self.s.pod = PodTrack::ToCreate;
+        self.record(Phase::Launching);
+        self.create();
+    }
+
+    fn outcome(
+        &self,
+        succeeded: bool,
+        kind: Option<FailureKind>,
+        reason: Option<String>,
+        p: &PodView,
+    ) -> Outcome {
+        Outcome {
+            succeeded,
+            failure_kind: kind,
+            reason,
+            attempts: self.s.attempt + 1,
+            user_failures: self.s.user_failures,
+            system_failures: self.s.system_failures,
+            pod: self.pod_name(),
+            uid: Some(p.uid.clone()),
+        }
+    }
+
+    fn succeed(&mut self, p: &PodView) {
+        self.s.outcome = Some(self.outcome(true, None, None, p));
+        self.change(Phase::Succeeded);
+    }
+
+    /// Ends the task failed without a pod result (bounds, conflicts, aborts).
+    fn fail(&mut self, kind: FailureKind, reason: String) {
+        self.s.outcome = Some(Outcome {
+            succeeded: false,
+            failure_kind: Some(kind),
+            reason: Some(reason.clone()),
+            attempts: self.s.attempt + 1,
+            user_failures: self.s.user_failures,
+            system_failures: self.s.system_failures,
+            pod: self.pod_name(),
+            uid: self.current_uid(),
+        });
+        self.s.pod = PodTrack::ToCreate;
+        self.change(Phase::Failed { kind, reason });
+    }
+}
+
+#[cfg(test)]
+#[path = "reconcile_tests.rs"]
+mod tests;

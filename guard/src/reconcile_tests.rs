@@ -1,0 +1,545 @@
+use super::*;
+
+const T0: i64 = 1_700_000_000_000;
+
+fn spec(retries: u32, max_system_failures: u32) -> TaskSpec {
+    TaskSpec {
+        retries,
+        max_system_failures,
+        ..TaskSpec::new("train", "ns", "exec-1")
+    }
+}
+
+fn pod(uid: &str, attempt: u32, phase: &str) -> PodView {
+    PodView {
+        uid: uid.into(),
+        attempt,
+        phase: phase.into(),
+        disruption: None,
+        created_ms: T0,
+        deletion_ms: None,
+        done: false,
+        record: None,
+    }
+}
+
+fn deleting(uid: &str, attempt: u32, disruption: Option<&str>, grace_end: i64) -> PodView {
+    PodView {
+        deletion_ms: Some(grace_end),
+        disruption: disruption.map(str::to_string),
+        ..pod(uid, attempt, "Running")
+    }
+}
+
+/// Drives one task, keeping every transition and action, like the executor.
+struct Run {
+    spec: TaskSpec,
+    state: TaskState,
+    now: i64,
+    phases: Vec<String>,
+    last: Decision,
+}
+
+impl Run {
+    fn new(spec: TaskSpec) -> Self {
+        Self {
+            spec,
+            state: start(T0),
+            now: T0,
+            phases: Vec::new(),
+            last: Decision::default(),
+        }
+    }
+
+    fn keep(&mut self, (s, d): (TaskState, Decision)) -> &Decision {
+        self.state = s;
+        for t in &d.transitions {
+            self.phases.push(match &t.reason {
+                Some(r) => format!(
+                    "{}:{}/{}",
+                    t.attempt,
+                    t.phase,
+                    r.split(':').next().unwrap_or("")
+                ),
+                None => format!("{}:{}", t.attempt, t.phase),
+            });
+        }
+        self.last = d;
+        &self.last
+    }
+
+    fn see(&mut self, pods: &[PodView]) -> &Decision {
+        let r = reconcile(&self.spec, self.state.clone(), pods, self.now);
+        self.keep(r)
+    }
+
+    fn give(&mut self, input: Input) -> &Decision {
+        let r = apply(&self.spec, self.state.clone(), input, &[], self.now);
+        self.keep(r)
+    }
+
+    fn creates(&self) -> Vec<String> {
+        self.last
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Create { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn outcome(&self) -> Outcome {
+        self.state.outcome.clone().expect("the task has ended")
+    }
+}
+
+#[test]
+fn a_task_that_runs_and_succeeds() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    assert_eq!(r.creates(), ["train-0"]);
+    // Until the Create answers, the same pods decide nothing new.
+    r.see(&[]);
+    assert!(r.last.actions.is_empty());
+    r.give(Input::Created { uid: "u0".into() });
+    r.see(&[pod("u0", 0, "Pending")]);
+    r.see(&[pod("u0", 0, "Running")]);
+    r.see(&[pod("u0", 0, "Succeeded")]);
+    let o = r.outcome();
+    assert!(o.succeeded);
+    assert_eq!((o.attempts, o.pod.as_str()), (1, "train-0"));
+    assert_eq!(r.phases, ["0:Queued", "0:Running", "0:Succeeded"]);
+}
+
+#[test]
+fn a_preemption_waits_for_the_pod_to_be_gone_then_uses_the_next_name() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    r.see(&[pod("u0", 0, "Running")]);
+    let d = r
+        .see(&[deleting(
+            "u0",
+            0,
+            Some("PreemptionByScheduler"),
+            T0 + 30_000,
+        )])
+        .clone();
+    assert!(d.actions.is_empty(), "no Create while it exists: {d:?}");
+    // The terminating ceiling is the only wake-up it needs.
+    assert_eq!(d.wake_at_ms, Some(T0 + 30_000 + 300_000));
+    r.now += 10_000;
+    r.see(&[deleting(
+        "u0",
+        0,
+        Some("PreemptionByScheduler"),
+        T0 + 30_000,
+    )]);
+    assert!(r.creates().is_empty());
+    r.see(&[]);
+    assert_eq!(r.creates(), ["train-1"]);
+    r.give(Input::Created { uid: "u1".into() });
+    r.see(&[pod("u1", 1, "Running")]);
+    r.see(&[pod("u1", 1, "Succeeded")]);
+    let o = r.outcome();
+    assert_eq!((o.user_failures, o.system_failures), (0, 1));
+    assert_eq!(
+        r.phases,
+        [
+            "0:Queued",
+            "0:Running",
+            "0:ShuttingDown/PreemptionByScheduler",
+            "1:Launching",
+            "1:Queued",
+            "1:Running",
+            "1:Succeeded"
+        ]
+    );
+}
+
+#[test]
+fn a_pod_stuck_terminating_past_the_ceiling_warns_and_moves_to_the_next_name() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    let stuck = deleting("u0", 0, None, T0 + 30_000);
+    r.see(std::slice::from_ref(&stuck));
+    r.now = T0 + 30_000 + 300_000;
+    let d = r.see(std::slice::from_ref(&stuck)).clone();
+    assert!(
+        d.actions.iter().any(
+            |a| matches!(a, Action::Warn { reason, pod, .. } if reason == "TerminatingTooLong" && pod == "train-0")
+        ),
+        "{d:?}"
+    );
+    assert_eq!(r.creates(), ["train-1"]);
+    // The stuck pod (attempt 0) no longer matters to attempt 1.
+    let d = r.see(&[stuck]).clone();
+    assert!(d.actions.is_empty(), "{d:?}");
+}
+
+#[test]
+fn a_pod_pending_past_the_timeout_is_deleted_and_counted_as_a_system_failure() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    let d = r.see(&[pod("u0", 0, "Pending")]).clone();
+    assert_eq!(d.wake_at_ms, Some(T0 + 900_000));
+    r.now = T0 + 900_000;
+    let d = r.see(&[pod("u0", 0, "Pending")]).clone();
+    assert_eq!(
+        d.actions,
+        [Action::Delete {
+            name: "train-0".into(),
+            uid: "u0".into()
+        }]
+    );
+    // Deleted once, not again while the deletion is under way.
+    assert!(r.see(&[pod("u0", 0, "Pending")]).actions.is_empty());
+    r.see(&[deleting("u0", 0, None, r.now + 30_000)]);
+    assert_eq!(
+        r.state.phase,
+        Phase::ShuttingDown {
+            reason: "PendingTimeout: still Pending 900 s after creation (pending_timeout_seconds)"
+                .into()
+        }
+    );
+    r.see(&[]);
+    assert_eq!(r.creates(), ["train-1"]);
+    assert_eq!(r.state.system_failures, 1);
+}
+
+#[test]
+fn the_task_deadline_deletes_the_pod_and_fails_the_task() {
+    let mut s = spec(0, 3);
+    s.bounds.deadline_seconds = Some(60);
+    let mut r = Run::new(s);
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    let d = r.see(&[pod("u0", 0, "Running")]).clone();
+    assert_eq!(d.wake_at_ms, Some(T0 + 60_000));
+    r.now = T0 + 60_000;
+    let d = r.see(&[pod("u0", 0, "Running")]).clone();
+    assert_eq!(
+        d.actions,
+        [Action::Delete {
+            name: "train-0".into(),
+            uid: "u0".into()
+        }]
+    );
+    let o = r.outcome();
+    assert_eq!(o.failure_kind, Some(FailureKind::User));
+    assert!(o.reason.unwrap_or_default().starts_with("DeadlineExceeded"));
+}
+
+#[test]
+fn preempted_after_every_start_is_bounded_in_total() {
+    let mut s = spec(0, 3);
+    s.bounds.max_total_system_failures = 4;
+    let mut r = Run::new(s);
+    r.see(&[]);
+    for i in 0..4u32 {
+        let uid = format!("u{i}");
+        r.give(Input::Created { uid: uid.clone() });
+        // Running resets the consecutive count, never the total.
+        r.see(&[pod(&uid, i, "Running")]);
+        r.see(&[deleting(&uid, i, Some("PreemptionByScheduler"), T0)]);
+        r.see(&[]);
+    }
+    let o = r.outcome();
+    assert_eq!(o.failure_kind, Some(FailureKind::System));
+    assert!(
+        o.reason
+            .clone()
+            .unwrap_or_default()
+            .contains("4 system failures in all"),
+        "{o:?}"
+    );
+    assert_eq!(o.attempts, 4);
+}
+
+#[test]
+fn transient_errors_are_bounded_and_retry_at_the_time_given() {
+    let mut s = spec(0, 3);
+    s.bounds.max_transient_retries = 2;
+    let mut r = Run::new(s);
+    r.see(&[]);
+    for i in 1..=2 {
+        let d = r
+            .give(Input::Refused {
+                refusal: CreateRefusal::Transient,
+                retry_at_ms: T0 + i * 1000,
+            })
+            .clone();
+        assert_eq!(d.wake_at_ms, Some(T0 + i * 1000));
+        assert!(r.see(&[]).actions.is_empty(), "not before its time");
+        r.now = T0 + i * 1000;
+        r.see(&[]);
+        assert_eq!(r.creates(), ["train-0"], "the same name again");
+    }
+    r.give(Input::Refused {
+        refusal: CreateRefusal::Transient,
+        retry_at_ms: r.now + 1000,
+    });
+    assert_eq!(r.creates(), ["train-1"]);
+    assert_eq!(r.state.system_failures, 1);
+    assert!(
+        r.phases.iter().any(|p| p == "1:Launching"),
+        "{:?}",
+        r.phases
+    );
+}
+
+#[test]
+fn a_full_quota_waits_without_spending_attempts() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    for i in 1..=5 {
+        r.give(Input::Refused {
+            refusal: CreateRefusal::QuotaFull,
+            retry_at_ms: r.now + 1000,
+        });
+        r.now += 1000;
+        r.see(&[]);
+        assert_eq!(r.creates(), ["train-0"], "round {i}");
+    }
+    r.give(Input::Created { uid: "u0".into() });
+    assert_eq!(r.phases, ["0:WaitingForResources", "0:Queued"]);
+    assert_eq!((r.state.attempt, r.state.transient_retries), (0, 0));
+}
+
+#[test]
+fn already_exists_on_a_foreign_pod_is_a_name_conflict_and_on_ours_adoption() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    let d = r
+        .give(Input::Refused {
+            refusal: CreateRefusal::NameTaken,
+            retry_at_ms: T0,
+        })
+        .clone();
+    assert_eq!(
+        d.actions,
+        [Action::Read {
+            name: "train-0".into()
+        }]
+    );
+    let mut ours = r.state.clone();
+    r.give(Input::Read(Some(Existing {
+        uid: "x".into(),
+        labels: [("app".to_string(), "other".to_string())].into(),
+    })));
+    let o = r.outcome();
+    assert!(o.reason.unwrap_or_default().starts_with("NameConflict"));
+
+    let labels = [
+        (TASK_LABEL.to_string(), "train".to_string()),
+        (ATTEMPT_LABEL.to_string(), "0".to_string()),
+        (INSTANCE_LABEL.to_string(), "exec-1".to_string()),
+    ];
+    (ours, _) = apply(
+        &r.spec,
+        ours,
+        Input::Read(Some(Existing {
+            uid: "u0".into(),
+            labels: labels.into(),
+        })),
+        &[],
+        T0,
+    );
+    assert!(matches!(ours.pod, PodTrack::Created { ref uid, .. } if uid == "u0"));
+}
+
+#[test]
+fn an_unknown_create_outcome_reads_the_name_before_creating_again() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    let d = r.give(Input::CreateUnknown).clone();
+    assert_eq!(
+        d.actions,
+        [Action::Read {
+            name: "train-0".into()
+        }]
+    );
+    // Nothing there: the Create never happened, so it is sent now.
+    r.give(Input::Read(None));
+    assert_eq!(r.creates(), ["train-0"]);
+    // Had the watch shown the pod meanwhile, it is simply adopted.
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::CreateUnknown);
+    r.see(&[pod("u0", 0, "Pending")]);
+    assert!(r.creates().is_empty());
+    assert!(matches!(r.state.pod, PodTrack::Created { ref uid, seen: true, .. } if uid == "u0"));
+}
+
+#[test]
+fn a_created_pod_the_watch_never_shows_is_read_after_the_lag_bound() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    let d = r.see(&[]).clone();
+    assert!(d.actions.is_empty());
+    assert_eq!(d.wake_at_ms, Some(T0 + WATCH_LAG_MS));
+    r.now += WATCH_LAG_MS;
+    assert_eq!(
+        r.see(&[]).actions,
+        [Action::Read {
+            name: "train-0".into()
+        }]
+    );
+}
+
+#[test]
+fn system_failures_in_a_row_are_bounded_and_running_resets_the_count() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    for i in 0..2u32 {
+        let uid = format!("u{i}");
+        r.give(Input::Created { uid: uid.clone() });
+        r.see(&[pod(&uid, i, "Pending")]);
+        r.see(&[]);
+    }
+    r.give(Input::Created { uid: "u2".into() });
+    r.see(&[pod("u2", 2, "Running")]);
+    r.see(&[]);
+    for i in 3..5u32 {
+        let uid = format!("u{i}");
+        r.give(Input::Created { uid: uid.clone() });
+        r.see(&[pod(&uid, i, "Pending")]);
+        r.see(&[]);
+    }
+    let o = r.outcome();
+    assert!(
+        o.reason
+            .clone()
+            .unwrap_or_default()
+            .contains("3 consecutive system failures"),
+        "{o:?}"
+    );
+    assert_eq!(o.system_failures, 5);
+    assert_eq!(o.user_failures, 0);
+}
+
+#[test]
+fn container_failures_spend_the_users_retries() {
+    let mut r = Run::new(spec(1, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    r.see(&[pod("u0", 0, "Failed")]);
+    assert_eq!(r.creates(), ["train-1"]);
+    r.give(Input::Created { uid: "u1".into() });
+    r.see(&[pod("u0", 0, "Failed"), pod("u1", 1, "Failed")]);
+    let o = r.outcome();
+    assert_eq!(o.failure_kind, Some(FailureKind::User));
+    assert_eq!((o.user_failures, o.pod.as_str()), (2, "train-1"));
+}
+
+#[test]
+fn a_kubelet_disruption_or_a_deletion_ending_failed_is_a_system_failure() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    let mut killed = pod("u0", 0, "Failed");
+    killed.disruption = Some("TerminationByKubelet".into());
+    r.see(&[killed]);
+    assert_eq!(r.creates(), ["train-1"]);
+    r.give(Input::Created { uid: "u1".into() });
+    let mut deleted = pod("u1", 1, "Failed");
+    deleted.deletion_ms = Some(T0);
+    r.see(&[deleted]);
+    assert_eq!(r.creates(), ["train-2"]);
+    assert_eq!((r.state.user_failures, r.state.system_failures), (0, 2));
+}
+
+#[test]
+fn abort_deletes_the_current_pod_and_ends_the_task() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    let d = r.give(Input::Abort).clone();
+    assert_eq!(
+        d.actions,
+        [Action::Delete {
+            name: "train-0".into(),
+            uid: "u0".into()
+        }]
+    );
+    assert!(r
+        .outcome()
+        .reason
+        .unwrap_or_default()
+        .starts_with("Aborted"));
+}
+
+#[test]
+fn a_restarted_executor_resumes_from_the_newest_pod_without_a_create() {
+    // Before the restart: attempt 0 preempted, attempt 1 running.
+    let record = PodRecord {
+        user_failures: 0,
+        system_failures: 1,
+        consecutive_system_failures: 1,
+        started_ms: Some(T0 - 5_000),
+    };
+    let old = PodView {
+        phase: "Failed".into(),
+        disruption: Some("PreemptionByScheduler".into()),
+        ..pod("u0", 0, "Failed")
+    };
+    let newest = PodView {
+        record: Some(record),
+        ..pod("u1", 1, "Running")
+    };
+    let pods = [old, newest];
+    let state = restore(&pods, T0);
+    // The state is plain data: it survives a JSON round trip.
+    let text = serde_json::to_string(&state).expect("state serializes");
+    let back: TaskState = serde_json::from_str(&text).expect("state parses");
+    assert_eq!(back, state);
+    let spec = spec(0, 3);
+    let (state, d) = reconcile(&spec, back, &pods, T0);
+    assert!(d.actions.is_empty(), "no Create on resume: {d:?}");
+    assert_eq!(state.attempt, 1);
+    assert_eq!(state.system_failures, 1);
+    assert_eq!(state.consecutive_system_failures, 0, "Running resets it");
+    assert_eq!(state.started_ms, T0 - 5_000);
+    assert_eq!(state.phase, Phase::Running);
+    // A restored task whose newest pod is terminating waits it out.
+    let pods = [deleting(
+        "u0",
+        0,
+        Some("PreemptionByScheduler"),
+        T0 + 30_000,
+    )];
+    let (state, d) = reconcile(&spec, restore(&pods, T0), &pods, T0);
+    assert!(d.actions.is_empty());
+    let (_, d) = reconcile(&spec, state, &[], T0 + 1_000);
+    assert_eq!(
+        d.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Create { .. }))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn each_create_carries_the_record_a_restart_needs() {
+    let mut r = Run::new(spec(1, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    r.see(&[pod("u0", 0, "Failed")]);
+    let Some(Action::Create { record, .. }) = r.last.actions.first().cloned() else {
+        panic!("expected a Create: {:?}", r.last)
+    };
+    assert_eq!(
+        record,
+        PodRecord {
+            user_failures: 1,
+            system_failures: 0,
+            consecutive_system_failures: 0,
+            started_ms: Some(T0)
+        }
+    );
+}
