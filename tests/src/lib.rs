@@ -25,6 +25,7 @@ pub mod pods;
 pub mod process;
 pub mod quota;
 pub mod scenario;
+pub mod sidecar;
 pub mod webhook;
 
 pub use binaries::KubeVersion;

@@ -1,0 +1,3 @@
+module github.com/graceguard/graceguard/tests/clients/go
+
+go 1.19

@@ -1,0 +1,317 @@
+//! `graceguard sidecar` as the end-to-end tests run it, and its clients in
+//! other languages (`tests/clients/python`, `tests/clients/go`) driven as
+//! child processes.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+use crate::binaries::{cache_dir, workspace_bin};
+use crate::control_plane::TestBed;
+use crate::process::{tail, Managed};
+
+/// A running sidecar for one instance, acting as user `alice`.
+pub struct SidecarProcess {
+    pub socket: PathBuf,
+    pub instance: String,
+    namespace: String,
+    kubeconfig: PathBuf,
+    dir: PathBuf,
+    starts: u32,
+    process: Option<Managed>,
+}
+
+impl SidecarProcess {
+    /// Starts the sidecar of `instance` for `namespace` and waits until it
+    /// answers /healthz with 200 (its pod watch synced).
+    pub async fn start(bed: &TestBed, instance: &str, namespace: &str) -> Result<Self> {
+        let mut s = Self {
+            socket: bed.dir().join(format!("{instance}.sock")),
+            instance: instance.to_string(),
+            namespace: namespace.to_string(),
+            kubeconfig: bed.kubeconfig_for("alice")?,
+            dir: bed.dir().to_path_buf(),
+            starts: 0,
+            process: None,
+        };
+        s.spawn().await?;
+        Ok(s)
+    }
+
+    async fn spawn(&mut self) -> Result<()> {
+        let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;
+        let mut cmd = std::process::Command::new(bin);
+        cmd.arg("sidecar")
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(["--instance", &self.instance, "--namespace", &self.namespace])
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig);
+        self.starts += 1;
+        let log = self
+            .dir
+            .join(format!("sidecar-{}-{}.log", self.instance, self.starts));
+        self.process = Some(Managed::spawn("graceguard sidecar", cmd, &log)?);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = http(&self.socket, "GET", "/healthz", None).await {
+                return Ok(());
+            }
+            if let Some(p) = self.process.as_mut() {
+                if let Err(e) = p.check_running() {
+                    bail!("the sidecar exited: {e}; its log:\n{}", tail(&log, 40));
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the sidecar did not become healthy within 60 s; its log:\n{}",
+                    tail(&log, 40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// SIGKILL: nothing is cleaned up, the socket file stays behind.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            p.kill();
+        }
+    }
+
+    /// Starts it again with the same instance name and socket path.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn().await
+    }
+
+    /// One request over the socket: (status, JSON body).
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(u16, serde_json::Value)> {
+        http(&self.socket, method, path, body).await
+    }
+}
+
+/// A minimal HTTP/1.1 request over a Unix socket (`Connection: close`).
+pub async fn http(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<(u16, serde_json::Value)> {
+    let mut s = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .context("the sidecar's answer has no header end")?;
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("the sidecar's answer has no status code")?;
+    let json = if rest.trim().is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(rest).with_context(|| format!("not JSON: {rest}"))?
+    };
+    Ok((status, json))
+}
+
+/// A client of the sidecar in another language.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lang {
+    Python,
+    Go,
+}
+
+impl Lang {
+    /// The command running this client against `socket`.
+    pub fn command(self, socket: &Path) -> Result<Command> {
+        let mut cmd = match self {
+            Lang::Python => {
+                let py = std::env::var("GRACEGUARD_PYTHON").unwrap_or_else(|_| "python3".into());
+                let mut c = Command::new(py);
+                c.arg(clients_dir().join("python/graceguard_client.py"));
+                c
+            }
+            Lang::Go => Command::new(go_client()?),
+        };
+        match self {
+            Lang::Python => cmd.arg("--socket"),
+            Lang::Go => cmd.arg("-socket"),
+        };
+        cmd.arg(socket);
+        Ok(cmd)
+    }
+}
+
+fn clients_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients")
+}
+
+/// The Go toolchain: `$GRACEGUARD_GO`, else Go at /usr/local/go (the
+/// machine's current Go), else `go` on PATH.
+fn go_tool() -> PathBuf {
+    if let Some(p) = std::env::var_os("GRACEGUARD_GO") {
+        return PathBuf::from(p);
+    }
+    let local = PathBuf::from("/usr/local/go/bin/go");
+    if local.is_file() {
+        return local;
+    }
+    PathBuf::from("go")
+}
+
+/// Builds the Go client once per source version into the cache (a build
+/// under a temporary name, renamed into place, so parallel tests never see
+/// half a binary).
+pub fn go_client() -> Result<PathBuf> {
+    let src = clients_dir().join("go");
+    let mut key = String::new();
+    for f in ["go.mod", "client.go", "main.go"] {
+        key.push_str(
+            &std::fs::read_to_string(src.join(f)).with_context(|| format!("reading {f}"))?,
+        );
+    }
+    let hash = graceguard::pod_record::template_hash(&serde_json::Value::String(key));
+    let dir = cache_dir().join("go-client");
+    let bin = dir.join(format!("graceguard-go-client-{hash}"));
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let tmp = dir.join(format!("build-{}", std::process::id()));
+    let out = std::process::Command::new(go_tool())
+        .args(["build", "-o"])
+        .arg(&tmp)
+        .arg(".")
+        .current_dir(&src)
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .env("CGO_ENABLED", "0")
+        .output()
+        .with_context(|| {
+            format!(
+                "running {} (Go is needed for the Go client; scripts/test checks for it)",
+                go_tool().display()
+            )
+        })?;
+    if !out.status.success() {
+        bail!(
+            "building the Go client failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::rename(&tmp, &bin)?;
+    Ok(bin)
+}
+
+/// A client's `run` command in the background, its JSON lines read as they come.
+pub struct ClientRun {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+    /// Every line so far.
+    pub seen: Vec<serde_json::Value>,
+}
+
+impl ClientRun {
+    /// `run NS TASK TEMPLATE` with `lang`'s client.
+    pub fn start(lang: Lang, socket: &Path, ns: &str, task: &str, template: &Path) -> Result<Self> {
+        let mut cmd = lang.command(socket)?;
+        cmd.args(["run", ns, task])
+            .arg(template)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().context("starting the client")?;
+        let stdout = child.stdout.take().context("the client's stdout")?;
+        Ok(Self {
+            child,
+            lines: BufReader::new(stdout).lines(),
+            seen: Vec::new(),
+        })
+    }
+
+    /// Waits (up to `within`) for a line matching `pred`.
+    pub async fn wait_for(
+        &mut self,
+        within: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<serde_json::Value> {
+        if let Some(v) = self.seen.iter().find(|v| pred(v)) {
+            return Ok(v.clone());
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.lines.next_line()).await {
+                Ok(Ok(Some(line))) => {
+                    let v: serde_json::Value = serde_json::from_str(&line)
+                        .with_context(|| format!("the client printed a non-JSON line: {line}"))?;
+                    self.seen.push(v.clone());
+                    if pred(&v) {
+                        return Ok(v);
+                    }
+                }
+                Ok(Ok(None)) => {
+                    let mut err = String::new();
+                    if let Some(mut e) = self.child.stderr.take() {
+                        e.read_to_string(&mut err).await.ok();
+                    }
+                    bail!(
+                        "the client ended without the expected line; saw {:?}; stderr: {err}",
+                        self.seen
+                    )
+                }
+                Ok(Err(e)) => bail!("reading the client's output: {e}"),
+                Err(_) => bail!("no expected line within {within:?}; saw {:?}", self.seen),
+            }
+        }
+    }
+
+    /// Waits for a transition event with `phase` at `attempt`.
+    pub async fn wait_phase(&mut self, phase: &str, attempt: u64) -> Result<serde_json::Value> {
+        self.wait_for(Duration::from_secs(90), |v| {
+            v["type"] == "transition" && v["phase"] == phase && v["attempt"] == attempt
+        })
+        .await
+    }
+
+    /// Waits for `{"final": status}` and the client's exit; returns the status.
+    pub async fn finish(mut self) -> Result<serde_json::Value> {
+        let v = self
+            .wait_for(Duration::from_secs(90), |v| v.get("final").is_some())
+            .await?;
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await??;
+        if !status.success() {
+            bail!("the client exited with {status}");
+        }
+        Ok(v["final"].clone())
+    }
+
+    /// The transitions seen, as `phase@attempt`.
+    pub fn phases(&self) -> Vec<String> {
+        self.seen
+            .iter()
+            .filter(|v| v["type"] == "transition")
+            .map(|v| format!("{}@{}", v["phase"].as_str().unwrap_or(""), v["attempt"]))
+            .collect()
+    }
+}

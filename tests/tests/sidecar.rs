@@ -1,0 +1,316 @@
+//! `graceguard sidecar` driven by executors in other languages: the Python
+//! (standard library) and Go clients in `tests/clients/`, against a real
+//! kube-apiserver with the simulated kubelet. The sidecar acts as `alice`;
+//! her requests are counted from the API server's audit log.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use testbed::audit_log::AuditEvent;
+use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
+use testbed::pods::{self, CreateOutcome};
+use testbed::sidecar::{ClientRun, Lang, SidecarProcess};
+use testbed::{quota, TestBed, TestBedOptions};
+
+type R = anyhow::Result<()>;
+
+async fn bed() -> anyhow::Result<(TestBed, String, std::path::PathBuf)> {
+    let bed = TestBed::start_with(TestBedOptions {
+        audit: true,
+        ..Default::default()
+    })
+    .await?;
+    let ns = bed.namespace("sidecar").await?;
+    let template = bed.dir().join("template.json");
+    std::fs::write(
+        &template,
+        serde_json::to_string(&pods::task_pod("template", 30))?,
+    )?;
+    Ok((bed, ns, template))
+}
+
+/// Alice's pod Creates in `ns` (refused ones too), by pod name.
+fn creates(bed: &TestBed, ns: &str) -> anyhow::Result<Vec<String>> {
+    Ok(bed
+        .audit_log()?
+        .events()?
+        .into_iter()
+        .filter(|e: &AuditEvent| e.is("create", "pods", ns) && e.user.username == "alice")
+        .map(|e| e.name().to_string())
+        .collect())
+}
+
+/// A task preempted while Running is waited out and re-launched under the
+/// next name, with no Create while the old pod exists.
+async fn preempted_task_is_relaunched_under_the_next_name(lang: Lang) -> R {
+    let (bed, ns, template) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let sidecar = SidecarProcess::start(&bed, "exec-1", &ns).await?;
+    let mut run = ClientRun::start(lang, &sidecar.socket, &ns, "train", &template)?;
+    run.wait_phase("Running", 0).await?;
+
+    kubelet.mark_preempted(&ns, "train-0").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    pods::delete_gracefully(&api, "train-0", None).await?;
+    let down = run
+        .wait_for(Duration::from_secs(60), |v| v["phase"] == "ShuttingDown")
+        .await?;
+    assert_eq!(down["reason"], "PreemptionByScheduler");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(api
+        .get("train-0")
+        .await?
+        .metadata
+        .deletion_timestamp
+        .is_some());
+    assert_eq!(
+        creates(&bed, &ns)?,
+        ["train-0"],
+        "no Create while it exists"
+    );
+
+    kubelet.finish_deletion(&ns, "train-0").await?;
+    run.wait_phase("Running", 1).await?;
+    kubelet.end_pod(&ns, "train-1", Terminal::Succeeded).await?;
+    let phases = {
+        let p = run.phases();
+        let status = run.finish().await?;
+        assert_eq!(status["attempt"], 1);
+        assert_eq!(status["pod"], "train-1");
+        assert_eq!(status["phase"], "Succeeded");
+        assert_eq!(status["terminal"], true);
+        assert_eq!(status["succeeded"], true);
+        assert_eq!(
+            status["user_failures"], 0,
+            "the user's retries are untouched"
+        );
+        assert_eq!(status["system_failures"], 1);
+        p
+    };
+    assert_eq!(
+        phases,
+        [
+            "Launching@0",
+            "Queued@0",
+            "Running@0",
+            "ShuttingDown@0",
+            "Launching@1",
+            "Queued@1",
+            "Running@1"
+        ]
+    );
+    assert_eq!(creates(&bed, &ns)?, ["train-0", "train-1"]);
+    // The client acknowledged the result: only then is the pod marked done.
+    pods::wait_label(&api, "train-1", "graceguard.io/done", "true").await?;
+    Ok(())
+}
+
+/// A full quota is waited out without spending attempts.
+async fn full_quota_waits_without_spending_attempts(lang: Lang) -> R {
+    let (bed, ns, template) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    quota::set_pods_quota(&bed, &ns, 1).await?;
+    let admin: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert_eq!(
+        pods::create(&admin, &pods::task_pod("filler", 0)).await?,
+        CreateOutcome::Created
+    );
+    let sidecar = SidecarProcess::start(&bed, "exec-1", &ns).await?;
+    let mut run = ClientRun::start(lang, &sidecar.socket, &ns, "wait", &template)?;
+    run.wait_phase("WaitingForResources", 0).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (code, status) = sidecar
+        .request("GET", &format!("/v1/tasks/{ns}/wait"), None)
+        .await?;
+    assert_eq!(code, 200);
+    assert_eq!(status["phase"], "WaitingForResources");
+    assert_eq!(
+        (status["attempt"].clone(), status["pod"].clone()),
+        (0.into(), "wait-0".into())
+    );
+    let refused = creates(&bed, &ns)?;
+    assert!(
+        refused.len() >= 2 && refused.iter().all(|n| n == "wait-0"),
+        "refused Creates retry the same name with backoff: {refused:?}"
+    );
+
+    kubelet.finish_deletion(&ns, "filler").await?;
+    quota::recalculate(&bed, &ns).await?;
+    run.wait_phase("Running", 0).await?;
+    kubelet.end_pod(&ns, "wait-0", Terminal::Succeeded).await?;
+    let status = run.finish().await?;
+    assert_eq!(status["attempt"], 0, "no attempt was consumed");
+    assert_eq!(status["succeeded"], true);
+    assert_eq!(
+        (
+            status["user_failures"].clone(),
+            status["system_failures"].clone()
+        ),
+        (0.into(), 0.into())
+    );
+    Ok(())
+}
+
+/// The sidecar killed mid-task (SIGKILL: its socket file stays) and
+/// restarted resumes the task from its pod, without a second Create.
+async fn killed_sidecar_resumes_the_task_without_a_create(lang: Lang) -> R {
+    let (bed, ns, template) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let mut sidecar = SidecarProcess::start(&bed, "exec-1", &ns).await?;
+    let mut run = ClientRun::start(lang, &sidecar.socket, &ns, "resume", &template)?;
+    run.wait_phase("Running", 0).await?;
+    sidecar.kill();
+    assert!(
+        sidecar.socket.exists(),
+        "a killed sidecar leaves its socket file"
+    );
+    drop(run);
+    sidecar.restart().await?;
+
+    // The executor submits its task again (PUT is idempotent): resumed.
+    let mut run = ClientRun::start(lang, &sidecar.socket, &ns, "resume", &template)?;
+    let put = run
+        .wait_for(Duration::from_secs(30), |v| v.get("put").is_some())
+        .await?;
+    assert_eq!(put["put"]["attempt"], 0);
+    run.wait_phase("Running", 0).await?;
+    kubelet
+        .end_pod(&ns, "resume-0", Terminal::Succeeded)
+        .await?;
+    let status = run.finish().await?;
+    assert_eq!(status["succeeded"], true);
+    assert_eq!(status["attempt"], 0);
+    assert_eq!(
+        creates(&bed, &ns)?,
+        ["resume-0"],
+        "no Create after the restart"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_preempted_task_is_relaunched_under_the_next_name() -> R {
+    preempted_task_is_relaunched_under_the_next_name(Lang::Python).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_preempted_task_is_relaunched_under_the_next_name() -> R {
+    preempted_task_is_relaunched_under_the_next_name(Lang::Go).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_full_quota_waits_without_spending_attempts() -> R {
+    full_quota_waits_without_spending_attempts(Lang::Python).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_full_quota_waits_without_spending_attempts() -> R {
+    full_quota_waits_without_spending_attempts(Lang::Go).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_killed_sidecar_resumes_the_task_without_a_create() -> R {
+    killed_sidecar_resumes_the_task_without_a_create(Lang::Python).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_killed_sidecar_resumes_the_task_without_a_create() -> R {
+    killed_sidecar_resumes_the_task_without_a_create(Lang::Go).await
+}
+
+/// The API as published: every route of the committed OpenAPI document is
+/// served, a second template for a task is 409, errors are JSON naming the
+/// fix, and a TCP listener wants the bearer token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_as_its_openapi_document_says() -> R {
+    let (bed, ns, template) = bed().await?;
+    let sidecar = SidecarProcess::start(&bed, "exec-1", &ns).await?;
+    let (code, doc) = sidecar.request("GET", "/openapi.json", None).await?;
+    assert_eq!(code, 200);
+    let committed: serde_json::Value =
+        serde_json::from_str(include_str!("../../guard/openapi.json"))?;
+    assert_eq!(doc, committed, "the served document is the committed one");
+
+    let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    let path = format!("/v1/tasks/{ns}/api");
+    let body = serde_json::json!({"template": tpl, "retries": 1});
+    let (code, first) = sidecar.request("PUT", &path, Some(&body)).await?;
+    assert_eq!(code, 200, "{first}");
+    for key in [
+        "attempt",
+        "pod",
+        "phase",
+        "reason",
+        "failure_kind",
+        "user_failures",
+        "system_failures",
+        "terminal",
+    ] {
+        assert!(first.get(key).is_some(), "{key} missing in {first}");
+    }
+    let (code, _) = sidecar.request("PUT", &path, Some(&body)).await?;
+    assert_eq!(code, 200, "the same PUT again is idempotent");
+    let mut other = tpl.clone();
+    other["spec"]["containers"][0]["image"] = "busybox:other".into();
+    let (code, err) = sidecar
+        .request("PUT", &path, Some(&serde_json::json!({"template": other})))
+        .await?;
+    assert_eq!(
+        (code, err["code"].as_str()),
+        (409, Some("template_conflict")),
+        "{err}"
+    );
+    let (code, err) = sidecar
+        .request("PUT", &path, Some(&serde_json::json!({"templte": tpl})))
+        .await?;
+    assert_eq!(code, 400);
+    assert!(
+        err["error"].as_str().unwrap_or("").contains("template"),
+        "{err}"
+    );
+    let (code, err) = sidecar
+        .request("POST", &format!("{path}/retry"), None)
+        .await?;
+    assert_eq!((code, err["code"].as_str()), (409, Some("not_ended")));
+    let (code, _) = sidecar
+        .request("GET", &format!("/v1/tasks/{ns}/nope"), None)
+        .await?;
+    assert_eq!(code, 404);
+    let (code, ev) = sidecar
+        .request("GET", "/v1/events?after=0&wait=1", None)
+        .await?;
+    assert_eq!(code, 200);
+    assert!(
+        ev["events"].as_array().is_some_and(|e| !e.is_empty()),
+        "{ev}"
+    );
+    let (code, st) = sidecar.request("DELETE", &path, None).await?;
+    assert_eq!(code, 200);
+    assert_eq!(st["terminal"], true);
+    assert!(
+        st["reason"].as_str().unwrap_or("").starts_with("Aborted"),
+        "{st}"
+    );
+    let (code, _) = sidecar
+        .request(
+            "POST",
+            "/v1/events/ack",
+            Some(&serde_json::json!({"seq": 1_000_000})),
+        )
+        .await?;
+    assert_eq!(code, 200);
+    // Every documented route answers (none is the fallback's no_route).
+    for (method, route) in graceguard::sidecar::ROUTES {
+        let p = route.replace("{namespace}", &ns).replace("{task}", "api");
+        let (_, body) = sidecar
+            .request(
+                &method.to_uppercase(),
+                &p,
+                Some(&serde_json::json!({"seq": 0})),
+            )
+            .await?;
+        assert_ne!(body["code"], "no_route", "{method} {p}");
+    }
+    Ok(())
+}
