@@ -1,12 +1,26 @@
-//! Rule 6: completed pods left by a dead instance are reported once and drained.
+//! Rule 6: results left by a dead instance are delivered at least once,
+//! never to two adopters, and drained.
 //!
 //! apache/airflow#68683 kept adopted completed pods in a set that was never
 //! drained and re-processed it for every result: PATCHes grew as results ×
-//! pods. Here a watch on managed pods *not yet marked done* delivers each pod's
-//! changes once; a completed pod whose instance's Lease has expired is
-//! reported, marked done (label `graceguard.io/done=true`, or deleted), and
-//! leaves the watch's selector, which drops it from memory. Each sync handles
-//! only the events that arrived since the last one.
+//! pods. Here a watch on managed pods *not yet marked done* delivers each
+//! pod's changes once. A completed pod of another instance is:
+//!
+//! 1. left alone while its owner's Lease is valid, and looked at again when
+//!    that Lease would expire (never dropped);
+//! 2. **claimed** with a conditional write (annotation
+//!    `graceguard.io/claimed-by`, on the resourceVersion seen): of two
+//!    adopters exactly one succeeds, the other gets 409 and moves on;
+//! 3. delivered to the caller, who **acknowledges** it ([`Adopter::ack`]);
+//!    only then is it marked done (label `graceguard.io/done=true`, again
+//!    conditional on the claim's resourceVersion), which takes it out of the
+//!    watch's selector and so out of memory.
+//!
+//! A crash between claim and acknowledgement loses nothing: the pod is still
+//! claimed by this instance and not done, so the restarted instance delivers
+//! it again (at least once), and once this instance's Lease has expired,
+//! another adopter may take it over. A pod of a dead instance deleted before
+//! it completed is reported as [`Found::Gone`]: its task has no result.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -16,54 +30,65 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
 use crate::driver::GuardError;
+use crate::executor::{mark_done, Marked, Stats};
 use crate::lease::{self, lease_name};
 use crate::naming::{
     ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
 };
 
-/// What happens to a completed pod once it has been reported.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DoneAction {
-    /// Label it `graceguard.io/done=true` (keeps logs for inspection).
-    Label,
-    Delete,
-}
+/// Annotation: the instance that claimed a completed pod for delivery.
+pub const CLAIMED_BY_ANNOTATION: &str = "graceguard.io/claimed-by";
 
-/// A completed pod of a dead instance, reported once.
+/// A pod of a dead instance, as delivered.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CompletedPod {
+pub struct AdoptedPod {
     pub namespace: String,
     pub name: String,
     pub uid: String,
     pub task: String,
     pub attempt: String,
     pub instance: String,
-    /// `Succeeded` or `Failed`.
+    /// `Succeeded` or `Failed` (for [`Found::Gone`], its last phase).
     pub phase: String,
+    /// After the claim: what the done-mark is conditional on.
+    pub resource_version: String,
+}
+
+/// What a sync found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// A completed pod, claimed for this instance: deliver, then [`Adopter::ack`].
+    Completed(AdoptedPod),
+    /// Deleted before it completed: its task has no result.
+    Gone(AdoptedPod),
 }
 
 /// See the module docs.
 pub struct Adopter {
+    client: Client,
     pods: Api<Pod>,
     leases: Api<Lease>,
     instance: String,
-    done: DoneAction,
     events: BoxStream<'static, Result<Event<Pod>, watcher::Error>>,
-    /// Marked done, not yet seen leaving the selector.
-    in_flight: HashSet<String>,
-    /// Completed pods whose adoption failed, tried again at the next sync.
+    /// Claimed and delivered, not yet seen leaving the selector.
+    delivered: HashSet<String>,
+    /// Completed pods of live owners, by the time (s) their Lease expires.
+    waiting: HashMap<String, (Pod, i64)>,
+    /// Completed pods whose claim failed, tried again at the next sync.
     retry: Vec<Pod>,
+    stats: Stats,
 }
 
 impl Adopter {
-    /// Watches graceguard's pods in `namespace` for this `instance`.
-    pub fn new(client: Client, namespace: &str, instance: &str, done: DoneAction) -> Self {
+    /// Watches graceguard's pods in `namespace` for this `instance`; owners'
+    /// Leases are read in `lease_namespace`.
+    pub fn new(client: Client, namespace: &str, lease_namespace: &str, instance: &str) -> Self {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{DONE_LABEL}!=true");
         let events = watcher::watcher(pods.clone(), watcher::Config::default().labels(&selector))
@@ -71,20 +96,21 @@ impl Adopter {
             .boxed();
         Self {
             pods,
-            leases: Api::namespaced(client, namespace),
+            leases: Api::namespaced(client.clone(), lease_namespace),
+            client,
             instance: instance.to_string(),
-            done,
             events,
-            in_flight: HashSet::new(),
+            delivered: HashSet::new(),
+            waiting: HashMap::new(),
             retry: Vec::new(),
+            stats: Stats::default(),
         }
     }
 
-    /// Handles the events that arrived since the last call (and any left over
-    /// from a failed attempt), waiting up to `wait` for the first. Returns the
-    /// completed pods reported now. A pod whose Lease read or PATCH fails is
-    /// kept and tried again at the next sync; nothing is dropped.
-    pub async fn sync(&mut self, wait: Duration) -> Result<Vec<CompletedPod>, GuardError> {
+    /// Handles the events that arrived since the last call (waiting up to
+    /// `wait` for the first), the pods whose owner's Lease has expired since,
+    /// and any claim that failed before. Returns what to deliver now.
+    pub async fn sync(&mut self, wait: Duration) -> Result<Vec<Found>, GuardError> {
         let mut batch = Vec::new();
         if let Ok(Some(ev)) = tokio::time::timeout(wait, self.events.next()).await {
             batch.push(ev);
@@ -92,21 +118,37 @@ impl Adopter {
                 batch.push(ev);
             }
         }
-        // Lease answers are valid for one sync.
-        let mut expired: HashMap<String, bool> = HashMap::new();
-        let mut reported = Vec::new();
+        let now = Timestamp::now().as_second();
         let mut todo: Vec<Pod> = std::mem::take(&mut self.retry);
+        let due: Vec<String> = self
+            .waiting
+            .iter()
+            .filter(|(_, (_, at))| *at <= now)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in due {
+            if let Some((p, _)) = self.waiting.remove(&uid) {
+                todo.push(p);
+            }
+        }
+        let mut found = Vec::new();
+        let mut expiry: HashMap<String, Option<i64>> = HashMap::new();
         for ev in batch {
             match ev {
                 Ok(Event::InitApply(p)) | Ok(Event::Apply(p)) => todo.push(p),
                 Ok(Event::Delete(p)) => {
-                    if let Some(uid) = p.uid() {
-                        self.in_flight.remove(&uid);
+                    let uid = p.uid().unwrap_or_default();
+                    self.waiting.remove(&uid);
+                    if self.delivered.remove(&uid) {
+                        continue;
+                    }
+                    if let Some(gone) = self.gone(&p, &mut expiry).await {
+                        found.push(Found::Gone(gone));
                     }
                 }
                 // A re-list: pods that left the selector meanwhile send no
-                // Delete, so forget what was in flight; the list says the rest.
-                Ok(Event::Init) => self.in_flight.clear(),
+                // Delete; the list says what is still there.
+                Ok(Event::Init) => self.delivered.clear(),
                 Ok(Event::InitDone) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "adoption watch failed; the watcher retries with backoff")
@@ -114,95 +156,161 @@ impl Adopter {
             }
         }
         for pod in todo {
-            match self.consider(&pod, &mut expired).await {
-                Ok(Some(done)) => reported.push(done),
+            match self.consider(&pod, &mut expiry, now).await {
+                Ok(Some(p)) => found.push(Found::Completed(p)),
                 Ok(None) => {}
                 Err(e) => {
-                    tracing::warn!(pod = %pod.name_any(), error = %e, "adoption of a completed pod failed; retrying at the next sync");
+                    tracing::warn!(pod = %pod.name_any(), error = %e, "claiming a completed pod failed; retrying at the next sync");
                     self.retry.push(pod);
                 }
             }
         }
-        Ok(reported)
+        Ok(found)
     }
+
 
     async fn consider(
         &mut self,
         pod: &Pod,
-        expired: &mut HashMap<String, bool>,
-    ) -> Result<Option<CompletedPod>, GuardError> {
-        let phase = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.clone())
-            .unwrap_or_default();
+        cache: &mut HashMap<String, Option<i64>>,
+        now: i64,
+    ) -> Result<Option<AdoptedPod>, GuardError> {
         let uid = pod.uid().unwrap_or_default();
-        if !(phase == "Succeeded" || phase == "Failed") || self.in_flight.contains(&uid) {
+        let phase = phase_of(pod);
+        if !(phase == "Succeeded" || phase == "Failed") || self.delivered.contains(&uid) {
             return Ok(None);
         }
-        let labels = pod.labels();
-        let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
-        let owner = label(INSTANCE_LABEL);
+        let owner = label(pod, INSTANCE_LABEL);
         if owner == self.instance {
-            // Ours: the instance's own run loop reports it.
+            // Ours: the instance's own executor reports it.
             return Ok(None);
         }
-        let dead = match expired.get(&owner) {
-            Some(d) => *d,
-            None => {
-                let l = self
-                    .leases
-                    .get_opt(&lease_name(&owner))
-                    .await
-                    .map_err(|e| {
-                        GuardError::Api(format!("reading the Lease of instance {owner}: {e}"))
-                    })?;
-                let d = lease::expired(l.as_ref(), Timestamp::now());
-                expired.insert(owner.clone(), d);
-                d
-            }
-        };
-        if !dead {
+        if let Some(at) = lease_expiry(&self.leases, &owner, cache, now).await? {
+            // The owner lives: look again when its Lease would expire.
+            self.waiting.insert(uid, (pod.clone(), at + 1));
             return Ok(None);
+        }
+        let claimant = pod
+            .annotations()
+            .get(CLAIMED_BY_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        if !claimant.is_empty() && claimant != self.instance {
+            if let Some(at) = lease_expiry(&self.leases, &claimant, cache, now).await? {
+                // Another adopter has it; if that one dies, take it over.
+                self.waiting.insert(uid, (pod.clone(), at + 1));
+                return Ok(None);
+            }
         }
         let name = pod.name_any();
-        match self.done {
-            DoneAction::Label => {
-                let patch = serde_json::json!({"metadata": {"labels": {DONE_LABEL: "true"}}});
-                match self
-                    .pods
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(GuardError::Api(format!("marking pod {name} done: {e}"))),
-                }
-            }
-            DoneAction::Delete => {
-                if let Err(e) = self.pods.delete(&name, &DeleteParams::default()).await {
-                    if !matches!(&e, kube::Error::Api(s) if s.code == 404) {
-                        return Err(GuardError::Api(format!(
-                            "deleting completed pod {name}: {e}"
-                        )));
-                    }
-                }
-            }
-        }
-        self.in_flight.insert(uid.clone());
-        Ok(Some(CompletedPod {
-            namespace: pod.namespace().unwrap_or_default(),
-            name,
-            uid,
-            task: label(TASK_LABEL),
-            attempt: label(ATTEMPT_LABEL),
-            instance: owner,
-            phase,
-        }))
+        let rv = pod.resource_version().unwrap_or_default();
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": rv, "annotations": {CLAIMED_BY_ANNOTATION: self.instance}}
+        });
+        let claimed = match self
+            .pods
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(p) => p,
+            // Changed since it was seen (another adopter's claim, most
+            // likely): the watch delivers the new version, decided then.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => return Ok(None),
+            Err(e) => return Err(GuardError::Api(format!("claiming pod {name}: {e}"))),
+        };
+        self.delivered.insert(uid.clone());
+        Ok(Some(adopted(&claimed, phase)))
     }
 
-    /// Pods marked done whose departure the watch has not confirmed yet.
+    /// A pod of a dead owner deleted before completing; `None` otherwise.
+    async fn gone(
+        &mut self,
+        pod: &Pod,
+        cache: &mut HashMap<String, Option<i64>>,
+    ) -> Option<AdoptedPod> {
+        let phase = phase_of(pod);
+        let owner = label(pod, INSTANCE_LABEL);
+        if phase == "Succeeded" || phase == "Failed" || owner == self.instance {
+            return None;
+        }
+        match lease_expiry(&self.leases, &owner, cache, Timestamp::now().as_second()).await
+        {
+            Ok(None) => Some(adopted(pod, phase)),
+            Ok(Some(_)) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, pod = %pod.name_any(), "a deleted pod's owner could not be checked; reporting it gone");
+                Some(adopted(pod, phase))
+            }
+        }
+    }
+
+    /// The caller has the result: mark the pod done, conditionally on the
+    /// claim's resourceVersion.
+    pub async fn ack(&self, pod: &AdoptedPod) -> Marked {
+        mark_done(
+            &self.client,
+            &pod.namespace,
+            &pod.name,
+            &pod.resource_version,
+            &self.stats,
+        )
+        .await
+    }
+
+    /// Pods delivered whose departure the watch has not confirmed yet.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.delivered.len()
+    }
+
+    /// Completed pods held until their owner's Lease expires.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+}
+
+/// When `owner`'s Lease expires (s since the epoch); `None`: it has.
+/// Answers are cached for one sync.
+async fn lease_expiry(
+    leases: &Api<Lease>,
+    owner: &str,
+    cache: &mut HashMap<String, Option<i64>>,
+    now: i64,
+) -> Result<Option<i64>, GuardError> {
+    if let Some(e) = cache.get(owner) {
+        return Ok(*e);
+    }
+    let l = leases
+        .get_opt(&lease_name(owner))
+        .await
+        .map_err(|e| GuardError::Api(format!("reading the Lease of instance {owner}: {e}")))?;
+    let at = match lease::expired(l.as_ref(), Timestamp::from_second(now).unwrap_or_default()) {
+        true => None,
+        false => lease::expires_at(l.as_ref()),
+    };
+    cache.insert(owner.to_string(), at);
+    Ok(at)
+}
+
+fn phase_of(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_else(|| "Pending".into())
+}
+
+fn label(pod: &Pod, key: &str) -> String {
+    pod.labels().get(key).cloned().unwrap_or_default()
+}
+
+fn adopted(pod: &Pod, phase: String) -> AdoptedPod {
+    AdoptedPod {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        uid: pod.uid().unwrap_or_default(),
+        task: label(pod, TASK_LABEL),
+        attempt: label(pod, ATTEMPT_LABEL),
+        instance: label(pod, INSTANCE_LABEL),
+        phase,
+        resource_version: pod.resource_version().unwrap_or_default(),
     }
 }

@@ -45,6 +45,8 @@ pub enum EventBody {
         instance: String,
         /// `Succeeded` or `Failed`.
         phase: String,
+        /// The claim's resourceVersion (the done-mark is conditional on it).
+        resource_version: String,
     },
     /// A pod of a dead instance was deleted before it completed: its task
     /// has no result and must be run again by the caller.

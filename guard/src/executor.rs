@@ -330,11 +330,60 @@ impl Executor {
                     }
                     None => continue,
                 },
+                EventBody::Adopted {
+                    namespace,
+                    pod,
+                    resource_version,
+                    ..
+                } => mark_done(&self.client, namespace, pod, resource_version, &self.stats).await,
                 _ => continue,
             };
             marks.push((e.seq, marked));
         }
         marks
+    }
+
+    /// Runs `adopter` in the background: what it finds goes into the event
+    /// log as `adopted` and `gone` events; acknowledging an `adopted` event
+    /// marks its pod done.
+    pub fn adopt_with(&self, mut adopter: crate::adoption::Adopter) -> tokio::task::JoinHandle<()> {
+        use crate::adoption::Found;
+        let log = self.log.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            while !tx.is_closed() {
+                let found = match adopter.sync(Duration::from_secs(5)).await {
+                    Ok(f) => f,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "adoption sync failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                for f in found {
+                    log.push(match f {
+                        Found::Completed(p) => EventBody::Adopted {
+                            namespace: p.namespace,
+                            pod: p.name,
+                            uid: p.uid,
+                            task: p.task,
+                            attempt: p.attempt,
+                            instance: p.instance,
+                            phase: p.phase,
+                            resource_version: p.resource_version,
+                        },
+                        Found::Gone(p) => EventBody::Gone {
+                            namespace: p.namespace,
+                            pod: p.name,
+                            uid: p.uid,
+                            task: p.task,
+                            attempt: p.attempt,
+                            instance: p.instance,
+                        },
+                    });
+                }
+            }
+        })
     }
 
     /// Waits until the task's Result event is logged; returns it (for

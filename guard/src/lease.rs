@@ -117,6 +117,14 @@ pub fn expired(lease: Option<&Lease>, now: Timestamp) -> bool {
     now.as_second() > renewed.0.as_second() + i64::from(secs)
 }
 
+/// When a Lease says its instance is gone (s since the epoch); `None` when
+/// it already says so (missing or never renewed).
+pub fn expires_at(lease: Option<&Lease>) -> Option<i64> {
+    let spec = lease.and_then(|l| l.spec.as_ref())?;
+    let renewed = spec.renew_time.as_ref()?;
+    Some(renewed.0.as_second() + i64::from(spec.lease_duration_seconds?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +146,8 @@ mod tests {
         assert!(expired(None, now));
         assert!(!expired(Some(&lease(990, 30)), now));
         assert!(expired(Some(&lease(900, 30)), now));
+        assert_eq!(expires_at(Some(&lease(990, 30))), Some(1_020));
+        assert_eq!(expires_at(None), None);
         assert!(expired(
             Some(&Lease {
                 metadata: ObjectMeta::default(),

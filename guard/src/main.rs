@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use graceguard::executor::{delete_exact, Executor, TaskKey};
+use graceguard::adoption::Adopter;
 use graceguard::lease::InstanceLease;
 use graceguard::sidecar::{serve, Listen, Sidecar};
 use graceguard::{Bounds, Guard, GuardConfig, Outcome, TaskSpec, Transition};
@@ -61,6 +62,10 @@ struct SidecarArgs {
     lease_namespace: Option<String>,
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// Also deliver the completed pods of dead instances in --namespace
+    /// (events of type `adopted` and `gone`).
+    #[arg(long, requires = "namespace")]
+    adopt: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -404,13 +409,20 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     let renewal = lease.spawn_renewal();
     let mut config = GuardConfig::new(&args.instance);
     config.namespace = args.namespace.clone();
-    let executor = Executor::start(client, config);
+    let executor = Executor::start(client.clone(), config);
+    let adoption = match (&args.namespace, args.adopt) {
+        (Some(ns), true) => Some(executor.adopt_with(Adopter::new(client, ns, &lease_ns, &args.instance))),
+        _ => None,
+    };
     let state = Sidecar { executor, token };
     let served = serve(listen, state, async move {
         stop.await;
     })
     .await;
     renewal.abort();
+    if let Some(a) = adoption {
+        a.abort();
+    }
     served.map_err(Usage)?;
     Ok(Ended::Signal(0))
 }

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use graceguard::adoption::{Adopter, DoneAction};
+use graceguard::adoption::{Adopter, Found};
+use graceguard::executor::Marked;
 use graceguard::naming::{ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL};
 use graceguard::FailureKind;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -335,6 +336,8 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     lease(&bed, &ns, "dead-exec", 600).await?;
     lease(&bed, &ns, "live-exec", 0).await?;
+    // Renewed 20 s ago for 30 s: it expires about 10 s into the test.
+    lease(&bed, &ns, "dying-exec", 20).await?;
     for i in 0..30 {
         let name = format!("old-{i}-0");
         api.create(&PostParams::default(), &managed_pod(&name, "dead-exec"))
@@ -353,10 +356,22 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
         )
         .await?;
     }
+    api.create(&PostParams::default(), &managed_pod("dying-0", "dying-exec"))
+        .await?;
+    kubelet.end_pod(&ns, "dying-0", Terminal::Succeeded).await?;
+    // A dead instance's pod that never completes: deleted, it is reported gone.
+    api.create(&PostParams::default(), &managed_pod("lost-0", "dead-exec"))
+        .await?;
 
-    let mut adopter = Adopter::new(alice, &ns, "me", DoneAction::Label);
-    let mut reported = Vec::new();
-    for round in 0..50 {
+    let mut adopter = Adopter::new(alice, &ns, &ns, "me");
+    let mut delivered = Vec::new();
+    let mut gone = Vec::new();
+    let mut dying_seen_at = None;
+    let started = Instant::now();
+    for round in 0.. {
+        if started.elapsed() > Duration::from_secs(45) {
+            break;
+        }
         // Ongoing events: the live instance's pods keep changing.
         let patch = serde_json::json!({"metadata": {"annotations": {"round": round.to_string()}}});
         api.patch(
@@ -370,35 +385,96 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
             kubelet
                 .end_pod(&ns, "live-0-0", Terminal::Succeeded)
                 .await?;
+            pods::delete_gracefully(&api, "lost-0", Some(0)).await?;
         }
-        reported.extend(adopter.sync(Duration::from_millis(300)).await?);
+        for found in adopter.sync(Duration::from_millis(300)).await? {
+            match found {
+                Found::Completed(p) => {
+                    // Delivered; the caller acknowledges, only then is it marked done.
+                    assert_eq!(adopter.ack(&p).await, Marked::Done, "{p:?}");
+                    if p.name == "dying-0" {
+                        dying_seen_at = Some(started.elapsed());
+                    }
+                    delivered.push(p.name);
+                }
+                Found::Gone(p) => gone.push(p.name),
+            }
+        }
+        if dying_seen_at.is_some() && round >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut names: Vec<String> = reported.iter().map(|c| c.name.clone()).collect();
+    let mut names = delivered.clone();
     names.sort();
     names.dedup();
-    assert_eq!(
-        reported.len(),
-        30,
-        "each completed pod reported exactly once"
+    assert_eq!(delivered.len(), 31, "each completed pod delivered exactly once: {delivered:?}");
+    assert_eq!(names.len(), 31);
+    assert!(
+        names.iter().all(|n| n.starts_with("old-") || n == "dying-0"),
+        "{names:?}"
     );
-    assert_eq!(names.len(), 30);
-    assert!(names.iter().all(|n| n.starts_with("old-")), "{names:?}");
-    assert_eq!(adopter.in_flight(), 0, "drained from memory");
-
-    let patches = audit_count(&bed, 30, |e| {
+    assert!(
+        dying_seen_at.is_some(),
+        "a pod whose owner's Lease expired later is picked up then"
+    );
+    assert_eq!(gone, ["lost-0"], "deleted before completing: reported gone");
+    let patches = audit_count(&bed, 62, |e| {
         e.verb == "patch"
             && e.user.username == "alice"
             && e.object_ref.as_ref().is_some_and(|o| o.resource == "pods")
     })
     .await?;
     assert_eq!(
-        patches, 30,
-        "done-marking PATCHes (apache/airflow#68683 would make ~1500)"
+        patches, 62,
+        "a claim and a done-mark per pod (apache/airflow#68683 would make ~1500)"
     );
     let done = api
         .list(&kube::api::ListParams::default().labels("graceguard.io/done=true"))
         .await?;
-    assert_eq!(done.items.len(), 30);
+    assert_eq!(done.items.len(), 31);
+    Ok(())
+}
+
+/// Two adopters racing for the same completed pods: each pod is claimed by
+/// exactly one of them (conditional writes), and marked done once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_adopters_exactly_one_wins_each_pod() -> R {
+    let (bed, ns, alice) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    lease(&bed, &ns, "dead-exec", 600).await?;
+    // Both adopters are alive: a claim by one is respected by the other.
+    lease(&bed, &ns, "adopter-a", 0).await?;
+    lease(&bed, &ns, "adopter-b", 0).await?;
+    for i in 0..20 {
+        let name = format!("old-{i}-0");
+        api.create(&PostParams::default(), &managed_pod(&name, "dead-exec"))
+            .await?;
+        kubelet.end_pod(&ns, &name, Terminal::Succeeded).await?;
+    }
+    let mut a = Adopter::new(alice.clone(), &ns, &ns, "adopter-a");
+    let mut b = Adopter::new(alice, &ns, &ns, "adopter-b");
+    let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        let (fa, fb) = tokio::join!(
+            a.sync(Duration::from_millis(300)),
+            b.sync(Duration::from_millis(300))
+        );
+        for (found, got, who) in [(fa?, &mut got_a, &a), (fb?, &mut got_b, &b)] {
+            for f in found {
+                if let Found::Completed(p) = f {
+                    assert_eq!(who.ack(&p).await, Marked::Done);
+                    got.push(p.name);
+                }
+            }
+        }
+    }
+    let mut all: Vec<String> = got_a.iter().chain(&got_b).cloned().collect();
+    all.sort();
+    let total = all.len();
+    all.dedup();
+    assert_eq!((total, all.len()), (20, 20), "a: {got_a:?} b: {got_b:?}");
     Ok(())
 }
 
