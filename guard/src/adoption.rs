@@ -168,7 +168,6 @@ impl Adopter {
         Ok(found)
     }
 
-
     async fn consider(
         &mut self,
         pod: &Pod,
@@ -233,8 +232,7 @@ impl Adopter {
         if phase == "Succeeded" || phase == "Failed" || owner == self.instance {
             return None;
         }
-        match lease_expiry(&self.leases, &owner, cache, Timestamp::now().as_second()).await
-        {
+        match lease_expiry(&self.leases, &owner, cache, Timestamp::now().as_second()).await {
             Ok(None) => Some(adopted(pod, phase)),
             Ok(Some(_)) => None,
             Err(e) => {

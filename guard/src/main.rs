@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use graceguard::executor::{delete_exact, Executor, TaskKey};
 use graceguard::adoption::Adopter;
+use graceguard::executor::{delete_exact, Executor, TaskKey};
 use graceguard::lease::InstanceLease;
 use graceguard::sidecar::{serve, Listen, Sidecar};
 use graceguard::{Bounds, Guard, GuardConfig, Outcome, TaskSpec, Transition};
@@ -411,7 +411,9 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     config.namespace = args.namespace.clone();
     let executor = Executor::start(client.clone(), config);
     let adoption = match (&args.namespace, args.adopt) {
-        (Some(ns), true) => Some(executor.adopt_with(Adopter::new(client, ns, &lease_ns, &args.instance))),
+        (Some(ns), true) => {
+            Some(executor.adopt_with(Adopter::new(client, ns, &lease_ns, &args.instance)))
+        }
         _ => None,
     };
     let state = Sidecar { executor, token };

@@ -22,6 +22,7 @@ pub struct SidecarProcess {
     kubeconfig: PathBuf,
     dir: PathBuf,
     starts: u32,
+    adopt: bool,
     process: Option<Managed>,
 }
 
@@ -29,7 +30,22 @@ impl SidecarProcess {
     /// Starts the sidecar of `instance` for `namespace` and waits until it
     /// answers /healthz with 200 (its pod watch synced).
     pub async fn start(bed: &TestBed, instance: &str, namespace: &str) -> Result<Self> {
+        Self::start_with(bed, instance, namespace, false).await
+    }
+
+    /// [`SidecarProcess::start`], delivering dead instances' pods (`--adopt`).
+    pub async fn start_adopting(bed: &TestBed, instance: &str, namespace: &str) -> Result<Self> {
+        Self::start_with(bed, instance, namespace, true).await
+    }
+
+    async fn start_with(
+        bed: &TestBed,
+        instance: &str,
+        namespace: &str,
+        adopt: bool,
+    ) -> Result<Self> {
         let mut s = Self {
+            adopt,
             socket: bed.dir().join(format!("{instance}.sock")),
             instance: instance.to_string(),
             namespace: namespace.to_string(),
@@ -51,6 +67,9 @@ impl SidecarProcess {
             .args(["--instance", &self.instance, "--namespace", &self.namespace])
             .arg("--kubeconfig")
             .arg(&self.kubeconfig);
+        if self.adopt {
+            cmd.arg("--adopt");
+        }
         self.starts += 1;
         let log = self
             .dir
@@ -222,6 +241,39 @@ pub fn go_client() -> Result<PathBuf> {
     }
     std::fs::rename(&tmp, &bin)?;
     Ok(bin)
+}
+
+/// `adopt --count N --batch B` with the Python client: syncs (one long poll
+/// each, acknowledging each batch) until N results were delivered; returns
+/// (syncs, pods delivered).
+pub async fn python_adopt(socket: &Path, count: usize, batch: usize) -> Result<(u64, Vec<String>)> {
+    let mut cmd = Lang::Python.command(socket)?;
+    cmd.args([
+        "adopt",
+        "--count",
+        &count.to_string(),
+        "--batch",
+        &batch.to_string(),
+    ])
+    .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(600), cmd.output())
+        .await
+        .context("the adopting client did not finish within 600 s")??;
+    if !out.status.success() {
+        bail!(
+            "the adopting client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("client output: {}", String::from_utf8_lossy(&out.stdout)))?;
+    let pods = v["delivered"]
+        .as_array()
+        .context("no delivered list")?
+        .iter()
+        .filter_map(|p| p.as_str().map(str::to_string))
+        .collect();
+    Ok((v["syncs"].as_u64().unwrap_or(0), pods))
 }
 
 /// A client's `run` command in the background, its JSON lines read as they come.

@@ -356,8 +356,11 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
         )
         .await?;
     }
-    api.create(&PostParams::default(), &managed_pod("dying-0", "dying-exec"))
-        .await?;
+    api.create(
+        &PostParams::default(),
+        &managed_pod("dying-0", "dying-exec"),
+    )
+    .await?;
     kubelet.end_pod(&ns, "dying-0", Terminal::Succeeded).await?;
     // A dead instance's pod that never completes: deleted, it is reported gone.
     api.create(&PostParams::default(), &managed_pod("lost-0", "dead-exec"))
@@ -408,10 +411,16 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     let mut names = delivered.clone();
     names.sort();
     names.dedup();
-    assert_eq!(delivered.len(), 31, "each completed pod delivered exactly once: {delivered:?}");
+    assert_eq!(
+        delivered.len(),
+        31,
+        "each completed pod delivered exactly once: {delivered:?}"
+    );
     assert_eq!(names.len(), 31);
     assert!(
-        names.iter().all(|n| n.starts_with("old-") || n == "dying-0"),
+        names
+            .iter()
+            .all(|n| n.starts_with("old-") || n == "dying-0"),
         "{names:?}"
     );
     assert!(
