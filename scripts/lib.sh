@@ -24,3 +24,17 @@ die() {
 as_root() {
 	if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
+
+# The machine's Go, never Debian's 1.19: the first `go` on PATH that is >= 1.26.
+find_new_go() {
+	local g v
+	for g in $(type -ap go) /usr/local/go/bin/go; do
+		v=$("$g" env GOVERSION 2>/dev/null) || continue
+		v=${v#go}
+		if [ "$(printf '%s\n1.26\n' "${v%%[a-z]*}" | sort -V | head -n1)" = "1.26" ]; then
+			echo "$g"
+			return 0
+		fi
+	done
+	return 1
+}

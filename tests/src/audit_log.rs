@@ -88,6 +88,12 @@ impl AuditLog {
 
     /// Every completed request so far.
     pub fn events(&self) -> Result<Vec<AuditEvent>> {
+        self.events_at("ResponseComplete")
+    }
+
+    /// Every request that reached `stage` so far: `ResponseStarted` also
+    /// lists long-running requests (watches) that have not ended.
+    pub fn events_at(&self, stage: &str) -> Result<Vec<AuditEvent>> {
         let text = std::fs::read_to_string(&self.path)
             .with_context(|| format!("reading {}", self.path.display()))?;
         let mut out = Vec::new();
@@ -95,7 +101,7 @@ impl AuditLog {
             let ev: AuditEvent = serde_json::from_str(line).with_context(|| {
                 format!("parsing an audit line of {}: {line}", self.path.display())
             })?;
-            if ev.stage == "ResponseComplete" {
+            if ev.stage == stage {
                 out.push(ev);
             }
         }

@@ -95,6 +95,14 @@ impl SidecarProcess {
         }
     }
 
+    /// The process id (for its memory).
+    pub fn pid(&self) -> Result<u32> {
+        self.process
+            .as_ref()
+            .map(Managed::pid)
+            .context("the sidecar is not running")
+    }
+
     /// SIGKILL: nothing is cleaned up, the socket file stays behind.
     pub fn kill(&mut self) {
         if let Some(mut p) = self.process.take() {
