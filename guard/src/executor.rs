@@ -52,6 +52,10 @@ pub struct ExecutorConfig {
     pub transient_backoff: BackoffPolicy,
     /// Publish each transition as a Kubernetes Event on the pod.
     pub publish_events: bool,
+    /// Pod Creates, reads and deletes in flight at once (default 16): a
+    /// thousand tasks submitted together queue here instead of meeting the
+    /// API server's priority and fairness limits (429) all at once.
+    pub max_in_flight: usize,
 }
 
 impl ExecutorConfig {
@@ -66,6 +70,7 @@ impl ExecutorConfig {
                 seed: None,
             },
             publish_events: true,
+            max_in_flight: 16,
         }
     }
 }
@@ -225,6 +230,7 @@ impl Executor {
             log: log.clone(),
             stats: stats.clone(),
             answers_tx,
+            slots: Arc::new(tokio::sync::Semaphore::new(config.max_in_flight.max(1))),
             tasks: HashMap::new(),
             index: HashMap::new(),
             relist: None,
@@ -493,6 +499,8 @@ struct Loop {
     log: Arc<EventLog>,
     stats: Arc<Stats>,
     answers_tx: mpsc::UnboundedSender<Answer>,
+    /// Bounds the pod API calls in flight.
+    slots: Arc<tokio::sync::Semaphore>,
     tasks: HashMap<TaskKey, Entry>,
     /// The watch's pods, by task and uid.
     index: HashMap<TaskKey, BTreeMap<String, Indexed>>,
@@ -977,6 +985,7 @@ impl Loop {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
         let tx = self.answers_tx.clone();
         let stats = self.stats.clone();
+        let slots = self.slots.clone();
         let key = key.clone();
         match action {
             Action::Create {
@@ -993,6 +1002,7 @@ impl Loop {
                     .get_or_insert_with(BTreeMap::new)
                     .insert(RECORD_ANNOTATION.into(), record.to_annotation());
                 tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
                     stats.creates.fetch_add(1, Ordering::Relaxed);
                     let kind = match api.create(&PostParams::default(), &pod).await {
                         Ok(p) => AnswerKind::Created(p.uid().unwrap_or_default()),
@@ -1025,6 +1035,7 @@ impl Loop {
             }
             Action::Read { name } => {
                 tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
                     stats.reads.fetch_add(1, Ordering::Relaxed);
                     let kind = match api.get_opt(&name).await {
                         Ok(found) => AnswerKind::Read(found.map(|p| Existing {
@@ -1041,6 +1052,7 @@ impl Loop {
             }
             Action::Delete { name, uid } => {
                 tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
                     stats.deletes.fetch_add(1, Ordering::Relaxed);
                     delete_exact(&api, &name, &uid).await;
                 });

@@ -12,6 +12,7 @@
 //! on 1.20. [`webhook::WebhookProcess`] runs the real `graceguard-webhook`
 //! binary against the bed.
 
+pub mod airflow_seed;
 pub mod audit_log;
 pub mod balancer;
 pub mod bench;

@@ -67,6 +67,17 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     assert_eq!(pvc_gg["leaked_pvcs"], 0, "{pvc_gg}");
     assert_eq!(pvc_gg["leaked_storage_gi"], 0, "{pvc_gg}");
 
+    // The Airflow seed: the naive adopter re-patches its whole adopted set on
+    // every sync (2 + 4 + ... + 100 = 2,550 PATCHes); the guard's adopter
+    // claims and marks each pod once (200, plus a conditional write retried
+    // when another writer touched the pod in between), each result once.
+    let (naive, guarded) = (find("airflow-seed", "naive"), find("airflow-seed", "guard"));
+    assert_eq!(naive["patches"], 2550, "{naive}");
+    let p = guarded["patches"].as_u64().unwrap_or(0);
+    assert!((200..300).contains(&p), "{guarded}");
+    assert_eq!(guarded["delivered"], 100, "{guarded}");
+    assert_eq!(guarded["delivered_distinct"], 100, "{guarded}");
+
     let scenario = |s: &str| runs.iter().find(|r| r["scenario"] == s).cloned();
     if version < testbed::KubeVersion::V1_37 {
         assert!(scenario("scheduler-preemption").is_none() && scenario("drain").is_none());

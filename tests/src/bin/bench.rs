@@ -291,6 +291,7 @@ async fn sidecar_scale(n: usize) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let events = bed.audit_log()?.events()?;
     let mut by_verb: BTreeMap<String, u64> = BTreeMap::new();
+    let mut create_codes: BTreeMap<String, u64> = BTreeMap::new();
     for e in events[mark.min(events.len())..]
         .iter()
         .filter(|e| e.user.username == "alice")
@@ -299,6 +300,10 @@ async fn sidecar_scale(n: usize) -> Result<()> {
             Some(o) => format!("{}:{}", e.verb, o.resource),
             None => e.verb.clone(),
         };
+        if key == "create:pods" {
+            let code = e.response_status.as_ref().map_or(0, |r| r.code);
+            *create_codes.entry(code.to_string()).or_default() += 1;
+        }
         *by_verb.entry(key).or_default() += 1;
     }
     let count = |k: &str| by_verb.get(k).copied().unwrap_or(0);
@@ -319,7 +324,7 @@ async fn sidecar_scale(n: usize) -> Result<()> {
     emit(
         json!({"group": "sidecar_scale", "tasks": n, "pod_watches": pod_watches,
         "pod_creates_per_task": round3(count("create:pods") as f64 / n as f64),
-        "requests_per_task": round3(per_task), "requests_by_verb": by_verb,
+        "requests_per_task": round3(per_task), "requests_by_verb": by_verb, "pod_create_codes": create_codes,
         "rss_bytes_idle": rss_idle, "rss_bytes_running": rss_running,
         "bytes_per_task": ((rss_running.saturating_sub(rss_idle)) as f64 / n as f64).round(),
         "seconds_to_all_running": round3(to_running), "seconds_total": round3(total),

@@ -133,6 +133,14 @@ async fn run(args: &Args) -> Result<()> {
         drained = Some(drain(&bed, &webhook, &ns, 3).await?);
     }
 
+    eprintln!("airflow seed: 100 completed pods of a dead scheduler, 50 syncs; a naive adopter that never drains its adopted set (apache/airflow#68683), then graceguard's adopter");
+    let mut airflow = Vec::new();
+    for mode in ["naive", "guard"] {
+        let ns = bed.namespace(&format!("demo-airflow-{mode}")).await?;
+        airflow
+            .push(testbed::airflow_seed::airflow_seed(&bed, &kubelet, &ns, mode, 100, 50).await?);
+    }
+
     eprintln!("preemption: a running pod is marked DisruptionTarget (as kube-scheduler does), then deleted by alice");
     let ns = bed.namespace("demo-preemption").await?;
     let preempted = preemption(&bed, &kubelet, &webhook, &ns).await?;
@@ -151,6 +159,9 @@ async fn run(args: &Args) -> Result<()> {
         if let Some(d) = &drained {
             println!("{}", serde_json::to_string(d)?);
         }
+        for a in &airflow {
+            println!("{}", serde_json::to_string(a)?);
+        }
     } else {
         println!("graceguard demo on Kubernetes {version}\n");
         print_table(&reports);
@@ -162,6 +173,13 @@ async fn run(args: &Args) -> Result<()> {
             );
         }
         print_preemption(&preempted)?;
+        println!();
+        for a in &airflow {
+            println!(
+                "airflow seed, {:<6} {} completed pods, {} syncs: {} pod PATCHes ({} per pod), {} results delivered ({} distinct)",
+                a.mode, a.completed_pods, a.syncs, a.patches, a.patches_per_pod, a.delivered, a.delivered_distinct
+            );
+        }
         if let Some(s) = &scheduler {
             println!(
                 "\nscheduler preemption: {} preempted by kube-scheduler for {} (on {}); tagged {} ({}); {} deletion audit record(s), deleted by {}",

@@ -1,0 +1,169 @@
+//! The Airflow seed (apache/airflow#68683) side by side: completed pods of a
+//! dead executor instance, adopted by a naive loop that never drains its
+//! adopted set (every sync PATCHes every pod it ever adopted) and by
+//! graceguard's adopter (a claim and a done-mark per pod). PATCHes are read
+//! from the API server's audit log.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use graceguard::adoption::{Adopter, Found};
+use graceguard::naming::{ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde::Serialize;
+
+use crate::control_plane::TestBed;
+use crate::kubelet::{Kubelet, Terminal};
+use crate::pods;
+
+const DEAD: &str = "dead-scheduler";
+
+/// One side's figures.
+#[derive(Debug, Serialize)]
+pub struct AirflowReport {
+    pub scenario: &'static str,
+    /// `naive` or `guard`.
+    pub mode: &'static str,
+    pub kube_version: &'static str,
+    pub completed_pods: usize,
+    pub syncs: usize,
+    /// The adopter's pod PATCHes (audit log).
+    pub patches: usize,
+    pub patches_per_pod: f64,
+    /// Results handed to the caller, and how many distinct.
+    pub delivered: usize,
+    pub delivered_distinct: usize,
+}
+
+/// `pods` pods of a dead instance complete, `pods / syncs` between syncs;
+/// the `mode` adopter (as `alice`) syncs after each batch.
+pub async fn airflow_seed(
+    bed: &TestBed,
+    kubelet: &Kubelet,
+    ns: &str,
+    mode: &'static str,
+    pods: usize,
+    syncs: usize,
+) -> Result<AirflowReport> {
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let renewed = k8s_openapi::jiff::Timestamp::now().as_second() - 600;
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(graceguard::lease::lease_name(DEAD)),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(DEAD.into()),
+            lease_duration_seconds: Some(30),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(
+                renewed,
+            )?)),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(bed.client.clone(), ns)
+        .create(&PostParams::default(), &lease)
+        .await?;
+    for i in 0..pods {
+        let name = format!("task-{i}-0");
+        let mut p = pods::task_pod(&name, 30);
+        let labels = p.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+        labels.insert(INSTANCE_LABEL.into(), DEAD.into());
+        labels.insert(TASK_LABEL.into(), format!("task-{i}"));
+        labels.insert(ATTEMPT_LABEL.into(), "0".into());
+        api.create(&PostParams::default(), &p).await?;
+    }
+    let alice = bed.client_as("alice").await?;
+    let per_sync = pods.div_ceil(syncs.max(1));
+    let mut delivered: Vec<String> = Vec::new();
+    let mut adopter = (mode == "guard").then(|| Adopter::new(alice.clone(), ns, ns, "scheduler-2"));
+    let mut adopted_set: Vec<String> = Vec::new();
+    let alice_pods: Api<Pod> = Api::namespaced(alice, ns);
+    let mut ended = 0;
+    for _ in 0..syncs {
+        for _ in 0..per_sync {
+            if ended < pods {
+                kubelet
+                    .end_pod(ns, &format!("task-{ended}-0"), Terminal::Succeeded)
+                    .await?;
+                ended += 1;
+            }
+        }
+        match adopter.as_mut() {
+            Some(a) => {
+                // Let the watch see this batch before the sync.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                for f in a.sync(Duration::from_millis(500)).await? {
+                    if let Found::Completed(p) = f {
+                        a.ack(&p).await;
+                        delivered.push(p.name);
+                    }
+                }
+            }
+            None => {
+                // apache/airflow#68683: completed pods are added to the
+                // adopted set, which is never drained; every sync patches
+                // every pod in it again.
+                let list = alice_pods
+                    .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={DEAD}")))
+                    .await?;
+                for p in list.items {
+                    let done =
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
+                    let name = p.name_any();
+                    if done && !adopted_set.contains(&name) {
+                        adopted_set.push(name.clone());
+                        delivered.push(name);
+                    }
+                }
+                for name in &adopted_set {
+                    let patch = serde_json::json!({"metadata": {"labels": {"airflow-worker": "scheduler-2"}}});
+                    alice_pods
+                        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                }
+            }
+        }
+    }
+    // The guard's last results may still be on their way through the watch.
+    if let Some(a) = adopter.as_mut() {
+        for _ in 0..20 {
+            if delivered.len() >= pods {
+                break;
+            }
+            for f in a.sync(Duration::from_millis(500)).await? {
+                if let Found::Completed(p) = f {
+                    a.ack(&p).await;
+                    delivered.push(p.name);
+                }
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let patches = bed.audit_log()?.count(|e| {
+        e.verb == "patch"
+            && e.user.username == "alice"
+            && e.object_ref
+                .as_ref()
+                .is_some_and(|o| o.resource == "pods" && o.namespace == ns)
+    })?;
+    let mut distinct = delivered.clone();
+    distinct.sort();
+    distinct.dedup();
+    Ok(AirflowReport {
+        scenario: "airflow-seed",
+        mode,
+        kube_version: bed.version.as_str(),
+        completed_pods: pods,
+        syncs,
+        patches,
+        patches_per_pod: (patches as f64 / pods as f64 * 100.0).round() / 100.0,
+        delivered: delivered.len(),
+        delivered_distinct: distinct.len(),
+    })
+}
