@@ -123,6 +123,8 @@ pub enum TaskError {
     NotEnded(String),
     #[error("the pod template is not usable: {0}")]
     Template(String),
+    #[error("this executor watches namespace {watched} only, not {asked}; run a sidecar for {asked} or one without --namespace")]
+    WrongNamespace { watched: String, asked: String },
     #[error("the executor has stopped")]
     Stopped,
 }
@@ -615,7 +617,11 @@ impl Loop {
                 .filter_map(|e| e.wake_at_ms)
                 .min()
                 .map(|at| {
-                    let left = u64::try_from(at.saturating_sub(now_ms())).unwrap_or(0);
+                    // At most a day ahead: a bound of u64::MAX seconds must
+                    // not overflow the clock (it is re-computed every turn).
+                    let left = u64::try_from(at.saturating_sub(now_ms()))
+                        .unwrap_or(0)
+                        .min(86_400_000);
                     tokio::time::Instant::now() + Duration::from_millis(left)
                 });
             tokio::select! {
@@ -779,6 +785,15 @@ impl Loop {
     }
 
     fn submit(&mut self, spec: TaskSpec, template: Pod) -> Result<TaskStatus, TaskError> {
+        if let Some(watched) = &self.config.namespace {
+            if *watched != spec.namespace {
+                // Its pods would never reach the watch.
+                return Err(TaskError::WrongNamespace {
+                    watched: watched.clone(),
+                    asked: spec.namespace,
+                });
+            }
+        }
         let key = TaskKey::new(&spec.namespace, &spec.task);
         let hash = hash_of(&template);
         if let Some(e) = self.tasks.get(&key) {

@@ -115,6 +115,7 @@ impl From<TaskError> for ApiFailure {
             TaskError::NotEnded(_) => (StatusCode::CONFLICT, "not_ended"),
             TaskError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             TaskError::Template(_) => (StatusCode::BAD_REQUEST, "bad_template"),
+            TaskError::WrongNamespace { .. } => (StatusCode::BAD_REQUEST, "wrong_namespace"),
             TaskError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, "stopped"),
         };
         Self::new(status, code, e.to_string())
@@ -373,6 +374,52 @@ mod tests {
         documented.sort();
         served.sort();
         assert_eq!(documented, served);
+    }
+
+    /// A router whose executor points at a closed port: enough for the
+    /// checks made before any task reaches the API server.
+    fn offline(token: Option<&str>) -> Result<Router, Box<dyn std::error::Error>> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse()?);
+        let client = kube::Client::try_from(config)?;
+        let executor = Executor::start(client, crate::executor::ExecutorConfig::new("unit"));
+        Ok(router(Sidecar {
+            executor,
+            token: token.map(|t| Arc::new(t.to_string())),
+        }))
+    }
+
+    async fn status_of(app: Router, path: &str, auth: Option<&str>) -> u16 {
+        use tower::ServiceExt;
+        let mut req = axum::http::Request::builder().uri(path);
+        if let Some(a) = auth {
+            req = req.header(header::AUTHORIZATION, a);
+        }
+        match req.body(axum::body::Body::empty()) {
+            Ok(r) => match app.oneshot(r).await {
+                Ok(resp) => resp.status().as_u16(),
+                Err(never) => match never {},
+            },
+            Err(_) => 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tcp_listener_wants_the_bearer_token_on_v1_but_not_on_healthz() {
+        let app = offline(Some("0123456789abcdef-secret")).expect("router");
+        let v1 = "/v1/tasks/ns/t";
+        assert_eq!(status_of(app.clone(), v1, None).await, 401);
+        assert_eq!(status_of(app.clone(), v1, Some("Bearer wrong")).await, 401);
+        assert_eq!(
+            status_of(app.clone(), v1, Some("Bearer 0123456789abcdef-secret")).await,
+            404,
+            "authorized: the task is simply unknown"
+        );
+        // Not synced (no API server): 503, but no token needed.
+        assert_eq!(status_of(app.clone(), "/healthz", None).await, 503);
+        assert_eq!(status_of(app, "/openapi.json", None).await, 200);
+        // A Unix socket needs no token.
+        let app = offline(None).expect("router");
+        assert_eq!(status_of(app, v1, None).await, 404);
     }
 
     #[test]

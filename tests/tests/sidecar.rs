@@ -273,6 +273,14 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
         .request("POST", &format!("{path}/retry"), None)
         .await?;
     assert_eq!((code, err["code"].as_str()), (409, Some("not_ended")));
+    let (code, err) = sidecar
+        .request("PUT", "/v1/tasks/elsewhere/api", Some(&body))
+        .await?;
+    assert_eq!(
+        (code, err["code"].as_str()),
+        (400, Some("wrong_namespace")),
+        "this sidecar watches {ns} only: {err}"
+    );
     let (code, _) = sidecar
         .request("GET", &format!("/v1/tasks/{ns}/nope"), None)
         .await?;
