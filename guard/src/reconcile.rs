@@ -429,7 +429,13 @@ impl<'a> Task<'a> {
                 refusal,
                 retry_at_ms,
             } => self.refused(refusal, retry_at_ms),
-            Input::CreateUnknown => self.s.pod = PodTrack::Unknown,
+            Input::CreateUnknown => {
+                // Only if nothing answered meanwhile (the watch may have
+                // shown the pod already: it is then adopted).
+                if self.s.pod == PodTrack::Creating {
+                    self.s.pod = PodTrack::Unknown;
+                }
+            }
             Input::Read(existing) => self.on_existing(existing, now),
             Input::ReadFailed { retry_at_ms } => {
                 self.s.pod = PodTrack::Unknown;

@@ -19,6 +19,7 @@ pub mod bench;
 pub mod binaries;
 pub mod control_plane;
 pub mod disruptions;
+pub mod faults;
 pub mod guard_task;
 pub mod kubelet;
 pub mod objects;

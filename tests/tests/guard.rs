@@ -513,3 +513,40 @@ async fn a_kubelet_termination_is_a_system_failure_not_the_users() -> R {
     assert_eq!((outcome.user_failures, outcome.system_failures), (0, 1));
     Ok(())
 }
+
+/// A Create whose answer never arrives (the API server made the pod, the
+/// connection dropped the answer): the guard finds its own pod (a read of
+/// the name, or the watch) instead of sending the Create again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_create_outcome_adopts_the_pod_without_a_second_create() -> R {
+    let (bed, ns, _) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let (client, armed) =
+        testbed::faults::client_losing_first_pod_create(&bed.kubeconfig_for("alice")?).await?;
+    let mut task = RunningTask::start(client, spec("lost", &ns), pods::task_pod("template", 30));
+    task.wait_for(MIN, |t| t.phase == "Running").await?;
+    assert!(
+        !armed.load(std::sync::atomic::Ordering::SeqCst),
+        "the first Create's answer was dropped"
+    );
+    kubelet.end_pod(&ns, "lost-0", Terminal::Succeeded).await?;
+    let (outcome, seen) = task.finish(MIN).await?;
+    assert!(outcome.succeeded, "{outcome:?}");
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(
+        summary(&seen),
+        ["Launching@0", "Queued@0", "Running@0", "Succeeded@0"]
+    );
+    assert_eq!(
+        audit_count(&bed, 1, |e| alice_creates(e, &ns)).await?,
+        1,
+        "no second Create of a pod that exists"
+    );
+    // The answer was lost before the (late) watch showed the pod: the guard
+    // read the name.
+    let reads = bed.audit_log()?.count(|e| {
+        e.is("get", "pods", &ns) && e.user.username == "alice" && e.name() == "lost-0"
+    })?;
+    assert!(reads >= 1, "the name was read after the lost answer");
+    Ok(())
+}
