@@ -154,6 +154,24 @@ pub struct Stats {
     pub done_marks: AtomicU64,
     /// The first pod list has been received.
     pub synced: std::sync::atomic::AtomicBool,
+    /// The pod watch's last error, until it works again (a 403 here means
+    /// the identity may not list pods in the watched scope).
+    pub watch_error: std::sync::Mutex<Option<String>>,
+}
+
+impl Stats {
+    fn set_watch_error(&self, e: Option<String>) {
+        let mut slot = self.watch_error.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = e;
+    }
+
+    /// The pod watch's last error, if it has not recovered since.
+    pub fn watch_error(&self) -> Option<String> {
+        self.watch_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 enum Command {
@@ -641,6 +659,9 @@ impl Loop {
     }
 
     fn watched(&mut self, ev: Result<Event<Pod>, watcher::Error>) {
+        if ev.is_ok() {
+            self.stats.set_watch_error(None);
+        }
         match ev {
             Ok(Event::Init) => self.relist = Some(HashMap::new()),
             Ok(Event::InitApply(p)) => {
@@ -686,7 +707,8 @@ impl Loop {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "pod watch failed; the watcher retries with backoff")
+                tracing::warn!(error = %e, "pod watch failed; the watcher retries with backoff");
+                self.stats.set_watch_error(Some(e.to_string()));
             }
         }
     }

@@ -273,6 +273,7 @@ async fn healthz(State(s): State<Sidecar>) -> Response {
         "instance": s.executor.instance(),
         "events_held": held,
         "transitions_dropped": dropped,
+        "watch_error": s.executor.stats().watch_error(),
     }));
     let code = if synced {
         StatusCode::OK
@@ -420,6 +421,31 @@ mod tests {
         // A Unix socket needs no token.
         let app = offline(None).expect("router");
         assert_eq!(status_of(app, v1, None).await, 404);
+    }
+
+    #[tokio::test]
+    async fn healthz_says_why_the_watch_has_not_synced() {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let app = offline(None).expect("router");
+        // The watcher's first attempt fails at once (nothing listens there).
+        let mut body = serde_json::Value::Null;
+        for _ in 0..50 {
+            let req = axum::http::Request::builder()
+                .uri("/healthz")
+                .body(axum::body::Body::empty())
+                .expect("request");
+            let Ok(resp) = app.clone().oneshot(req).await;
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+            body = serde_json::from_slice(&bytes).expect("JSON");
+            if body["watch_error"].is_string() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(body["synced"], false);
+        assert!(body["watch_error"].is_string(), "{body}");
     }
 
     #[test]
