@@ -20,7 +20,8 @@
 //! claimed by this instance and not done, so the restarted instance delivers
 //! it again (at least once), and once this instance's Lease has expired,
 //! another adopter may take it over. A pod of a dead instance deleted before
-//! it completed is reported as [`Found::Gone`]: its task has no result.
+//! it was delivered is reported as [`Found::Gone`] with its last phase (not
+//! completed: its task has no result).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -56,6 +57,9 @@ pub struct AdoptedPod {
     pub instance: String,
     /// `Succeeded` or `Failed` (for [`Found::Gone`], its last phase).
     pub phase: String,
+    /// Its DisruptionTarget reason, else `Deleted` if it was being deleted:
+    /// a `Failed` with a reason is not the user's failure.
+    pub reason: Option<String>,
     /// After the claim: what the done-mark is conditional on.
     pub resource_version: String,
 }
@@ -82,6 +86,8 @@ pub struct Adopter {
     waiting: HashMap<String, (Pod, i64)>,
     /// Completed pods whose claim failed, tried again at the next sync.
     retry: Vec<Pod>,
+    /// The uids of a re-list in progress.
+    relisted: Option<HashSet<String>>,
     stats: Stats,
 }
 
@@ -103,6 +109,7 @@ impl Adopter {
             delivered: HashSet::new(),
             waiting: HashMap::new(),
             retry: Vec::new(),
+            relisted: None,
             stats: Stats::default(),
         }
     }
@@ -135,9 +142,18 @@ impl Adopter {
         let mut expiry: HashMap<String, Option<i64>> = HashMap::new();
         for ev in batch {
             match ev {
-                Ok(Event::InitApply(p)) | Ok(Event::Apply(p)) => todo.push(p),
+                Ok(Event::InitApply(p)) => {
+                    if let Some(seen) = self.relisted.as_mut() {
+                        seen.insert(p.uid().unwrap_or_default());
+                    }
+                    todo.push(p);
+                }
+                Ok(Event::Apply(p)) => todo.push(p),
                 Ok(Event::Delete(p)) => {
+                    // Handled in order: a pod that completed and was
+                    // deleted within one batch is not claimed (404) and lost.
                     let uid = p.uid().unwrap_or_default();
+                    todo.retain(|t| t.uid().as_deref() != Some(uid.as_str()));
                     self.waiting.remove(&uid);
                     if self.delivered.remove(&uid) {
                         continue;
@@ -148,8 +164,31 @@ impl Adopter {
                 }
                 // A re-list: pods that left the selector meanwhile send no
                 // Delete; the list says what is still there.
-                Ok(Event::Init) => self.delivered.clear(),
-                Ok(Event::InitDone) => {}
+                Ok(Event::Init) => {
+                    self.delivered.clear();
+                    self.relisted = Some(HashSet::new());
+                }
+                Ok(Event::InitDone) => {
+                    let Some(seen) = self.relisted.take() else {
+                        continue;
+                    };
+                    // Held pods missing from the new list were deleted
+                    // while the watch was down.
+                    let missing: Vec<String> = self
+                        .waiting
+                        .keys()
+                        .filter(|uid| !seen.contains(*uid))
+                        .cloned()
+                        .collect();
+                    for uid in missing {
+                        if let Some((p, _)) = self.waiting.remove(&uid) {
+                            todo.retain(|t| t.uid().as_deref() != Some(uid.as_str()));
+                            if let Some(gone) = self.gone(&p, &mut expiry).await {
+                                found.push(Found::Gone(gone));
+                            }
+                        }
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "adoption watch failed; the watcher retries with backoff")
                 }
@@ -221,7 +260,8 @@ impl Adopter {
         Ok(Some(adopted(&claimed, phase)))
     }
 
-    /// A pod of a dead owner deleted before completing; `None` otherwise.
+    /// A pod of a dead owner deleted before it was delivered (with its last
+    /// phase: completed or not); `None` for pods of this or a live instance.
     async fn gone(
         &mut self,
         pod: &Pod,
@@ -229,7 +269,7 @@ impl Adopter {
     ) -> Option<AdoptedPod> {
         let phase = phase_of(pod);
         let owner = label(pod, INSTANCE_LABEL);
-        if phase == "Succeeded" || phase == "Failed" || owner == self.instance {
+        if owner == self.instance {
             return None;
         }
         match lease_expiry(&self.leases, &owner, cache, Timestamp::now().as_second()).await {
@@ -250,6 +290,7 @@ impl Adopter {
             &pod.namespace,
             &pod.name,
             &pod.resource_version,
+            &self.instance,
             &self.stats,
         )
         .await
@@ -309,6 +350,21 @@ fn adopted(pod: &Pod, phase: String) -> AdoptedPod {
         attempt: label(pod, ATTEMPT_LABEL),
         instance: label(pod, INSTANCE_LABEL),
         phase,
+        reason: pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+            })
+            .map(|c| c.reason.clone().unwrap_or_default())
+            .or_else(|| {
+                pod.metadata
+                    .deletion_timestamp
+                    .as_ref()
+                    .map(|_| "Deleted".into())
+            }),
         resource_version: pod.resource_version().unwrap_or_default(),
     }
 }

@@ -45,11 +45,15 @@ pub enum EventBody {
         instance: String,
         /// `Succeeded` or `Failed`.
         phase: String,
+        /// Its DisruptionTarget reason, else `Deleted` if it ended while
+        /// being deleted (then `Failed` is not the user's failure).
+        reason: Option<String>,
         /// The claim's resourceVersion (the done-mark is conditional on it).
         resource_version: String,
     },
-    /// A pod of a dead instance was deleted before it completed: its task
-    /// has no result and must be run again by the caller.
+    /// A pod of a dead instance was deleted before it was delivered; if its
+    /// last `phase` is not `Succeeded` or `Failed`, its task has no result
+    /// and must be run again by the caller.
     Gone {
         namespace: String,
         pod: String,
@@ -57,6 +61,7 @@ pub enum EventBody {
         task: String,
         attempt: String,
         instance: String,
+        phase: String,
     },
 }
 
@@ -83,10 +88,20 @@ struct Inner {
 }
 
 /// See the module docs.
-#[derive(Default)]
 pub struct EventLog {
     inner: Mutex<Inner>,
     notify: Notify,
+    epoch: String,
+}
+
+impl Default for EventLog {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            notify: Notify::new(),
+            epoch: format!("{:016x}", fastrand::u64(..)),
+        }
+    }
 }
 
 impl EventLog {
@@ -152,6 +167,29 @@ impl EventLog {
         acked
     }
 
+    /// Removes exactly the events `seqs` (for a caller sharing the log with
+    /// others); returns those needing a done-mark.
+    pub fn ack_only(&self, seqs: &[u64]) -> Vec<Logged> {
+        let mut i = self.lock();
+        let mut acked = Vec::new();
+        i.events.retain(|e| {
+            if !seqs.contains(&e.seq) {
+                return true;
+            }
+            if e.body.needs_ack() {
+                acked.push(e.clone());
+            }
+            false
+        });
+        acked
+    }
+
+    /// Changes whenever the log starts anew (a restarted sidecar): sequence
+    /// numbers are only comparable within one epoch.
+    pub fn epoch(&self) -> &str {
+        &self.epoch
+    }
+
     /// The last sequence number handed out.
     pub fn last_seq(&self) -> u64 {
         self.lock().next
@@ -193,6 +231,19 @@ mod tests {
         assert_eq!(log.after(0, 10, Duration::ZERO).await.len(), 2);
         assert_eq!(log.after(1, 10, Duration::ZERO).await.len(), 1);
         assert!(log.ack(1).is_empty(), "a transition needs no done-mark");
+        log.push(transition("c"));
+        assert!(log.ack_only(&[3]).is_empty());
+        assert_eq!(
+            log.after(0, 10, Duration::ZERO)
+                .await
+                .iter()
+                .map(|e| e.seq)
+                .collect::<Vec<_>>(),
+            [2],
+            "only event 3 was acknowledged"
+        );
+        assert_eq!(log.epoch().len(), 16);
+        assert_ne!(log.epoch(), EventLog::default().epoch());
         assert_eq!(log.after(0, 10, Duration::ZERO).await.len(), 1);
         let json =
             serde_json::to_value(&log.after(0, 1, Duration::ZERO).await[0]).expect("serializes");

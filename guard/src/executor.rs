@@ -110,6 +110,9 @@ pub struct TaskStatus {
     /// False until the instance's first pod list is in (the task is then
     /// resumed from its pods, or launched).
     pub started: bool,
+    /// Ended while its pod's uid was unknown: the pod is deleted when it
+    /// shows up (see `uid` then).
+    pub cleanup_pending: bool,
 }
 
 /// Why a request about a task was refused.
@@ -216,6 +219,7 @@ enum AnswerKind {
     Unknown,
     Read(Option<Existing>),
     ReadFailed,
+    DeleteFailed,
 }
 
 /// A running executor; cheap to clone. Dropping every clone stops it.
@@ -332,8 +336,17 @@ impl Executor {
     /// Acknowledges every event up to `seq`; the pods of the results among
     /// them are marked done (conditionally on the resourceVersion seen).
     pub async fn ack(&self, seq: u64) -> Vec<(u64, Marked)> {
+        self.mark(self.log.ack(seq)).await
+    }
+
+    /// Acknowledges exactly the events `seqs` (callers sharing the log).
+    pub async fn ack_only(&self, seqs: &[u64]) -> Vec<(u64, Marked)> {
+        self.mark(self.log.ack_only(seqs)).await
+    }
+
+    async fn mark(&self, acked: Vec<Logged>) -> Vec<(u64, Marked)> {
         let mut marks = Vec::new();
-        for e in self.log.ack(seq) {
+        for e in acked {
             let marked = match &e.body {
                 EventBody::Result {
                     namespace,
@@ -349,7 +362,15 @@ impl Executor {
                             .flatten();
                         match found {
                             Some((name, rv)) => {
-                                mark_done(&self.client, namespace, &name, &rv, &self.stats).await
+                                mark_done(
+                                    &self.client,
+                                    namespace,
+                                    &name,
+                                    &rv,
+                                    &self.instance,
+                                    &self.stats,
+                                )
+                                .await
                             }
                             None => Marked::Gone,
                         }
@@ -361,7 +382,17 @@ impl Executor {
                     pod,
                     resource_version,
                     ..
-                } => mark_done(&self.client, namespace, pod, resource_version, &self.stats).await,
+                } => {
+                    mark_done(
+                        &self.client,
+                        namespace,
+                        pod,
+                        resource_version,
+                        &self.instance,
+                        &self.stats,
+                    )
+                    .await
+                }
                 _ => continue,
             };
             marks.push((e.seq, marked));
@@ -396,6 +427,7 @@ impl Executor {
                             attempt: p.attempt,
                             instance: p.instance,
                             phase: p.phase,
+                            reason: p.reason,
                             resource_version: p.resource_version,
                         },
                         Found::Gone(p) => EventBody::Gone {
@@ -405,6 +437,7 @@ impl Executor {
                             task: p.task,
                             attempt: p.attempt,
                             instance: p.instance,
+                            phase: p.phase,
                         },
                     });
                 }
@@ -443,7 +476,7 @@ impl Executor {
                     } if namespace == key.namespace
                         && naming::task_label_value(&task) == key.task =>
                     {
-                        self.ack(seq).await;
+                        self.ack_only(&[seq]).await;
                         return Ok(outcome);
                     }
                     _ => {}
@@ -453,13 +486,15 @@ impl Executor {
     }
 }
 
-/// Labels pod `name` done, conditionally on resourceVersion `rv`: a pod
-/// changed since (another adopter's claim or mark) is not overwritten.
+/// Labels pod `name` done for `instance`, conditionally on resourceVersion
+/// `rv`: a pod changed since is re-read, and if another instance has marked
+/// or claimed it meanwhile, this one has lost it.
 pub async fn mark_done(
     client: &Client,
     namespace: &str,
     name: &str,
     rv: &str,
+    instance: &str,
     stats: &Stats,
 ) -> Marked {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -479,6 +514,15 @@ pub async fn mark_done(
             Err(kube::Error::Api(s)) if s.code == 404 => return Marked::Gone,
             Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(name).await {
                 Ok(Some(p)) if p.labels().get(DONE_LABEL).is_some_and(|v| v == "true") => {
+                    return Marked::Lost
+                }
+                // Claimed by another instance since (this one's Lease
+                // lapsed): it delivers the result, not this one.
+                Ok(Some(p))
+                    if p.annotations()
+                        .get(crate::adoption::CLAIMED_BY_ANNOTATION)
+                        .is_some_and(|c| c != instance) =>
+                {
                     return Marked::Lost
                 }
                 Ok(Some(p)) => rv = p.resource_version().unwrap_or_default(),
@@ -509,6 +553,8 @@ struct Entry {
     transient: ExponentialBackoff,
     /// The outcome was logged as a Result.
     reported: bool,
+    /// Aborted before the first pod list was in: aborted when it is.
+    aborted: bool,
 }
 
 struct Loop {
@@ -737,6 +783,7 @@ impl Loop {
                 terminal: false,
                 succeeded: None,
                 started: false,
+                cleanup_pending: e.aborted,
             });
         };
         let (reason, failure_kind) = match &s.phase {
@@ -761,6 +808,7 @@ impl Loop {
             terminal: s.outcome.is_some(),
             succeeded: s.outcome.as_ref().map(|o| o.succeeded),
             started: true,
+            cleanup_pending: s.delete_on_sight,
         })
     }
 
@@ -850,6 +898,7 @@ impl Loop {
                 wake_at_ms: None,
                 transient: self.config.transient_backoff.build(),
                 reported: false,
+                aborted: false,
             },
         );
         if self.synced {
@@ -913,7 +962,10 @@ impl Loop {
             }
         };
         let spec = e.spec.clone();
-        let (state, mut d) = reconcile(&spec, state, &pods, now);
+        let (state, mut d) = match std::mem::take(&mut e.aborted) {
+            true => apply(&spec, state, Input::Abort, &pods, now),
+            false => reconcile(&spec, state, &pods, now),
+        };
         let mut all = launch;
         all.transitions.append(&mut d.transitions);
         all.actions.append(&mut d.actions);
@@ -963,6 +1015,9 @@ impl Loop {
             AnswerKind::ReadFailed => Input::ReadFailed {
                 retry_at_ms: now.saturating_add(millis(e.transient.next().unwrap_or(policy.max))),
             },
+            AnswerKind::DeleteFailed => Input::DeleteFailed {
+                retry_at_ms: now.saturating_add(millis(e.transient.next().unwrap_or(policy.max))),
+            },
         };
         let spec = e.spec.clone();
         let (s, d) = apply(&spec, state, input, &pods, now);
@@ -1000,21 +1055,13 @@ impl Loop {
             self.act(key, &spec, attempt, a);
         }
         if let (true, Some(o)) = (newly_ended, outcome) {
-            // Delivered and acknowledged before (its pod is labelled done):
-            // not again. Otherwise the caller gets it, at least once.
-            let done = o.uid.as_ref().is_some_and(|u| {
-                self.index
-                    .get(key)
-                    .and_then(|m| m.get(u))
-                    .is_some_and(|i| i.view.done)
+            // Delivered at least once: also when the task is submitted again
+            // after a restart (its pod may be labelled done already).
+            self.log.push(EventBody::Result {
+                namespace: key.namespace.clone(),
+                task: spec.task.clone(),
+                outcome: o,
             });
-            if !done {
-                self.log.push(EventBody::Result {
-                    namespace: key.namespace.clone(),
-                    task: spec.task.clone(),
-                    outcome: o,
-                });
-            }
         }
     }
 
@@ -1091,7 +1138,10 @@ impl Loop {
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
                     stats.deletes.fetch_add(1, Ordering::Relaxed);
-                    delete_exact(&api, &name, &uid).await;
+                    if !delete_exact(&api, &name, &uid).await {
+                        let kind = AnswerKind::DeleteFailed;
+                        let _ = tx.send(Answer { key, attempt, kind });
+                    }
                 });
             }
             Action::Warn {
@@ -1163,8 +1213,9 @@ impl Loop {
 }
 
 /// Deletes pod `name` gracefully only if it is still `uid` (a pod of the same
-/// name created since is left alone).
-pub async fn delete_exact(api: &Api<Pod>, name: &str, uid: &str) {
+/// name created since is left alone). False if the API server could not be
+/// asked (the caller tries again later).
+pub async fn delete_exact(api: &Api<Pod>, name: &str, uid: &str) -> bool {
     let dp = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(uid.to_string()),
@@ -1175,9 +1226,11 @@ pub async fn delete_exact(api: &Api<Pod>, name: &str, uid: &str) {
     if let Err(e) = api.delete(name, &dp).await {
         // 404: already gone; 409: the name holds another pod now.
         if !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409) {
-            tracing::warn!(pod = %name, error = %e, "deleting the pod failed");
+            tracing::warn!(pod = %name, error = %e, "deleting the pod failed; trying again after a backoff");
+            return false;
         }
     }
+    true
 }
 
 fn millis(d: Duration) -> i64 {

@@ -434,14 +434,23 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
 /// wait until the pod is gone.
 async fn cancel(client: &kube::Client, executor: &Executor, key: &TaskKey, code: i32) {
     let signal = if code == 143 { "SIGTERM" } else { "SIGINT" };
-    let status = match executor.abort(key).await {
+    let mut status = match executor.abort(key).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("stopped by {signal}; could not abort the task: {e}");
             return;
         }
     };
-    let Some(uid) = status.uid else {
+    // A Create was in flight: its pod is deleted as soon as it is known.
+    let settle = tokio::time::Instant::now() + Duration::from_secs(30);
+    while status.uid.is_none() && status.cleanup_pending && tokio::time::Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match executor.status(key).await {
+            Some(s) => status = s,
+            None => break,
+        }
+    }
+    let Some(uid) = status.uid.clone() else {
         eprintln!("stopped by {signal}; no pod was running");
         return;
     };

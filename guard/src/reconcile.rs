@@ -22,6 +22,10 @@ use crate::pod_record::PodRecord;
 /// read directly (the watch is normally a few milliseconds behind).
 pub const WATCH_LAG_MS: i64 = 30_000;
 
+/// The highest attempt number (attempt labels come from pods anyone with
+/// write access may edit; counting past this would wrap to used names).
+pub const MAX_ATTEMPT: u32 = u32::MAX - 1;
+
 /// One task to run to completion.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskSpec {
@@ -141,6 +145,11 @@ pub struct TaskState {
     /// Why graceguard itself asked for the current pod's deletion.
     pub deleting_for: Option<String>,
     pub outcome: Option<Outcome>,
+    /// The task ended (aborted, past its deadline) while its pod's uid was
+    /// not known yet (a Create in flight, an unknown outcome): the attempt's
+    /// pod is deleted as soon as it shows up.
+    #[serde(default)]
+    pub delete_on_sight: bool,
 }
 
 /// One thing for the I/O layer to do.
@@ -192,6 +201,10 @@ pub enum Input {
     ReadFailed {
         retry_at_ms: i64,
     },
+    /// A Delete the decision asked for failed; try again at `retry_at_ms`.
+    DeleteFailed {
+        retry_at_ms: i64,
+    },
     /// The executor gives up on the task: its pod is deleted.
     Abort,
 }
@@ -210,6 +223,7 @@ pub fn start(now_ms: i64) -> TaskState {
         not_before_ms: None,
         deleting_for: None,
         outcome: None,
+        delete_on_sight: false,
     }
 }
 
@@ -224,7 +238,9 @@ pub fn launch(spec: &TaskSpec, now_ms: i64) -> (TaskState, Decision) {
 /// the next name. Counters are kept (the consecutive count restarts).
 pub fn retry(spec: &TaskSpec, state: TaskState, _now_ms: i64) -> (TaskState, Decision) {
     let mut t = Task::new(spec, state);
-    if t.s.outcome.take().is_some() {
+    if t.s.outcome.is_some() && t.s.attempt < MAX_ATTEMPT {
+        t.s.outcome = None;
+        t.s.delete_on_sight = false;
         t.s.attempt += 1;
         t.s.consecutive_system_failures = 0;
         t.s.transient_retries = 0;
@@ -260,6 +276,7 @@ pub fn restore(pods: &[PodView], now_ms: i64) -> TaskState {
         not_before_ms: None,
         deleting_for: None,
         outcome: None,
+        delete_on_sight: false,
     }
 }
 
@@ -353,17 +370,19 @@ impl<'a> Task<'a> {
 
     fn reconcile(&mut self, pods: &[PodView], now: i64) {
         if self.s.outcome.is_some() {
-            return;
+            return self.clean_up(pods, now);
         }
-        if let Some(secs) = self.spec.bounds.deadline_seconds {
+        let attempt = self.s.attempt;
+        let cur = pods.iter().find(|p| p.attempt == attempt);
+        // A pod that has ended decides the task, even past the deadline.
+        let ended = cur.is_some_and(|p| matches!(p.phase.as_str(), "Succeeded" | "Failed"));
+        if let (Some(secs), false) = (self.spec.bounds.deadline_seconds, ended) {
             let due = after(self.s.started_ms, secs);
             if now >= due {
                 return self.deadline_exceeded(pods, secs);
             }
             self.wake_at(due);
         }
-        let attempt = self.s.attempt;
-        let cur = pods.iter().find(|p| p.attempt == attempt);
         match self.s.pod.clone() {
             PodTrack::ToCreate | PodTrack::Creating | PodTrack::Unknown | PodTrack::Reading
                 if cur.is_some() =>
@@ -382,14 +401,22 @@ impl<'a> Task<'a> {
             }
             PodTrack::ToCreate => match self.s.not_before_ms {
                 Some(nb) if nb > now => self.wake_at(nb),
-                _ => self.create(),
+                _ => match self.earlier_pod_terminating(pods, now) {
+                    // Rule 2 across attempts (a retry right after an abort):
+                    // no Create while an earlier pod is still shutting down.
+                    Some(until) => self.wake_at(until),
+                    None => self.create(),
+                },
             },
             PodTrack::Creating | PodTrack::Reading => {}
-            PodTrack::Unknown => {
-                self.s.pod = PodTrack::Reading;
-                let name = self.pod_name();
-                self.d.actions.push(Action::Read { name });
-            }
+            PodTrack::Unknown => match self.s.not_before_ms {
+                Some(nb) if nb > now => self.wake_at(nb),
+                _ => {
+                    self.s.pod = PodTrack::Reading;
+                    let name = self.pod_name();
+                    self.d.actions.push(Action::Read { name });
+                }
+            },
             PodTrack::Created { uid, seen, at_ms } => match cur {
                 Some(p) if p.uid == uid => {
                     self.s.pod = PodTrack::Created {
@@ -413,9 +440,73 @@ impl<'a> Task<'a> {
         }
     }
 
+    /// An earlier attempt's pod still shutting down within its ceiling:
+    /// until when to wait for it.
+    fn earlier_pod_terminating(&self, pods: &[PodView], now: i64) -> Option<i64> {
+        let attempt = self.s.attempt;
+        let ceiling = self.spec.bounds.terminating_ceiling_seconds;
+        pods.iter()
+            .filter(|p| p.attempt < attempt && !matches!(p.phase.as_str(), "Succeeded" | "Failed"))
+            .filter_map(|p| p.deletion_ms)
+            .map(|d| ceiling.map_or(i64::MAX, |c| after(d, c)))
+            .filter(|until| *until > now)
+            .min()
+    }
+
+    /// After the end: delete the attempt's pod if the end came while its uid
+    /// was unknown (see [`TaskState::delete_on_sight`]).
+    fn clean_up(&mut self, pods: &[PodView], now: i64) {
+        if !self.s.delete_on_sight {
+            return;
+        }
+        let attempt = self.s.attempt;
+        let Some(p) = pods.iter().find(|p| p.attempt == attempt) else {
+            return;
+        };
+        if p.deleting() || matches!(p.phase.as_str(), "Succeeded" | "Failed") {
+            self.s.delete_on_sight = false;
+            return;
+        }
+        if let Some(nb) = self.s.not_before_ms.filter(|nb| *nb > now) {
+            return self.wake_at(nb);
+        }
+        self.delete_found(p.uid.clone());
+    }
+
+    fn delete_found(&mut self, uid: String) {
+        self.s.delete_on_sight = false;
+        if let Some(o) = self.s.outcome.as_mut() {
+            o.uid = Some(uid.clone());
+        }
+        let name = self.pod_name();
+        self.d.actions.push(Action::Delete { name, uid });
+    }
+
+    /// Answers that still matter once the task has ended.
+    fn apply_after_end(&mut self, input: Input) {
+        match input {
+            Input::Created { uid } if self.s.delete_on_sight => self.delete_found(uid),
+            // The Create did not happen: nothing to clean up (a name taken
+            // may be this attempt's own pod: the watch shows it then).
+            Input::Refused { refusal, .. } if refusal != CreateRefusal::NameTaken => {
+                self.s.delete_on_sight = false;
+            }
+            Input::Read(None) => self.s.delete_on_sight = false,
+            Input::Read(Some(e)) if self.s.delete_on_sight && self.is_ours(&e) => {
+                self.delete_found(e.uid)
+            }
+            Input::DeleteFailed { retry_at_ms } => {
+                self.s.delete_on_sight = true;
+                self.s.not_before_ms = Some(retry_at_ms);
+                self.wake_at(retry_at_ms);
+            }
+            _ => {}
+        }
+    }
+
     fn apply(&mut self, input: Input, now: i64) {
         if self.s.outcome.is_some() {
-            return;
+            return self.apply_after_end(input);
         }
         match input {
             Input::Created { uid } => {
@@ -439,13 +530,16 @@ impl<'a> Task<'a> {
             Input::Read(existing) => self.on_existing(existing, now),
             Input::ReadFailed { retry_at_ms } => {
                 self.s.pod = PodTrack::Unknown;
+                self.s.not_before_ms = Some(retry_at_ms);
+            }
+            Input::DeleteFailed { retry_at_ms } => {
+                // The pending-timeout delete is decided again then.
+                self.s.deleting_for = None;
+                self.s.not_before_ms = Some(retry_at_ms);
                 self.wake_at(retry_at_ms);
             }
             Input::Abort => {
-                if let Some(uid) = self.current_uid() {
-                    let name = self.pod_name();
-                    self.d.actions.push(Action::Delete { name, uid });
-                }
+                self.delete_current();
                 self.fail(
                     FailureKind::User,
                     "Aborted: the executor aborted the task; its pod is deleted".into(),
@@ -497,7 +591,7 @@ impl<'a> Task<'a> {
                 self.d.actions.push(Action::Read { name });
             }
             CreateRefusal::Transient => {
-                self.s.transient_retries += 1;
+                self.s.transient_retries = self.s.transient_retries.saturating_add(1);
                 let max = self.spec.bounds.max_transient_retries;
                 if self.s.transient_retries > max {
                     self.s.transient_retries = 0;
@@ -512,6 +606,16 @@ impl<'a> Task<'a> {
         }
     }
 
+    /// `e` carries this attempt's labels (task, attempt, instance).
+    fn is_ours(&self, e: &Existing) -> bool {
+        let want = [
+            (TASK_LABEL, naming::task_label_value(&self.spec.task)),
+            (ATTEMPT_LABEL, self.s.attempt.to_string()),
+            (INSTANCE_LABEL, self.spec.instance.clone()),
+        ];
+        want.iter().all(|(k, v)| e.labels.get(*k) == Some(v))
+    }
+
     fn on_existing(&mut self, existing: Option<Existing>, now: i64) {
         let Some(e) = existing else {
             // The name is free (the holder vanished, or an unknown Create
@@ -519,18 +623,13 @@ impl<'a> Task<'a> {
             self.s.pod = PodTrack::ToCreate;
             return;
         };
-        let want = [
-            (TASK_LABEL, naming::task_label_value(&self.spec.task)),
-            (ATTEMPT_LABEL, self.s.attempt.to_string()),
-            (INSTANCE_LABEL, self.spec.instance.clone()),
-        ];
-        if want.iter().all(|(k, v)| e.labels.get(*k) == Some(v)) {
+        if self.is_ours(&e) {
             // Our own pod (a Create that had in fact succeeded, or one made
             // before a restart): adopt it; the watch reports the rest.
             return self.adopt(e.uid, now);
         }
         let name = self.pod_name();
-        self.s.system_failures += 1;
+        self.s.system_failures = self.s.system_failures.saturating_add(1);
         self.fail(
             FailureKind::System,
             format!(
@@ -579,7 +678,10 @@ impl<'a> Task<'a> {
         }
         if let Some(secs) = self.spec.bounds.pending_timeout_seconds {
             let due = after(p.created_ms, secs);
-            if now >= due {
+            let retry_at = self.s.not_before_ms.filter(|nb| *nb > now);
+            if let (true, Some(nb)) = (now >= due, retry_at) {
+                self.wake_at(nb);
+            } else if now >= due {
                 if self.s.deleting_for.is_none() {
                     self.s.deleting_for = Some(format!(
                         "PendingTimeout: still Pending {secs} s after creation (pending_timeout_seconds)"
@@ -622,14 +724,33 @@ impl<'a> Task<'a> {
         ));
     }
 
+    /// Deletes the current attempt's pod: now if its uid is known, else as
+    /// soon as it shows up.
+    fn delete_current(&mut self) {
+        match (self.current_uid(), &self.s.pod) {
+            (Some(uid), _) => {
+                let name = self.pod_name();
+                self.d.actions.push(Action::Delete { name, uid });
+            }
+            (None, PodTrack::Creating | PodTrack::Unknown | PodTrack::Reading) => {
+                self.s.delete_on_sight = true;
+            }
+            (None, _) => {}
+        }
+    }
+
     fn deadline_exceeded(&mut self, pods: &[PodView], secs: u64) {
         let attempt = self.s.attempt;
-        if let Some(p) = pods.iter().find(|p| p.attempt == attempt && !p.deleting()) {
-            let name = self.pod_name();
-            self.d.actions.push(Action::Delete {
-                name,
-                uid: p.uid.clone(),
-            });
+        match pods.iter().find(|p| p.attempt == attempt) {
+            Some(p) if p.deleting() => {}
+            Some(p) => {
+                let name = self.pod_name();
+                self.d.actions.push(Action::Delete {
+                    name,
+                    uid: p.uid.clone(),
+                });
+            }
+            None => self.delete_current(),
         }
         self.fail(
             FailureKind::User,
@@ -651,8 +772,8 @@ impl<'a> Task<'a> {
     }
 
     fn system_failure(&mut self, reason: String) {
-        self.s.system_failures += 1;
-        self.s.consecutive_system_failures += 1;
+        self.s.system_failures = self.s.system_failures.saturating_add(1);
+        self.s.consecutive_system_failures = self.s.consecutive_system_failures.saturating_add(1);
         let max = self.spec.max_system_failures;
         if self.s.consecutive_system_failures >= max {
             let n = self.s.consecutive_system_failures;
@@ -677,7 +798,7 @@ impl<'a> Task<'a> {
     }
 
     fn user_failure(&mut self, reason: String, p: &PodView) {
-        self.s.user_failures += 1;
+        self.s.user_failures = self.s.user_failures.saturating_add(1);
         if self.s.user_failures > self.spec.retries {
             let kind = FailureKind::User;
             let reason = format!("{reason}; {} retries used", self.spec.retries);
@@ -688,6 +809,15 @@ impl<'a> Task<'a> {
     }
 
     fn next_attempt(&mut self) {
+        if self.s.attempt >= MAX_ATTEMPT {
+            return self.fail(
+                FailureKind::System,
+                format!(
+                    "AttemptsExhausted: attempt {} is the last pod name this task can use (an edited attempt label?)",
+                    self.s.attempt
+                ),
+            );
+        }
         self.s.attempt += 1;
         self.s.deleting_for = None;
         self.s.not_before_ms = None;
@@ -707,7 +837,7 @@ impl<'a> Task<'a> {
             succeeded,
             failure_kind: kind,
             reason,
-            attempts: self.s.attempt + 1,
+            attempts: self.s.attempt.saturating_add(1),
             user_failures: self.s.user_failures,
             system_failures: self.s.system_failures,
             pod: self.pod_name(),
@@ -726,7 +856,7 @@ impl<'a> Task<'a> {
             succeeded: false,
             failure_kind: Some(kind),
             reason: Some(reason.clone()),
-            attempts: self.s.attempt + 1,
+            attempts: self.s.attempt.saturating_add(1),
             user_failures: self.s.user_failures,
             system_failures: self.s.system_failures,
             pod: self.pod_name(),

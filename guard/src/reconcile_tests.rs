@@ -74,7 +74,12 @@ impl Run {
     }
 
     fn give(&mut self, input: Input) -> &Decision {
-        let r = apply(&self.spec, self.state.clone(), input, &[], self.now);
+        self.give_seeing(input, &[])
+    }
+
+    /// [`Run::give`] while the watch shows `pods`.
+    fn give_seeing(&mut self, input: Input, pods: &[PodView]) -> &Decision {
+        let r = apply(&self.spec, self.state.clone(), input, pods, self.now);
         self.keep(r)
     }
 
@@ -542,4 +547,141 @@ fn each_create_carries_the_record_a_restart_needs() {
             started_ms: Some(T0)
         }
     );
+}
+
+#[test]
+fn a_failed_read_waits_for_its_backoff_before_reading_again() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::CreateUnknown);
+    let d = r
+        .give(Input::ReadFailed {
+            retry_at_ms: T0 + 2_000,
+        })
+        .clone();
+    assert!(d.actions.is_empty(), "no read at once: {d:?}");
+    assert_eq!(d.wake_at_ms, Some(T0 + 2_000));
+    r.now = T0 + 2_000;
+    assert_eq!(
+        r.see(&[]).actions,
+        [Action::Read {
+            name: "train-0".into()
+        }]
+    );
+}
+
+#[test]
+fn an_abort_while_the_create_is_in_flight_deletes_the_pod_when_it_appears() {
+    // The Create's answer arrives after the abort.
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    let d = r.give(Input::Abort).clone();
+    assert!(d.actions.is_empty(), "no uid to delete yet: {d:?}");
+    assert!(r.state.delete_on_sight);
+    let d = r.give(Input::Created { uid: "u0".into() }).clone();
+    assert_eq!(
+        d.actions,
+        [Action::Delete {
+            name: "train-0".into(),
+            uid: "u0".into()
+        }]
+    );
+    assert_eq!(r.outcome().uid.as_deref(), Some("u0"));
+    // Or the watch shows it first (after an unknown outcome).
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::CreateUnknown);
+    r.give(Input::Abort);
+    let d = r.see(&[pod("u0", 0, "Pending")]).clone();
+    assert_eq!(d.actions.len(), 1, "{d:?}");
+    assert!(!r.state.delete_on_sight);
+    // A failed delete is tried again after its backoff.
+    let d = r
+        .give_seeing(
+            Input::DeleteFailed {
+                retry_at_ms: T0 + 1_000,
+            },
+            &[pod("u0", 0, "Pending")],
+        )
+        .clone();
+    assert_eq!(d.wake_at_ms, Some(T0 + 1_000));
+    assert!(r.see(&[pod("u0", 0, "Pending")]).actions.is_empty());
+    r.now = T0 + 1_000;
+    assert_eq!(r.see(&[pod("u0", 0, "Pending")]).actions.len(), 1);
+}
+
+#[test]
+fn a_failed_pending_timeout_delete_is_sent_again_after_its_backoff() {
+    let mut s = spec(0, 3);
+    s.bounds.pending_timeout_seconds = Some(10);
+    let mut r = Run::new(s);
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    r.now = T0 + 10_000;
+    assert_eq!(r.see(&[pod("u0", 0, "Pending")]).actions.len(), 1);
+    r.give_seeing(
+        Input::DeleteFailed {
+            retry_at_ms: T0 + 11_000,
+        },
+        &[pod("u0", 0, "Pending")],
+    );
+    assert!(r.see(&[pod("u0", 0, "Pending")]).actions.is_empty());
+    r.now = T0 + 11_000;
+    assert_eq!(
+        r.see(&[pod("u0", 0, "Pending")]).actions,
+        [Action::Delete {
+            name: "train-0".into(),
+            uid: "u0".into()
+        }]
+    );
+}
+
+#[test]
+fn a_pod_that_ended_decides_the_task_even_past_the_deadline() {
+    let mut s = spec(0, 3);
+    s.bounds.deadline_seconds = Some(60);
+    let mut r = Run::new(s);
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    r.now = T0 + 61_000;
+    let d = r.see(&[pod("u0", 0, "Succeeded")]).clone();
+    assert!(d.actions.is_empty(), "{d:?}");
+    assert!(r.outcome().succeeded);
+}
+
+#[test]
+fn a_retry_waits_until_the_aborted_pod_is_gone() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::Created { uid: "u0".into() });
+    r.see(&[pod("u0", 0, "Running")]);
+    r.give(Input::Abort);
+    let (state, _) = retry(&r.spec, r.state.clone(), r.now);
+    r.state = state;
+    assert_eq!(r.state.attempt, 1);
+    let terminating = deleting("u0", 0, None, T0 + 30_000);
+    let d = r.see(std::slice::from_ref(&terminating)).clone();
+    assert!(
+        d.actions.is_empty(),
+        "no Create while attempt 0 shuts down: {d:?}"
+    );
+    assert_eq!(d.wake_at_ms, Some(T0 + 30_000 + 300_000));
+    r.see(&[]);
+    assert_eq!(r.creates(), ["train-1"]);
+}
+
+#[test]
+fn an_attempt_label_at_the_end_of_the_range_fails_instead_of_wrapping() {
+    let pods = [PodView {
+        record: None,
+        ..pod("u", MAX_ATTEMPT, "Failed")
+    }];
+    let spec = spec(5, 3);
+    let (state, d) = reconcile(&spec, restore(&pods, T0), &pods, T0);
+    assert!(d.actions.is_empty(), "{d:?}");
+    let o = state.outcome.expect("ended");
+    assert!(o
+        .reason
+        .unwrap_or_default()
+        .starts_with("AttemptsExhausted"));
 }

@@ -71,10 +71,13 @@ fn default_limit() -> usize {
     500
 }
 
+/// `POST /v1/events/ack`'s body: `{"seq": N}` acknowledges every event up
+/// to N (one consumer per sidecar), `{"seqs": [..]}` exactly those.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Ack {
-    pub seq: u64,
+    pub seq: Option<u64>,
+    pub seqs: Option<Vec<u64>>,
 }
 
 #[derive(Serialize)]
@@ -151,6 +154,13 @@ pub fn router(sidecar: Sidecar) -> Router {
                 StatusCode::NOT_FOUND,
                 "no_route",
                 "no such endpoint; see /openapi.json".into(),
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiFailure::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method; see /openapi.json".into(),
             )
         })
         .with_state(sidecar)
@@ -232,8 +242,13 @@ async fn retry_task(
 
 async fn events(
     State(s): State<Sidecar>,
-    Query(q): Query<EventsQuery>,
+    q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiFailure> {
+    let Query(q) = q.map_err(|e| {
+        bad_request(format!(
+            "{e}; after, limit and wait are non-negative integers"
+        ))
+    })?;
     let wait = Duration::from_secs(q.wait.min(MAX_WAIT_SECONDS));
     let events = s
         .executor
@@ -243,17 +258,27 @@ async fn events(
     Ok(Json(serde_json::json!({
         "events": events,
         "last_seq": s.executor.log().last_seq(),
+        "epoch": s.executor.log().epoch(),
     }))
     .into_response())
 }
 
 async fn ack(State(s): State<Sidecar>, body: axum::body::Bytes) -> Result<Response, ApiFailure> {
-    let a: Ack = serde_json::from_slice(&body)
-        .map_err(|e| bad_request(format!("the body is not {{\"seq\": N}}: {e}")))?;
-    let marked: Vec<Acked> = s
-        .executor
-        .ack(a.seq)
-        .await
+    let a: Ack = serde_json::from_slice(&body).map_err(|e| {
+        bad_request(format!(
+            "the body is not {{\"seq\": N}} or {{\"seqs\": [N, ...]}}: {e}"
+        ))
+    })?;
+    let marks = match (a.seq, a.seqs) {
+        (Some(seq), None) => s.executor.ack(seq).await,
+        (None, Some(seqs)) => s.executor.ack_only(&seqs).await,
+        _ => {
+            return Err(bad_request(
+                "give exactly one of \"seq\" (everything up to it) or \"seqs\" (exactly those)",
+            ))
+        }
+    };
+    let marked: Vec<Acked> = marks
         .into_iter()
         .map(|(seq, marked)| Acked { seq, marked })
         .collect();

@@ -94,6 +94,34 @@ async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
         labels.get("graceguard.io/done").map(String::as_str),
         Some("true")
     );
+
+    // The same command again (same default instance, as after a crash and a
+    // restart): the task is resumed from its pod, reports its end at once
+    // and creates nothing.
+    let again = Command::new(&bin)
+        .args(["run", "-f"])
+        .arg(&manifest)
+        .args(["--namespace", &ns, "--events", "json", "--kubeconfig"])
+        .arg(bed.kubeconfig_for("alice")?)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), again).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("\"phase\":\"Succeeded\""), "{stdout}");
+    let names: Vec<String> = api
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap_or_default())
+        .collect();
+    assert_eq!(names, ["nightly-0"], "no new attempt was created");
     Ok(())
 }
 

@@ -144,10 +144,12 @@ func (c *Client) DeleteTask(namespace, task string) (*Status, error) {
 }
 
 // Events is one long poll's answer; each event is kept raw (its fields
-// depend on its type).
+// depend on its type). Sequence numbers belong to Epoch: when it changes
+// (the sidecar restarted), poll from 0 again and submit the tasks again.
 type Events struct {
 	Events  []map[string]any `json:"events"`
 	LastSeq uint64           `json:"last_seq"`
+	Epoch   string           `json:"epoch"`
 }
 
 // Events long-polls for events after seq, waiting up to wait seconds.
@@ -157,7 +159,13 @@ func (c *Client) Events(after uint64, wait int) (*Events, error) {
 	return &e, c.do(http.MethodGet, "/v1/events?"+q.Encode(), nil, &e)
 }
 
-// Ack acknowledges every event up to seq (results are then marked done).
+// Ack acknowledges every event up to seq (results are then marked done);
+// for the one consumer of a sidecar.
 func (c *Client) Ack(seq uint64) error {
 	return c.do(http.MethodPost, "/v1/events/ack", map[string]uint64{"seq": seq}, nil)
+}
+
+// AckOnly acknowledges exactly the events seqs (consumers sharing a sidecar).
+func (c *Client) AckOnly(seqs ...uint64) error {
+	return c.do(http.MethodPost, "/v1/events/ack", map[string][]uint64{"seqs": seqs}, nil)
 }

@@ -75,7 +75,8 @@ func main() {
 				}
 				emit(e)
 				if e["type"] == "result" {
-					if err := c.Ack(after); err != nil {
+					// Only our own result: the log may hold other callers' events.
+					if err := c.AckOnly(after); err != nil {
 						fail(err)
 					}
 					final, err := c.GetTask(ns, task)

@@ -4,9 +4,13 @@ Usage as a library:
 
     c = Client(socket="/run/graceguard.sock")          # or url=..., token=...
     c.put_task("team-a", "train", template, retries=2)
-    for event in c.follow(after=0):                      # long polls
+    batch = c.events(after=0, wait=20)                   # long poll
+    for event in batch["events"]:
         ...
-        c.ack(event["seq"])
+        c.ack(seqs=[event["seq"]])                       # or c.ack(seq=N): all up to N
+
+Sequence numbers belong to batch["epoch"]: when it changes (the sidecar
+restarted), poll from after=0 again and submit the tasks again.
 
 Usage as a command (what the end-to-end tests drive):
 
@@ -110,8 +114,12 @@ class Client:
         q = urllib.parse.urlencode({"after": after, "wait": wait, "limit": limit})
         return self.request("GET", f"/v1/events?{q}")
 
-    def ack(self, seq):
-        return self.request("POST", "/v1/events/ack", {"seq": seq})
+    def ack(self, seq=None, seqs=None):
+        """Acknowledge every event up to `seq`, or exactly the events `seqs`."""
+        if (seq is None) == (seqs is None):
+            raise ValueError("give exactly one of seq= or seqs=")
+        body = {"seq": seq} if seq is not None else {"seqs": list(seqs)}
+        return self.request("POST", "/v1/events/ack", body)
 
     def health(self):
         return self.request("GET", "/healthz")
@@ -135,24 +143,33 @@ def _run(c, args):
                 continue
             _emit(e)
             if e["type"] == "result":
-                c.ack(e["seq"])
+                # Only our own result: the log may hold other callers' events.
+                c.ack(seqs=[e["seq"]])
                 _emit({"final": c.get_task(args.namespace, args.task)})
                 return 0
 
 
 def _adopt(c, args):
-    delivered, syncs, after = [], 0, 0
+    delivered, syncs, after, epoch = [], 0, 0, None
     while len(delivered) < args.count:
         batch = c.events(after=after, wait=5, limit=args.batch)
+        if batch["epoch"] != epoch:
+            # A new sidecar (or the first poll): its numbering starts anew.
+            if epoch is not None:
+                after = 0
+                epoch = batch["epoch"]
+                continue
+            epoch = batch["epoch"]
         syncs += 1
-        last = None
+        mine = []
         for e in batch["events"]:
-            last = e["seq"]
+            after = e["seq"]
+            if e["type"] in ("adopted", "gone"):
+                mine.append(e["seq"])
             if e["type"] == "adopted":
                 delivered.append(e["pod"])
-        if last is not None:
-            after = last
-            c.ack(last)
+        if mine:
+            c.ack(seqs=mine)
         if syncs > args.max_syncs:
             break
     _emit({"syncs": syncs, "delivered": delivered})
