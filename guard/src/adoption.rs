@@ -37,7 +37,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
 use crate::driver::GuardError;
-use crate::executor::{mark_done, Marked, Stats};
+use crate::executor::{disruption_reason, mark_done, Marked};
 use crate::lease::{self, lease_name};
 use crate::naming::{
     ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
@@ -46,10 +46,12 @@ use crate::naming::{
 /// Annotation: the instance that claimed a completed pod for delivery.
 pub const CLAIMED_BY_ANNOTATION: &str = "graceguard.io/claimed-by";
 
-/// A pod of a dead instance, as delivered.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A pod of a dead instance, as delivered (and as the sidecar's `adopted`
+/// and `gone` events carry it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct AdoptedPod {
     pub namespace: String,
+    #[serde(rename = "pod")]
     pub name: String,
     pub uid: String,
     pub task: String,
@@ -88,7 +90,6 @@ pub struct Adopter {
     retry: Vec<Pod>,
     /// The uids of a re-list in progress.
     relisted: Option<HashSet<String>>,
-    stats: Stats,
 }
 
 impl Adopter {
@@ -110,7 +111,6 @@ impl Adopter {
             waiting: HashMap::new(),
             retry: Vec::new(),
             relisted: None,
-            stats: Stats::default(),
         }
     }
 
@@ -291,7 +291,6 @@ impl Adopter {
             &pod.name,
             &pod.resource_version,
             &self.instance,
-            &self.stats,
         )
         .await
     }
@@ -350,21 +349,12 @@ fn adopted(pod: &Pod, phase: String) -> AdoptedPod {
         attempt: label(pod, ATTEMPT_LABEL),
         instance: label(pod, INSTANCE_LABEL),
         phase,
-        reason: pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| {
-                cs.iter()
-                    .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-            })
-            .map(|c| c.reason.clone().unwrap_or_default())
-            .or_else(|| {
-                pod.metadata
-                    .deletion_timestamp
-                    .as_ref()
-                    .map(|_| "Deleted".into())
-            }),
+        reason: disruption_reason(pod).or_else(|| {
+            pod.metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|_| "Deleted".into())
+        }),
         resource_version: pod.resource_version().unwrap_or_default(),
     }
 }

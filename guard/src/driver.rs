@@ -14,8 +14,6 @@ pub type GuardConfig = ExecutorConfig;
 /// A failure of the guard itself (not of the task: that is an [`Outcome`]).
 #[derive(Debug, thiserror::Error)]
 pub enum GuardError {
-    #[error("the pod template is not usable: {0}")]
-    Template(String),
     #[error("Kubernetes API: {0}")]
     Api(String),
     #[error("{0}")]

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use crate::adoption::AdoptedPod;
 use crate::phase::Transition;
 use crate::reconcile::Outcome;
 
@@ -35,33 +36,18 @@ pub enum EventBody {
         outcome: Outcome,
     },
     /// A completed pod of a dead instance, claimed for this one;
-    /// acknowledging it marks the pod done.
+    /// acknowledging it marks the pod done (conditionally on its
+    /// `resource_version`).
     Adopted {
-        namespace: String,
-        pod: String,
-        uid: String,
-        task: String,
-        attempt: String,
-        instance: String,
-        /// `Succeeded` or `Failed`.
-        phase: String,
-        /// Its DisruptionTarget reason, else `Deleted` if it ended while
-        /// being deleted (then `Failed` is not the user's failure).
-        reason: Option<String>,
-        /// The claim's resourceVersion (the done-mark is conditional on it).
-        resource_version: String,
+        #[serde(flatten)]
+        pod: AdoptedPod,
     },
     /// A pod of a dead instance was deleted before it was delivered; if its
     /// last `phase` is not `Succeeded` or `Failed`, its task has no result
     /// and must be run again by the caller.
     Gone {
-        namespace: String,
-        pod: String,
-        uid: String,
-        task: String,
-        attempt: String,
-        instance: String,
-        phase: String,
+        #[serde(flatten)]
+        pod: AdoptedPod,
     },
 }
 

@@ -10,7 +10,7 @@
 //! callers talk to it through [`Executor`]'s methods.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,11 @@ impl TaskKey {
             task: naming::task_label_value(task),
         }
     }
+
+    /// Whether task `task` in `namespace` is this one.
+    pub fn is(&self, namespace: &str, task: &str) -> bool {
+        namespace == self.namespace && naming::task_label_value(task) == self.task
+    }
 }
 
 /// A task as its caller sees it.
@@ -147,16 +152,11 @@ pub enum Marked {
     Failed(String),
 }
 
-/// Counters for the scale benchmark and `/healthz`.
+/// The pod watch's health, for `/healthz`.
 #[derive(Debug, Default)]
 pub struct Stats {
-    pub watches_started: AtomicU64,
-    pub creates: AtomicU64,
-    pub reads: AtomicU64,
-    pub deletes: AtomicU64,
-    pub done_marks: AtomicU64,
     /// The first pod list has been received.
-    pub synced: std::sync::atomic::AtomicBool,
+    pub synced: AtomicBool,
     /// The pod watch's last error, until it works again (a 403 here means
     /// the identity may not list pods in the watched scope).
     pub watch_error: std::sync::Mutex<Option<String>>,
@@ -362,34 +362,20 @@ impl Executor {
                             .flatten();
                         match found {
                             Some((name, rv)) => {
-                                mark_done(
-                                    &self.client,
-                                    namespace,
-                                    &name,
-                                    &rv,
-                                    &self.instance,
-                                    &self.stats,
-                                )
-                                .await
+                                mark_done(&self.client, namespace, &name, &rv, &self.instance).await
                             }
                             None => Marked::Gone,
                         }
                     }
                     None => continue,
                 },
-                EventBody::Adopted {
-                    namespace,
-                    pod,
-                    resource_version,
-                    ..
-                } => {
+                EventBody::Adopted { pod } => {
                     mark_done(
                         &self.client,
-                        namespace,
-                        pod,
-                        resource_version,
+                        &pod.namespace,
+                        &pod.name,
+                        &pod.resource_version,
                         &self.instance,
-                        &self.stats,
                     )
                     .await
                 }
@@ -419,26 +405,8 @@ impl Executor {
                 };
                 for f in found {
                     log.push(match f {
-                        Found::Completed(p) => EventBody::Adopted {
-                            namespace: p.namespace,
-                            pod: p.name,
-                            uid: p.uid,
-                            task: p.task,
-                            attempt: p.attempt,
-                            instance: p.instance,
-                            phase: p.phase,
-                            reason: p.reason,
-                            resource_version: p.resource_version,
-                        },
-                        Found::Gone(p) => EventBody::Gone {
-                            namespace: p.namespace,
-                            pod: p.name,
-                            uid: p.uid,
-                            task: p.task,
-                            attempt: p.attempt,
-                            instance: p.instance,
-                            phase: p.phase,
-                        },
+                        Found::Completed(pod) => EventBody::Adopted { pod },
+                        Found::Gone(pod) => EventBody::Gone { pod },
                     });
                 }
             }
@@ -464,18 +432,12 @@ impl Executor {
                     EventBody::Transition {
                         namespace,
                         transition,
-                    } if namespace == key.namespace
-                        && naming::task_label_value(&transition.task) == key.task =>
-                    {
-                        on_transition(&transition)
-                    }
+                    } if key.is(&namespace, &transition.task) => on_transition(&transition),
                     EventBody::Result {
                         namespace,
                         task,
                         outcome,
-                    } if namespace == key.namespace
-                        && naming::task_label_value(&task) == key.task =>
-                    {
+                    } if key.is(&namespace, &task) => {
                         self.ack_only(&[seq]).await;
                         return Ok(outcome);
                     }
@@ -495,7 +457,6 @@ pub async fn mark_done(
     name: &str,
     rv: &str,
     instance: &str,
-    stats: &Stats,
 ) -> Marked {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let mut rv = rv.to_string();
@@ -505,7 +466,6 @@ pub async fn mark_done(
         let patch = serde_json::json!({
             "metadata": {"resourceVersion": rv, "labels": {DONE_LABEL: "true"}}
         });
-        stats.done_marks.fetch_add(1, Ordering::Relaxed);
         match api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -587,6 +547,18 @@ fn time_ms(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i64 {
     t.0.as_millisecond()
 }
 
+/// The reason of a pod's `DisruptionTarget=True` condition (preemption,
+/// eviction, a kubelet's termination), if it has one.
+pub(crate) fn disruption_reason(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        .map(|c| c.reason.clone().unwrap_or_default())
+}
+
 /// The pod as the index keeps it; `None` for a pod without valid task labels.
 fn indexed(pod: &Pod) -> Option<(TaskKey, Indexed)> {
     let labels = pod.labels();
@@ -600,13 +572,7 @@ fn indexed(pod: &Pod) -> Option<(TaskKey, Indexed)> {
         phase: status
             .and_then(|s| s.phase.clone())
             .unwrap_or_else(|| "Pending".into()),
-        disruption: status
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| {
-                cs.iter()
-                    .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-            })
-            .map(|c| c.reason.clone().unwrap_or_default()),
+        disruption: disruption_reason(pod),
         created_ms: meta.creation_timestamp.as_ref().map_or(0, time_ms),
         deletion_ms: meta.deletion_timestamp.as_ref().map(time_ms),
         done: labels.get(DONE_LABEL).is_some_and(|v| v == "true"),
@@ -670,7 +636,6 @@ impl Loop {
             "{MANAGED_BY_LABEL}={MANAGED_BY},{INSTANCE_LABEL}={}",
             self.config.instance
         );
-        self.stats.watches_started.fetch_add(1, Ordering::Relaxed);
         let mut watch = watcher::watcher(api, watcher::Config::default().labels(&selector))
             .default_backoff()
             .boxed();
@@ -721,9 +686,7 @@ impl Loop {
                 }
                 let first = !self.synced;
                 self.synced = true;
-                self.stats
-                    .synced
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                self.stats.synced.store(true, Ordering::Relaxed);
                 if first {
                     tracing::info!(instance = %self.config.instance, pods = self.index.values().map(BTreeMap::len).sum::<usize>(), "pod watch synced; resuming tasks");
                 }
@@ -786,11 +749,7 @@ impl Loop {
                 cleanup_pending: e.aborted,
             });
         };
-        let (reason, failure_kind) = match &s.phase {
-            crate::phase::Phase::ShuttingDown { reason } => (Some(reason.clone()), None),
-            crate::phase::Phase::Failed { kind, reason } => (Some(reason.clone()), Some(*kind)),
-            _ => (None, None),
-        };
+        let (reason, failure_kind) = s.phase.reason_and_kind();
         Some(TaskStatus {
             namespace: key.namespace.clone(),
             task: e.spec.task.clone(),
@@ -1068,7 +1027,6 @@ impl Loop {
     fn act(&mut self, key: &TaskKey, spec: &TaskSpec, attempt: u32, action: Action) {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
         let tx = self.answers_tx.clone();
-        let stats = self.stats.clone();
         let slots = self.slots.clone();
         let key = key.clone();
         match action {
@@ -1087,7 +1045,6 @@ impl Loop {
                     .insert(RECORD_ANNOTATION.into(), record.to_annotation());
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    stats.creates.fetch_add(1, Ordering::Relaxed);
                     let kind = match api.create(&PostParams::default(), &pod).await {
                         Ok(p) => AnswerKind::Created(p.uid().unwrap_or_default()),
                         Err(kube::Error::Api(s)) => {
@@ -1120,7 +1077,6 @@ impl Loop {
             Action::Read { name } => {
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    stats.reads.fetch_add(1, Ordering::Relaxed);
                     let kind = match api.get_opt(&name).await {
                         Ok(found) => AnswerKind::Read(found.map(|p| Existing {
                             uid: p.uid().unwrap_or_default(),
@@ -1137,7 +1093,6 @@ impl Loop {
             Action::Delete { name, uid } => {
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    stats.deletes.fetch_add(1, Ordering::Relaxed);
                     if !delete_exact(&api, &name, &uid).await {
                         let kind = AnswerKind::DeleteFailed;
                         let _ = tx.send(Answer { key, attempt, kind });

@@ -48,6 +48,15 @@ impl Phase {
         }
     }
 
+    /// Its reason and failure kind, as a [`Transition`] and a status show them.
+    pub fn reason_and_kind(&self) -> (Option<String>, Option<FailureKind>) {
+        match self {
+            Phase::ShuttingDown { reason } => (Some(reason.clone()), None),
+            Phase::Failed { kind, reason } => (Some(reason.clone()), Some(*kind)),
+            _ => (None, None),
+        }
+    }
+
     pub fn is_final(&self) -> bool {
         matches!(self, Phase::Succeeded | Phase::Failed { .. })
     }

@@ -338,11 +338,7 @@ impl<'a> Task<'a> {
     /// Records `phase` as a transition, even if it equals the current one
     /// (a new attempt's Launching).
     fn record(&mut self, phase: Phase) {
-        let (reason, failure_kind) = match &phase {
-            Phase::ShuttingDown { reason } => (Some(reason.clone()), None),
-            Phase::Failed { kind, reason } => (Some(reason.clone()), Some(*kind)),
-            _ => (None, None),
-        };
+        let (reason, failure_kind) = phase.reason_and_kind();
         self.d.transitions.push(Transition {
             task: self.spec.task.clone(),
             attempt: self.s.attempt,

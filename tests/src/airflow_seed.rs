@@ -8,17 +8,15 @@ use std::time::Duration;
 
 use anyhow::Result;
 use graceguard::adoption::{Adopter, Found};
-use graceguard::naming::{ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL};
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use graceguard::naming::INSTANCE_LABEL;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde::Serialize;
 
 use crate::control_plane::TestBed;
+use crate::guard_task::managed_pod;
 use crate::kubelet::{Kubelet, Terminal};
-use crate::pods;
 
 const DEAD: &str = "dead-scheduler";
 
@@ -50,33 +48,11 @@ pub async fn airflow_seed(
     syncs: usize,
 ) -> Result<AirflowReport> {
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-    let renewed = k8s_openapi::jiff::Timestamp::now().as_second() - 600;
-    let lease = Lease {
-        metadata: ObjectMeta {
-            name: Some(graceguard::lease::lease_name(DEAD)),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(DEAD.into()),
-            lease_duration_seconds: Some(30),
-            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(
-                renewed,
-            )?)),
-            ..Default::default()
-        }),
-    };
-    Api::<Lease>::namespaced(bed.client.clone(), ns)
-        .create(&PostParams::default(), &lease)
-        .await?;
+    crate::guard_task::instance_lease(bed, ns, DEAD, 600).await?;
     for i in 0..pods {
         let name = format!("task-{i}-0");
-        let mut p = pods::task_pod(&name, 30);
-        let labels = p.metadata.labels.get_or_insert_with(Default::default);
-        labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
-        labels.insert(INSTANCE_LABEL.into(), DEAD.into());
-        labels.insert(TASK_LABEL.into(), format!("task-{i}"));
-        labels.insert(ATTEMPT_LABEL.into(), "0".into());
-        api.create(&PostParams::default(), &p).await?;
+        api.create(&PostParams::default(), &managed_pod(&name, DEAD))
+            .await?;
     }
     let alice = bed.client_as("alice").await?;
     let per_sync = pods.div_ceil(syncs.max(1));

@@ -101,3 +101,60 @@ pub fn summary(ts: &[Transition]) -> Vec<String> {
         })
         .collect()
 }
+
+/// A bed with the API server's audit log on, and a fresh namespace named
+/// after `prefix`: what the guard's end-to-end tests count requests with.
+pub async fn audited_bed(prefix: &str) -> Result<(crate::TestBed, String)> {
+    let bed = crate::TestBed::start_with(crate::TestBedOptions {
+        audit: true,
+        ..Default::default()
+    })
+    .await?;
+    let ns = bed.namespace(prefix).await?;
+    Ok((bed, ns))
+}
+
+/// Attempt 0 of task `<name without -0>` as executor `instance` launched it:
+/// the labels adoption goes by.
+pub fn managed_pod(name: &str, instance: &str) -> Pod {
+    use graceguard::naming::{
+        ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
+    };
+    let mut p = crate::pods::task_pod(name, 30);
+    let labels = p.metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+    labels.insert(INSTANCE_LABEL.into(), instance.into());
+    labels.insert(TASK_LABEL.into(), name.trim_end_matches("-0").into());
+    labels.insert(ATTEMPT_LABEL.into(), "0".into());
+    p
+}
+
+/// Executor `instance`'s Lease in `ns` (30 s), last renewed
+/// `renewed_secs_ago` seconds ago: 0 is alive, 600 long dead.
+pub async fn instance_lease(
+    bed: &crate::TestBed,
+    ns: &str,
+    instance: &str,
+    renewed_secs_ago: i64,
+) -> Result<()> {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let renewed = k8s_openapi::jiff::Timestamp::from_second(now - renewed_secs_ago)?;
+    let l = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(graceguard::lease::lease_name(instance)),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(instance.into()),
+            lease_duration_seconds: Some(30),
+            renew_time: Some(MicroTime(renewed)),
+            ..Default::default()
+        }),
+    };
+    kube::Api::<Lease>::namespaced(bed.client.clone(), ns)
+        .create(&kube::api::PostParams::default(), &l)
+        .await?;
+    Ok(())
+}

@@ -6,19 +6,16 @@ use std::time::{Duration, Instant};
 
 use graceguard::adoption::{Adopter, Found};
 use graceguard::executor::Marked;
-use graceguard::naming::{ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL};
 use graceguard::FailureKind;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use testbed::audit_log::AuditEvent;
-use testbed::guard_task::{spec, summary, RunningTask};
+use testbed::guard_task::{audited_bed, instance_lease, managed_pod, spec, summary, RunningTask};
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
-use testbed::{quota, TestBed, TestBedOptions};
+use testbed::{quota, TestBed};
 
 type R = anyhow::Result<()>;
 
@@ -29,12 +26,7 @@ fn alice_creates(e: &AuditEvent, ns: &str) -> bool {
 }
 
 async fn bed() -> anyhow::Result<(TestBed, String, kube::Client)> {
-    let bed = TestBed::start_with(TestBedOptions {
-        audit: true,
-        ..Default::default()
-    })
-    .await?;
-    let ns = bed.namespace("guard").await?;
+    let (bed, ns) = audited_bed("guard").await?;
     let alice = bed.client_as("alice").await?;
     Ok((bed, ns, alice))
 }
@@ -298,46 +290,15 @@ async fn three_deletions_in_a_row_fail_the_task_as_a_system_failure() -> R {
     Ok(())
 }
 
-fn managed_pod(name: &str, instance: &str) -> Pod {
-    let mut p = pods::task_pod(name, 30);
-    let labels = p.metadata.labels.get_or_insert_with(Default::default);
-    labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
-    labels.insert(INSTANCE_LABEL.into(), instance.into());
-    labels.insert(TASK_LABEL.into(), name.trim_end_matches("-0").into());
-    labels.insert(ATTEMPT_LABEL.into(), "0".into());
-    p
-}
-
-async fn lease(bed: &TestBed, ns: &str, instance: &str, renewed_secs_ago: i64) -> R {
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let renewed = k8s_openapi::jiff::Timestamp::from_second(now - renewed_secs_ago)?;
-    let l = Lease {
-        metadata: ObjectMeta {
-            name: Some(graceguard::lease::lease_name(instance)),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(instance.into()),
-            lease_duration_seconds: Some(30),
-            renew_time: Some(MicroTime(renewed)),
-            ..Default::default()
-        }),
-    };
-    Api::<Lease>::namespaced(bed.client.clone(), ns)
-        .create(&PostParams::default(), &l)
-        .await?;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     let (bed, ns, alice) = bed().await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    lease(&bed, &ns, "dead-exec", 600).await?;
-    lease(&bed, &ns, "live-exec", 0).await?;
+    instance_lease(&bed, &ns, "dead-exec", 600).await?;
+    instance_lease(&bed, &ns, "live-exec", 0).await?;
     // Renewed 20 s ago for 30 s: it expires about 10 s into the test.
-    lease(&bed, &ns, "dying-exec", 20).await?;
+    instance_lease(&bed, &ns, "dying-exec", 20).await?;
     for i in 0..30 {
         let name = format!("old-{i}-0");
         api.create(&PostParams::default(), &managed_pod(&name, "dead-exec"))
@@ -452,10 +413,10 @@ async fn of_two_adopters_exactly_one_wins_each_pod() -> R {
     let (bed, ns, alice) = bed().await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    lease(&bed, &ns, "dead-exec", 600).await?;
+    instance_lease(&bed, &ns, "dead-exec", 600).await?;
     // Both adopters are alive: a claim by one is respected by the other.
-    lease(&bed, &ns, "adopter-a", 0).await?;
-    lease(&bed, &ns, "adopter-b", 0).await?;
+    instance_lease(&bed, &ns, "adopter-a", 0).await?;
+    instance_lease(&bed, &ns, "adopter-b", 0).await?;
     for i in 0..20 {
         let name = format!("old-{i}-0");
         api.create(&PostParams::default(), &managed_pod(&name, "dead-exec"))

@@ -9,21 +9,16 @@ use graceguard::{FailureKind, TaskSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use testbed::audit_log::AuditEvent;
-use testbed::guard_task::{summary, RunningTask};
+use testbed::guard_task::{audited_bed, summary, RunningTask};
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions};
-use testbed::{pods, TestBed, TestBedOptions};
+use testbed::{pods, TestBed};
 
 type R = anyhow::Result<()>;
 
 const MIN: Duration = Duration::from_secs(60);
 
 async fn bed() -> anyhow::Result<(TestBed, String, kube::Client)> {
-    let bed = TestBed::start_with(TestBedOptions {
-        audit: true,
-        ..Default::default()
-    })
-    .await?;
-    let ns = bed.namespace("bounds").await?;
+    let (bed, ns) = audited_bed("bounds").await?;
     let alice = bed.client_as("alice").await?;
     Ok((bed, ns, alice))
 }

@@ -34,14 +34,19 @@ async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
     let manifest = bed.dir().join("nightly.yaml");
     std::fs::write(&manifest, POD_YAML)?;
     let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;
-    let child = Command::new(&bin)
-        .args(["run", "-f"])
-        .arg(&manifest)
-        .args(["--namespace", &ns, "--events", "json", "--kubeconfig"])
-        .arg(bed.kubeconfig_for("alice")?)
+    // `graceguard run -f nightly.yaml --events json` as alice.
+    let run_json = || -> anyhow::Result<Command> {
+        let mut c = Command::new(&bin);
+        c.args(["run", "-f"])
+            .arg(&manifest)
+            .args(["--namespace", &ns, "--events", "json", "--kubeconfig"])
+            .arg(bed.kubeconfig_for("alice")?)
+            .kill_on_drop(true);
+        Ok(c)
+    };
+    let child = run_json()?
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     pods::wait_running(&api, "nightly-0").await?;
@@ -98,13 +103,7 @@ async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
     // The same command again (same default instance, as after a crash and a
     // restart): the task is resumed from its pod, reports its end at once
     // and creates nothing.
-    let again = Command::new(&bin)
-        .args(["run", "-f"])
-        .arg(&manifest)
-        .args(["--namespace", &ns, "--events", "json", "--kubeconfig"])
-        .arg(bed.kubeconfig_for("alice")?)
-        .kill_on_drop(true)
-        .output();
+    let again = run_json()?.output();
     let out = tokio::time::timeout(Duration::from_secs(60), again).await??;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(

@@ -8,20 +8,16 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use testbed::audit_log::AuditEvent;
+use testbed::guard_task::{audited_bed, instance_lease, managed_pod};
 use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::sidecar::{ClientRun, Lang, SidecarProcess};
-use testbed::{quota, TestBed, TestBedOptions};
+use testbed::{quota, TestBed};
 
 type R = anyhow::Result<()>;
 
 async fn bed() -> anyhow::Result<(TestBed, String, std::path::PathBuf)> {
-    let bed = TestBed::start_with(TestBedOptions {
-        audit: true,
-        ..Default::default()
-    })
-    .await?;
-    let ns = bed.namespace("sidecar").await?;
+    let (bed, ns) = audited_bed("sidecar").await?;
     let template = bed.dir().join("template.json");
     std::fs::write(
         &template,
@@ -331,46 +327,20 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn airflow_seed_at_scale_delivers_each_result_once_across_a_kill() -> R {
     use futures::{StreamExt, TryStreamExt};
-    use graceguard::naming::{
-        ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
-    };
-    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-    use kube::api::{ListParams, ObjectMeta, PostParams};
+    use kube::api::{ListParams, PostParams};
 
     const PODS: usize = 1000;
     let (bed, ns, _) = bed().await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    let renewed = k8s_openapi::jiff::Timestamp::now().as_second() - 600;
-    let dead = Lease {
-        metadata: ObjectMeta {
-            name: Some(graceguard::lease::lease_name("dead-exec")),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("dead-exec".into()),
-            lease_duration_seconds: Some(30),
-            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                k8s_openapi::jiff::Timestamp::from_second(renewed)?,
-            )),
-            ..Default::default()
-        }),
-    };
-    Api::<Lease>::namespaced(bed.client.clone(), &ns)
-        .create(&PostParams::default(), &dead)
-        .await?;
+    instance_lease(&bed, &ns, "dead-exec", 600).await?;
     futures::stream::iter(0..PODS)
         .map(|i| {
             let (api, kubelet, ns) = (&api, &kubelet, &ns);
             async move {
                 let name = format!("seed-{i}-0");
-                let mut p = pods::task_pod(&name, 30);
-                let labels = p.metadata.labels.get_or_insert_with(Default::default);
-                labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
-                labels.insert(INSTANCE_LABEL.into(), "dead-exec".into());
-                labels.insert(TASK_LABEL.into(), format!("seed-{i}"));
-                labels.insert(ATTEMPT_LABEL.into(), "0".into());
-                api.create(&PostParams::default(), &p).await?;
+                api.create(&PostParams::default(), &managed_pod(&name, "dead-exec"))
+                    .await?;
                 kubelet.end_pod(ns, &name, Terminal::Succeeded).await?;
                 anyhow::Ok(())
             }
