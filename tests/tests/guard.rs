@@ -476,8 +476,9 @@ async fn a_kubelet_termination_is_a_system_failure_not_the_users() -> R {
 }
 
 /// A Create whose answer never arrives (the API server made the pod, the
-/// connection dropped the answer): the guard finds its own pod (a read of
-/// the name, or the watch) instead of sending the Create again.
+/// connection dropped the answer), with the watch held back until the guard
+/// reads a pod by name: the guard reads the name and adopts its own pod
+/// instead of sending the Create again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_create_outcome_adopts_the_pod_without_a_second_create() -> R {
     let (bed, ns, _) = bed().await?;
@@ -503,8 +504,8 @@ async fn an_unknown_create_outcome_adopts_the_pod_without_a_second_create() -> R
         1,
         "no second Create of a pod that exists"
     );
-    // The answer was lost before the (late) watch showed the pod: the guard
-    // read the name.
+    // The answer was lost while the watch was held back: the guard read the
+    // name.
     let reads = bed.audit_log()?.count(|e| {
         e.is("get", "pods", &ns) && e.user.username == "alice" && e.name() == "lost-0"
     })?;
