@@ -127,7 +127,8 @@ async fn the_task_deadline_deletes_the_pod_and_fails_the_task() -> R {
     let (bed, ns, alice_client) = bed().await?;
     let _kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let mut s = spec("slow", &ns);
-    s.bounds.deadline_seconds = Some(4);
+    // Long enough for the simulated kubelet to start the pod on a busy machine.
+    s.bounds.deadline_seconds = Some(10);
     let mut task = RunningTask::start(alice_client, s, pods::task_pod("template", 30));
     task.wait_for(MIN, |t| t.phase == "Running").await?;
     let (outcome, _) = task.finish(MIN).await?;
