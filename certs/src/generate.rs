@@ -95,6 +95,35 @@ impl Ca {
         })
     }
 
+    /// A client certificate for `common_name` in `organization` (what
+    /// Kubernetes reads as user and group), valid for one year: how an API
+    /// server authenticates to kubelets.
+    pub fn issue_client(
+        &self,
+        common_name: &str,
+        organization: &str,
+    ) -> Result<ServingPair, CertError> {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, common_name);
+        dn.push(DnType::OrganizationName, organization);
+        params.distinguished_name = dn;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        validity(&mut params, 365);
+        let key = KeyPair::generate().map_err(|e| gen_err("generating the client key", e))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| gen_err("signing the client certificate", e))?;
+        Ok(ServingPair {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
     /// Writes `ca.crt`, `tls.crt` and `tls.key` (the names a Kubernetes TLS
     /// Secret mounts) into `dir`, creating it. The key is readable by its owner only.
     pub fn write_files(&self, pair: &ServingPair, dir: &Path) -> Result<(), CertError> {

@@ -76,6 +76,22 @@ pub const IDENTITIES: &[Identity] = &[
         user: "system:node:node-2",
         groups: "system:nodes",
     },
+    Identity {
+        key: "node-3",
+        user: "system:node:node-3",
+        groups: "system:nodes",
+    },
+    Identity {
+        key: "node-4",
+        user: "system:node:node-4",
+        groups: "system:nodes",
+    },
+    // kube-proxy (bootstrap RBAC's system:node-proxier binds this user).
+    Identity {
+        key: "kube-proxy",
+        user: "system:kube-proxy",
+        groups: "",
+    },
     // The control plane's own components (bootstrap RBAC binds these users).
     Identity {
         key: "scheduler",
@@ -102,7 +118,7 @@ fn identity(key: &str) -> Result<Identity> {
 
 /// True when `proc` exited at start because `port` was already in use (it
 /// binds within moments of starting); false once it listens or keeps running.
-async fn lost_its_port(proc: &mut Managed, port: u16) -> bool {
+async fn lost_its_port(proc: &mut Managed, addr: std::net::IpAddr, port: u16) -> bool {
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
         if proc.check_running().is_err() {
@@ -110,9 +126,7 @@ async fn lost_its_port(proc: &mut Managed, port: u16) -> bool {
                 .map(|l| l.contains("address already in use"))
                 .unwrap_or(false);
         }
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
+        if tokio::net::TcpStream::connect((addr, port)).await.is_ok()
         {
             return false;
         }
@@ -129,6 +143,13 @@ pub struct TestBedOptions {
     pub audit: bool,
     /// The Kubernetes version to run; `GRACEGUARD_KUBE` (default 1.37) when `None`.
     pub version: Option<KubeVersion>,
+    /// Real nodes (`node-1…`: kubelet, containerd, runc, CNI; 1.37 only)
+    /// instead of the registered fake node the simulated kubelet serves.
+    pub real_nodes: u8,
+    /// With real nodes: the API server listens on the bed's network (pods
+    /// reach it through the `kubernetes` Service) and kube-proxy runs, so
+    /// Services work from pods and from the API server (`scripts/cluster`).
+    pub pod_network: bool,
 }
 
 pub use crate::pods::NODE;
@@ -155,6 +176,8 @@ const EXECUTOR_RULES: &str = r#"[
 /// A running control plane. Dropping it stops every process. If the test
 /// panicked, the directory with their logs is kept and its path printed.
 pub struct TestBed {
+    /// Real nodes, when asked for; stopped first.
+    pub nodes: Option<crate::node::RealNodes>,
     // Field order is drop order: controllers, then the apiserver, then etcd.
     controllers: Vec<Managed>,
     apiserver: Managed,
@@ -191,6 +214,16 @@ impl TestBed {
             None => KubeVersion::from_env()?,
         };
         let bins = ControlPlaneBins::find(version)?;
+        // A slot (bridge, addresses, cgroup names) for real nodes, taken
+        // before the API server starts: its Service range and, with a pod
+        // network, its address come from it.
+        let mut slot = match opts.real_nodes {
+            0 => None,
+            _ => {
+                version.require(KubeVersion::V1_37, "real nodes (no 1.20 kubelet is built)")?;
+                Some(crate::node::slot::Slot::acquire()?)
+            }
+        };
         // etcd fsyncs every write; tmpfs keeps that cheap when it exists.
         let dir = match Path::new("/dev/shm").is_dir() {
             true => tempfile::Builder::new()
@@ -218,8 +251,47 @@ impl TestBed {
         // Certificates, service-account key, tokens, audit policy.
         let pki = d.join("pki");
         let ca = graceguard_certs::Ca::new("graceguard-test-bed-ca")?;
-        let serving = ca.issue_server(&["localhost".into()], &["127.0.0.1".parse()?])?;
+        let mut listen: std::net::IpAddr = "127.0.0.1".parse()?;
+        let mut service_cidr = "10.0.0.0/24".to_string();
+        let mut serving_ips: Vec<std::net::IpAddr> = vec![listen];
+        let mut serving_dns = vec!["localhost".to_string()];
+        if let Some(slot) = slot.as_mut() {
+            service_cidr = slot.service_cidr();
+            if opts.pod_network {
+                listen = slot.apiserver_ip().into();
+                crate::node::network::add_local_address(slot, slot.apiserver_ip())?;
+                // The `kubernetes` Service's ClusterIP: the range's first address.
+                let first = slot.service_cidr();
+                let base: std::net::Ipv4Addr = first
+                    .split('/')
+                    .next()
+                    .unwrap_or_default()
+                    .parse()
+                    .context("reading the slot's Service range")?;
+                serving_ips.push(listen);
+                serving_ips.push(std::net::Ipv4Addr::from(u32::from(base) + 1).into());
+                for d in ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"] {
+                    serving_dns.push(d.to_string());
+                }
+            }
+        }
+        let serving = ca.issue_server(&serving_dns, &serving_ips)?;
         ca.write_files(&serving, &pki)?;
+        // How the API server authenticates to kubelets (logs, exec), and the
+        // kubelets' serving certificates it verifies.
+        let kubelet_client = ca.issue_client("kube-apiserver-kubelet-client", "system:masters")?;
+        std::fs::write(pki.join("kubelet-client.crt"), &kubelet_client.cert_pem)?;
+        std::fs::write(pki.join("kubelet-client.key"), &kubelet_client.key_pem)?;
+        let mut node_creds = Vec::new();
+        if let Some(slot) = slot.as_ref() {
+            for k in 1..=opts.real_nodes {
+                let pair = ca.issue_server(&[format!("node-{k}")], &[slot.node_ip(k).into()])?;
+                let (crt, key) = (pki.join(format!("node-{k}.crt")), pki.join(format!("node-{k}.key")));
+                std::fs::write(&crt, &pair.cert_pem)?;
+                std::fs::write(&key, &pair.key_pem)?;
+                node_creds.push((crt, key));
+            }
+        }
         let (sa_key, sa_pub) = (pki.join("sa.key"), pki.join("sa.pub"));
         let (private_pem, public_pem) = graceguard_certs::generate::key_pair_pem()?;
         std::fs::write(&sa_key, private_pem)?;
@@ -244,16 +316,18 @@ impl TestBed {
         let (apiserver, apiserver_cmd, url) = loop {
             tries += 1;
             let port = free_port()?;
-            let url = format!("https://127.0.0.1:{port}");
+            let url = format!("https://{listen}:{port}");
             let path = |p: &Path| p.display().to_string();
             let mut cmd = Command::new(&bins.kube_apiserver);
             cmd.arg(format!("--etcd-servers={etcd_url}"))
-                .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
+                .arg(format!("--bind-address={listen}"))
+                .arg(format!("--advertise-address={listen}"));
+            if listen.is_loopback() {
                 // 1.37 refuses a loopback address for the `kubernetes` Service's
                 // endpoints; nothing in the bed reaches the API server through it.
-                .arg("--endpoint-reconciler-type=none")
-                .arg(format!("--secure-port={port}"))
+                cmd.arg("--endpoint-reconciler-type=none");
+            }
+            cmd.arg(format!("--secure-port={port}"))
                 .arg(format!("--tls-cert-file={}", path(&pki.join("tls.crt"))))
                 .arg(format!(
                     "--tls-private-key-file={}",
@@ -268,7 +342,11 @@ impl TestBed {
                     "--service-account-signing-key-file={}",
                     path(&sa_key)
                 ))
-                .arg("--service-cluster-ip-range=10.0.0.0/24")
+                .arg(format!("--service-cluster-ip-range={service_cidr}"))
+                .arg(format!("--kubelet-client-certificate={}", path(&pki.join("kubelet-client.crt"))))
+                .arg(format!("--kubelet-client-key={}", path(&pki.join("kubelet-client.key"))))
+                .arg(format!("--kubelet-certificate-authority={}", path(&pki.join("ca.crt"))))
+                .arg("--kubelet-preferred-address-types=InternalIP")
                 .arg("--enable-admission-plugins=NodeRestriction,ResourceQuota")
                 .arg(format!("--cert-dir={}", path(&pki)))
                 .arg("--v=1");
@@ -299,7 +377,7 @@ impl TestBed {
             );
             let log = d.join("kube-apiserver.log");
             let mut apiserver = Managed::spawn("kube-apiserver", cmd, &log)?;
-            if tries < 5 && lost_its_port(&mut apiserver, port).await {
+            if tries < 5 && lost_its_port(&mut apiserver, listen, port).await {
                 continue;
             }
             break (apiserver, apiserver_cmd, url);
@@ -310,6 +388,7 @@ impl TestBed {
         let client = client_from(&kubeconfig).await?;
 
         let mut bed = Self {
+            nodes: None,
             controllers: Vec::new(),
             apiserver,
             apiserver_cmd,
@@ -325,11 +404,30 @@ impl TestBed {
         };
         bed.wait_ready().await?;
         bed.apply_rbac().await?;
-        // The node every bed registers at start, the one task pods are bound to.
-        bed.register_node(NODE).await?;
+        if slot.is_none() {
+            // The node every bed registers at start, the one task pods are bound to.
+            bed.register_node(NODE).await?;
+        }
         if version.has_controllers() {
             bed.start_controllers(&sa_key)?;
             bed.wait_controllers().await?;
+        }
+        if let Some(slot) = slot {
+            let mut creds = Vec::new();
+            for (i, (tls_cert, tls_key)) in node_creds.into_iter().enumerate() {
+                creds.push(crate::node::NodeCredentials {
+                    kubeconfig: bed.kubeconfig_for(&format!("node-{}", i + 1))?,
+                    tls_cert,
+                    tls_key,
+                });
+            }
+            let dir = bed.dir().join("nodes");
+            let mut nodes = crate::node::RealNodes::start(slot, &dir, &bed.client, &bed.ca_file(), &creds).await?;
+            if opts.pod_network {
+                let pods = nodes.slot.pod_subnet();
+                nodes.start_kube_proxy(&bed.kubeconfig_for("kube-proxy")?, &pods)?;
+            }
+            bed.nodes = Some(nodes);
         }
         Ok(bed)
     }
@@ -555,7 +653,19 @@ impl TestBed {
         for c in &mut self.controllers {
             c.check_running()?;
         }
+        if let Some(n) = self.nodes.as_mut() {
+            n.check_running()?;
+        }
         Ok(())
+    }
+
+    /// The image real nodes run task pods with (Debian's busybox-static, imported
+    /// into every node); fails on a bed without real nodes.
+    pub fn task_image(&self) -> Result<String> {
+        match &self.nodes {
+            Some(n) => Ok(n.bins.task_image.clone()),
+            None => bail!("this bed has no real nodes: start it with TestBedOptions {{ real_nodes: 1, .. }}"),
+        }
     }
 
     /// The bed's directory (logs, certificates, kubeconfigs).
@@ -684,6 +794,7 @@ pub const CONTROLLERS: &[&str] = &[
 
 impl Drop for TestBed {
     fn drop(&mut self) {
+        drop(self.nodes.take());
         for c in &mut self.controllers {
             let _ = c.stop(Duration::from_secs(5));
         }

@@ -228,12 +228,27 @@ pub async fn drain(
         },
     )
     .await?;
+    let pods: Vec<Pod> = (0..n)
+        .map(|i| pods::task_pod_on(&format!("drained-{i}"), 30, Some(NODE)))
+        .collect();
+    drain_node(bed, webhook, ns, NODE, &pods).await
+}
+
+/// `kubectl drain NODE` while `pods` (bound to it) run; whichever kubelet
+/// serves the node finishes their deletions.
+pub async fn drain_node(
+    bed: &TestBed,
+    webhook: &WebhookProcess,
+    ns: &str,
+    node: &str,
+    pods: &[Pod],
+) -> Result<DrainReport> {
     let watch = LabelWatch::start(bed.client.clone(), ns);
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-    let names: Vec<String> = (0..n).map(|i| format!("drained-{i}")).collect();
-    for name in &names {
-        let out = pods::create(&api, &pods::task_pod_on(name, 30, Some(NODE))).await?;
-        ensure!(out == CreateOutcome::Created, "creating {name}: {out:?}");
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    for pod in pods {
+        let out = pods::create(&api, pod).await?;
+        ensure!(out == CreateOutcome::Created, "creating {}: {out:?}", pod.name_any());
     }
     for name in &names {
         pods::wait_running(&api, name).await?;
@@ -243,7 +258,7 @@ pub async fn drain(
         "admin",
         &[
             "drain",
-            NODE,
+            node,
             "--force",
             "--ignore-daemonsets",
             "--delete-emptydir-data",
@@ -252,7 +267,7 @@ pub async fn drain(
     )?;
     let drain_seconds = started.elapsed().as_secs_f64();
     if !ok {
-        eprintln!("kubectl drain {NODE} failed: {err}");
+        eprintln!("kubectl drain {node} failed: {err}");
     }
     let mut eviction_audit_records = 0;
     let mut audited_once = 0;
@@ -269,8 +284,8 @@ pub async fn drain(
     Ok(DrainReport {
         scenario: "drain",
         kube_version: bed.version.as_str(),
-        node: NODE.into(),
-        pods: n,
+        node: node.into(),
+        pods: names.len(),
         tagged,
         eviction_audit_records,
         audited_once,
@@ -279,17 +294,72 @@ pub async fn drain(
     })
 }
 
+/// Who finishes the graceful deletions of a scenario's pods.
+pub enum Kubelets<'a> {
+    /// The simulated kubelet, when the scenario says so.
+    Simulated(&'a Kubelet),
+    /// The bed's real kubelets: pods run the task image, trap SIGTERM and
+    /// exit `terminate_seconds` after it, so they stay Terminating that long.
+    Real {
+        image: &'a str,
+        terminate_seconds: u32,
+    },
+}
+
+impl Kubelets<'_> {
+    /// A pod for kube-scheduler to place, taking `cpu` of the node.
+    pub fn schedulable_pod(&self, name: &str, grace: i64, priority_class: &str, cpu: &str) -> Pod {
+        let mut pod = pods::schedulable_pod(name, grace, priority_class, cpu);
+        if let Kubelets::Real {
+            image,
+            terminate_seconds,
+        } = self
+        {
+            pods::run_in(&mut pod, image, &pods::graceful_script(*terminate_seconds));
+        }
+        pod
+    }
+
+    /// Finishes (simulated) or waits out (real) the deletion of `name`.
+    pub async fn finish(&self, api: &Api<Pod>, ns: &str, name: &str, uid: &str) -> Result<()> {
+        if let Kubelets::Simulated(k) = self {
+            k.finish_deletion(ns, name).await?;
+        }
+        pods::wait_gone(api, name, uid).await
+    }
+}
+
+/// Three quarters of `node`'s allocatable CPU, in millicores: two such pods
+/// never fit on it, so a second one at a higher priority preempts the first.
+pub async fn most_of_node_cpu(bed: &TestBed, node: &str) -> Result<String> {
+    let n = Api::<k8s_openapi::api::core::v1::Node>::all(bed.client.clone())
+        .get(node)
+        .await
+        .with_context(|| format!("reading Node {node}"))?;
+    let cpu = n
+        .status
+        .and_then(|s| s.allocatable)
+        .and_then(|a| a.get("cpu").cloned())
+        .with_context(|| format!("Node {node} reports no allocatable CPU"))?;
+    let milli = match cpu.0.strip_suffix('m') {
+        Some(m) => m.parse::<u64>()?,
+        None => cpu.0.parse::<u64>()? * 1000,
+    };
+    Ok(format!("{}m", milli * 3 / 4))
+}
+
 /// flyteorg/flyte#8066 with a real preemption: a naive executor runs task pod
-/// `flyte-a0-0` (low priority, 3 of the node's 4 CPUs); kube-scheduler preempts
-/// it for a high-priority pod; while it is Terminating, the executor reads it
-/// as an unexpected deletion and re-creates the same name `laps` times, every
-/// 80 ms (Flyte loops at about 12 Hz). The leak is read from the real quota
-/// controller's status. `mode` names the run (`bare`, or `graceguard` with the
-/// collision guard registered). Afterwards `kubelet` finishes the preempted
-/// pod and the intruder is removed, so the node is free again.
+/// `flyte-a0-0` (low priority, three quarters of the node's CPU); kube-scheduler
+/// preempts it for a high-priority pod; while it is Terminating, the executor
+/// reads it as an unexpected deletion and re-creates the same name `laps`
+/// times, every 80 ms (Flyte loops at about 12 Hz). The leak is read from the
+/// real quota controller's status. `mode` names the run (`bare`, or
+/// `graceguard` with the collision guard registered). Afterwards the preempted
+/// pod is finished (or waited out, on real nodes) and the intruder removed, so
+/// the node is free again.
 pub async fn flyte_seed_naive(
     bed: &TestBed,
-    kubelet: &Kubelet,
+    kubelets: &Kubelets<'_>,
     ns: &str,
     mode: &str,
     laps: u32,
@@ -298,15 +368,17 @@ pub async fn flyte_seed_naive(
         .require(KubeVersion::V1_37, "a kube-scheduler that preempts")?;
     priority_classes(bed).await?;
     crate::quota::set_pods_quota(bed, ns, 10).await?;
+    let cpu = most_of_node_cpu(bed, pods::NODE).await?;
     let executor: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, ns);
-    let pod = pods::schedulable_pod("flyte-a0-0", 30, LOW, "3");
+    let pod = kubelets.schedulable_pod("flyte-a0-0", 30, LOW, &cpu);
     let out = pods::create(&executor, &pod).await?;
     ensure!(
         out == CreateOutcome::Created,
         "creating flyte-a0-0: {out:?}"
     );
     pods::wait_running(&executor, "flyte-a0-0").await?;
-    let intruder = pods::schedulable_pod(crate::scenario::INTRUDER, 0, HIGH, "3");
+    let uid = executor.get("flyte-a0-0").await?.uid().unwrap_or_default();
+    let intruder = kubelets.schedulable_pod(crate::scenario::INTRUDER, 0, HIGH, &cpu);
     let out = pods::create(&executor, &intruder).await?;
     ensure!(
         out == CreateOutcome::Created,
@@ -330,11 +402,19 @@ pub async fn flyte_seed_naive(
         scenario: "flyte-seed",
         mode: mode.into(),
         kube_version: bed.version.as_str(),
+        kubelet: match kubelets {
+            Kubelets::Simulated(_) => "simulated",
+            Kubelets::Real { .. } => "real",
+        },
         ..Default::default()
     };
     crate::scenario::collide(&executor, &pod, laps, Duration::from_millis(80), &mut r).await?;
+    r.still_terminating_after = executor
+        .get_opt("flyte-a0-0")
+        .await?
+        .is_some_and(|p| p.uid().as_deref() == Some(uid.as_str()));
     r.leaked_quota_charges = crate::scenario::leaked_charges(&bed.client, ns).await?;
-    kubelet.finish_deletion(ns, "flyte-a0-0").await?;
+    kubelets.finish(&executor, ns, "flyte-a0-0", &uid).await?;
     pods::delete_gracefully(&executor, crate::scenario::INTRUDER, Some(0)).await?;
     Ok(r)
 }

@@ -36,6 +36,23 @@ pub fn schedulable_pod(name: &str, grace: i64, priority_class: &str, cpu: &str) 
     pod
 }
 
+/// Makes `pod`'s container run `script` with `sh -c` in `image` (a real
+/// node's task image), never pulled: the bed imports its images.
+pub fn run_in(pod: &mut Pod, image: &str, script: &str) {
+    if let Some(c) = pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.image = Some(image.into());
+        c.image_pull_policy = Some("IfNotPresent".into());
+        c.command = Some(vec!["sh".into(), "-c".into(), script.into()]);
+    }
+}
+
+/// A container script that runs until SIGTERM, then exits 0 after `seconds`:
+/// a task that takes that long to shut down. (A shell that is PID 1 ignores
+/// SIGTERM unless it traps it; this one does, first.)
+pub fn graceful_script(seconds: u32) -> String {
+    format!("trap 'echo got SIGTERM; sleep {seconds}; exit 0' TERM; echo started; while true; do sleep 1; done")
+}
+
 /// [`task_pod`] bound to `node`, or unbound (`None`) for the scheduler to place.
 pub fn task_pod_on(name: &str, grace: i64, node: Option<&str>) -> Pod {
     Pod {

@@ -47,6 +47,11 @@ pub struct CollisionReport {
     /// Mode `graceguard`: the webhook's audit record of the first denial.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit_record: Option<serde_json::Value>,
+    /// `real` when real kubelets ran the pods, `simulated` otherwise.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub kubelet: &'static str,
+    /// The colliding pod was still Terminating when the last Create was answered.
+    pub still_terminating_after: bool,
 }
 
 /// Quota charged for pods that do not exist: `status.used.pods` minus the pods
@@ -330,6 +335,8 @@ pub async fn guard_graceful_delete(
         leaked_quota_charges: leaked,
         creates_while_terminating: while_terminating as u32,
         attempts_burned: Some(outcome.user_failures),
+        kubelet: "simulated",
+        still_terminating_after: false,
         first_answer_code: after.first().copied().unwrap_or(0),
         first_answer: format!(
             "{} created after {} was gone; task succeeded",

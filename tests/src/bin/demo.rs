@@ -5,7 +5,7 @@
 use anyhow::Result;
 use clap::Parser;
 use testbed::disruptions::{
-    drain, flyte_seed_naive, scheduler_preemption, DrainReport, SchedulerPreemptionReport,
+    drain, flyte_seed_naive, scheduler_preemption, DrainReport, Kubelets, SchedulerPreemptionReport,
 };
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::scenario::{
@@ -55,6 +55,7 @@ async fn run(args: &Args) -> Result<()> {
     let bed = TestBed::start_with(TestBedOptions {
         audit: true,
         version: Some(args.kube),
+        ..Default::default()
     })
     .await?;
     let mut reports: Vec<CollisionReport> = Vec::new();
@@ -70,7 +71,7 @@ async fn run(args: &Args) -> Result<()> {
         KubeVersion::V1_37 => {
             eprintln!("flyte seed, bare: kube-scheduler preempts a task pod; a naive executor re-creates its name every 80 ms");
             let ns = bed.namespace("demo-flyte-bare").await?;
-            Some(flyte_seed_naive(&bed, &kubelet, &ns, "bare", args.creates).await?)
+            Some(flyte_seed_naive(&bed, &Kubelets::Simulated(&kubelet), &ns, "bare", args.creates).await?)
         }
         KubeVersion::V1_20 => None,
     };
@@ -118,7 +119,7 @@ async fn run(args: &Args) -> Result<()> {
         reports.extend(flyte_bare);
         eprintln!("flyte seed, graceguard: the same naive executor with the webhook registered");
         let ns = bed.namespace("demo-flyte-graceguard").await?;
-        reports.push(flyte_seed_naive(&bed, &kubelet, &ns, "graceguard", args.creates).await?);
+        reports.push(flyte_seed_naive(&bed, &Kubelets::Simulated(&kubelet), &ns, "graceguard", args.creates).await?);
         eprintln!("flyte seed, guard: the task launched by the guard, preempted by kube-scheduler");
         let ns = bed.namespace("demo-flyte-guard").await?;
         reports

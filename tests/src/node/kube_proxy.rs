@@ -1,0 +1,54 @@
+//! kube-proxy for the machine's network namespace, in iptables mode: it makes
+//! ClusterIPs reachable from the host (the API server calling a webhook
+//! Service) and from pods. NodePorts only on the bed's own addresses, no
+//! conntrack tuning (its sysctls are the machine's), no masquerade.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use super::mountns::MountNs;
+use super::slot::POD_SUPERNET;
+use crate::process::{free_port, Managed};
+
+pub struct KubeProxy {
+    pub proc: Managed,
+    pub dir: PathBuf,
+}
+
+impl KubeProxy {
+    pub fn start(
+        ns: &MountNs,
+        bin: &Path,
+        kubeconfig: &Path,
+        node: &str,
+        cluster_cidr: &str,
+        dir: &Path,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let cfg = json!({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "iptables",
+            "clientConnection": {"kubeconfig": kubeconfig.display().to_string()},
+            "hostnameOverride": node,
+            "clusterCIDR": cluster_cidr,
+            "bindAddress": "127.0.0.1",
+            "healthzBindAddress": format!("127.0.0.1:{}", free_port()?),
+            "metricsBindAddress": format!("127.0.0.1:{}", free_port()?),
+            "nodePortAddresses": [POD_SUPERNET],
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"masqueradeAll": false, "localhostNodePorts": false},
+        });
+        let path = dir.join("kube-proxy-config.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&cfg)?)?;
+        let mut cmd = ns.command(bin);
+        cmd.arg(format!("--config={}", path.display())).arg("--v=1");
+        let proc = Managed::spawn("kube-proxy", cmd, &dir.join("kube-proxy.log"))?;
+        Ok(Self {
+            proc,
+            dir: dir.to_path_buf(),
+        })
+    }
+}

@@ -1,0 +1,341 @@
+//! On real nodes (Kubernetes 1.37): a real kubelet per node acting as
+//! `system:node:<name>` under NodeRestriction, containerd, runc and the CNI
+//! plugins running real containers of the bed's busybox image. Graceful
+//! deletions are carried out by the kubelet (SIGTERM, the container's own
+//! exit or SIGKILL at the end of the grace period, the final status update,
+//! its delete with grace 0). Named `*_on_1_37`: `scripts/test` runs them in
+//! the 1.37 pass only (no 1.20 kubelet is built).
+
+use std::time::{Duration, Instant};
+
+use graceguard::FailureKind;
+use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::{Api, ResourceExt};
+use testbed::audit_log::AuditEvent;
+use testbed::containers::EndWatch;
+use testbed::disruptions::{
+    drain_node, flyte_seed_naive, most_of_node_cpu, priority_classes, Kubelets, LabelWatch, HIGH,
+    LOW,
+};
+use testbed::guard_task::{spec, summary, RunningTask};
+use testbed::pods::{self, CreateOutcome};
+use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
+use testbed::{quota, TestBed, TestBedOptions};
+
+type R = anyhow::Result<()>;
+
+const MIN: Duration = Duration::from_secs(60);
+
+/// A bed with `nodes` real nodes and the audit log on, and a namespace.
+async fn bed(prefix: &str, nodes: u8) -> anyhow::Result<(TestBed, String)> {
+    let bed = TestBed::start_with(TestBedOptions {
+        audit: true,
+        real_nodes: nodes,
+        ..Default::default()
+    })
+    .await?;
+    let ns = bed.namespace(prefix).await?;
+    Ok((bed, ns))
+}
+
+/// A pod on node-1 running `script` in the task image.
+fn container_pod(bed: &TestBed, name: &str, grace: i64, script: &str) -> anyhow::Result<Pod> {
+    let mut pod = pods::task_pod(name, grace);
+    pods::run_in(&mut pod, &bed.task_image()?, script);
+    Ok(pod)
+}
+
+/// Waits until the container has printed `line` (read through the kubelet,
+/// as `kubectl logs` does): its SIGTERM trap is then in place.
+async fn wait_log(api: &Api<Pod>, name: &str, line: &str) -> R {
+    let deadline = Instant::now() + MIN;
+    loop {
+        if let Ok(logs) = api.logs(name, &Default::default()).await {
+            if logs.lines().any(|l| l == line) {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "pod {name} did not log {line:?} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Requests a node's kubelet sent about pods of `ns`.
+fn kubelet_requests(bed: &TestBed, ns: &str, node: &str) -> anyhow::Result<Vec<AuditEvent>> {
+    let user = format!("system:node:{node}");
+    Ok(bed
+        .audit_log()?
+        .events()?
+        .into_iter()
+        .filter(|e| {
+            e.user.username == user
+                && e.object_ref
+                    .as_ref()
+                    .is_some_and(|o| o.resource == "pods" && o.namespace == ns)
+        })
+        .collect())
+}
+
+fn code(e: &AuditEvent) -> u16 {
+    e.response_status.as_ref().map(|s| s.code).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_its_pod_on_1_37(
+) -> R {
+    let (bed, ns) = bed("graceful", 1).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);
+    let ends = EndWatch::start(bed.client.clone(), &ns);
+    let pod = container_pod(&bed, "graceful", 30, &pods::graceful_script(3))?;
+    assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+    pods::wait_running(&api, "graceful").await?;
+    wait_log(&api, "graceful", "started").await?;
+    let uid = api.get("graceful").await?.uid().unwrap_or_default();
+
+    let deleted = Instant::now();
+    pods::delete_gracefully(&api, "graceful", None).await?;
+    // Terminating while the container runs its trap...
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let p = api.get("graceful").await?;
+    assert!(p.metadata.deletion_timestamp.is_some(), "{:?}", p.metadata);
+    pods::wait_gone(&api, "graceful", &uid).await?;
+    let took = deleted.elapsed();
+
+    // ...which exited 0 on its own (not SIGKILLed at the end of the 30 s).
+    let end = ends.get("graceful").expect("the kubelet's final status");
+    assert_eq!(end.exit_code, 0, "{end:?}");
+    assert!(took >= Duration::from_secs(3), "gone after {took:?}");
+    // The kubelet's own requests, as system:node:node-1: status updates,
+    // then the final delete; NodeRestriction let every one through.
+    let reqs = kubelet_requests(&bed, &ns, "node-1")?;
+    let status_updates = reqs
+        .iter()
+        .filter(|e| e.object_ref.as_ref().is_some_and(|o| o.subresource == "status"))
+        .count();
+    assert!(status_updates >= 2, "{reqs:?}");
+    let deletes: Vec<_> = reqs.iter().filter(|e| e.verb == "delete").collect();
+    assert_eq!(deletes.len(), 1, "{reqs:?}");
+    assert_eq!(code(deletes[0]), 200, "{deletes:?}");
+    assert!(reqs.iter().all(|e| code(e) < 400), "{reqs:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_that_ignores_sigterm_is_killed_at_the_end_of_its_grace_period_on_1_37() -> R {
+    let (bed, ns) = bed("stubborn", 1).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);
+    let ends = EndWatch::start(bed.client.clone(), &ns);
+    let script = "trap '' TERM; echo started; while true; do sleep 1; done";
+    let pod = container_pod(&bed, "stubborn", 4, script)?;
+    assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+    pods::wait_running(&api, "stubborn").await?;
+    wait_log(&api, "stubborn", "started").await?;
+    let uid = api.get("stubborn").await?.uid().unwrap_or_default();
+    let deleted = Instant::now();
+    pods::delete_gracefully(&api, "stubborn", None).await?;
+    pods::wait_gone(&api, "stubborn", &uid).await?;
+    let took = deleted.elapsed();
+    let end = ends.get("stubborn").expect("the kubelet's final status");
+    // SIGKILL: 128 + 9.
+    assert_eq!(end.exit_code, 137, "{end:?}");
+    assert!(took >= Duration::from_secs(4), "gone after {took:?}");
+    Ok(())
+}
+
+/// A guard task template on node-1 running `script`, with `memory` as its limit.
+fn guard_template(bed: &TestBed, script: &str, memory: Option<&str>) -> anyhow::Result<Pod> {
+    let mut pod = container_pod(bed, "template", 5, script)?;
+    if let (Some(m), Some(c)) = (
+        memory,
+        pod.spec.as_mut().and_then(|s| s.containers.first_mut()),
+    ) {
+        let q = [("memory".to_string(), Quantity(m.into()))];
+        c.resources = Some(ResourceRequirements {
+            limits: Some(q.clone().into()),
+            requests: Some(q.into()),
+            ..Default::default()
+        });
+    }
+    Ok(pod)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_tasks_end_as_their_containers_exit_0_1_or_are_oom_killed_on_1_37() -> R {
+    let (bed, ns) = bed("exits", 1).await?;
+    let alice = bed.client_as("alice").await?;
+    let ends = EndWatch::start(bed.client.clone(), &ns);
+    let no_retries = |task: &str| graceguard::TaskSpec {
+        retries: 0,
+        ..spec(task, &ns)
+    };
+    let ok = RunningTask::start(
+        alice.clone(),
+        no_retries("ok"),
+        guard_template(&bed, "echo done; exit 0", None)?,
+    );
+    let fails = RunningTask::start(
+        alice.clone(),
+        no_retries("fails"),
+        guard_template(&bed, "echo failing; exit 1", None)?,
+    );
+    // `tail` buffers a line that never ends: memory grows until the cgroup's
+    // limit, and the kernel's OOM killer ends the container.
+    let oom = RunningTask::start(
+        alice.clone(),
+        no_retries("oom"),
+        guard_template(&bed, "tail /dev/zero", Some("32Mi"))?,
+    );
+    let (ok, _) = ok.finish(Duration::from_secs(120)).await?;
+    assert!(ok.succeeded, "{ok:?}");
+    assert_eq!((ok.attempts, ok.user_failures, ok.system_failures), (1, 0, 0));
+
+    let (failed, ts) = fails.finish(Duration::from_secs(120)).await?;
+    assert!(!failed.succeeded, "{failed:?}");
+    assert_eq!(failed.failure_kind, Some(FailureKind::User), "{:?}", summary(&ts));
+    assert_eq!((failed.user_failures, failed.system_failures), (1, 0));
+    assert_eq!(ends.get("fails-0").map(|e| e.exit_code), Some(1));
+
+    // The rule: a container killed for exceeding its own memory limit is the
+    // task's failure (a user failure, retried within `retries`); a node under
+    // memory pressure evicting it would be a system failure (the kubelet sets
+    // DisruptionTarget TerminationByKubelet).
+    let (oomed, ts) = oom.finish(Duration::from_secs(120)).await?;
+    assert!(!oomed.succeeded, "{oomed:?}");
+    assert_eq!(oomed.failure_kind, Some(FailureKind::User), "{:?}", summary(&ts));
+    let end = ends.get("oom-0").expect("the OOM-killed container's status");
+    assert_eq!((end.reason.as_str(), end.exit_code), ("OOMKilled", 137), "{end:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_kubelet_s_status_updates_of_a_disrupted_pod_go_through_graceguard_on_1_37() -> R {
+    let (bed, ns) = bed("kubelet-status", 1).await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, ALL_HOOKS).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);
+    let labels = LabelWatch::start(bed.client.clone(), &ns);
+    let pod = container_pod(&bed, "evicted", 30, &pods::graceful_script(3))?;
+    assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+    pods::wait_running(&api, "evicted").await?;
+    wait_log(&api, "evicted", "started").await?;
+    let uid = api.get("evicted").await?.uid().unwrap_or_default();
+    // The Eviction API sets DisruptionTarget, then deletes gracefully.
+    let out = pods::evict(&bed.client_as("alice").await?, bed.version, &ns, "evicted", None, false).await?;
+    assert_eq!(out, CreateOutcome::Created, "the eviction");
+    pods::wait_gone(&api, "evicted", &uid).await?;
+    // Tagged, and every request the kubelet sent (status updates while the
+    // pod ran, terminated and ended; its final delete) was answered < 400.
+    assert_eq!(labels.label("evicted").as_deref(), Some("EvictionByEvictionAPI"));
+    let reqs = kubelet_requests(&bed, &ns, "node-1")?;
+    let after_eviction = reqs
+        .iter()
+        .filter(|e| e.object_ref.as_ref().is_some_and(|o| o.subresource == "status"))
+        .count();
+    assert!(after_eviction >= 2, "{reqs:?}");
+    assert!(reqs.iter().all(|e| code(e) < 400), "{reqs:?}");
+    assert_eq!(reqs.iter().filter(|e| e.verb == "delete" && code(e) == 200).count(), 1);
+    // The webhook saw the kubelet's updates and let them through: its
+    // status-update records are all "allow".
+    let records = webhook.audit_records()?;
+    assert!(
+        records.iter().all(|r| r["decision"] != "deny"),
+        "{records:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_kubectl_drain_of_a_real_node_completes_every_pod_tagged_and_audited_once_on_1_37(
+) -> R {
+    let (bed, ns) = bed("drain", 1).await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, ALL_HOOKS).await?;
+    let pods: Vec<Pod> = (0..3)
+        .map(|i| container_pod(&bed, &format!("drained-{i}"), 30, &pods::graceful_script(2)))
+        .collect::<anyhow::Result<_>>()?;
+    let r = drain_node(&bed, &webhook, &ns, "node-1", &pods).await?;
+    assert!(r.drain_completed, "{r:?}");
+    assert_eq!(r.pods, 3);
+    assert_eq!(r.audited_once, 3, "{r:?}");
+    assert_eq!(r.eviction_audit_records, 3, "{r:?}");
+    assert_eq!(r.tagged, 3, "{r:?}");
+    // Every pod is gone: the real kubelet finished each deletion.
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert!(api.list(&Default::default()).await?.items.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creates_once_on_1_37(
+) -> R {
+    let (bed, _) = bed("flyte", 1).await?;
+    let image = bed.task_image()?;
+    // The preempted pod traps SIGTERM and takes 15 s to exit: the real
+    // kubelet keeps it Terminating that long while the executor loops.
+    let kubelets = Kubelets::Real {
+        image: &image,
+        terminate_seconds: 15,
+    };
+
+    let ns = bed.namespace("flyte-bare").await?;
+    let bare = flyte_seed_naive(&bed, &kubelets, &ns, "bare", 20).await?;
+    assert!(bare.still_terminating_after, "{bare:?}");
+    // Each 409 charged a pod of quota (10) until it was full; then 403s.
+    assert_eq!(bare.already_exists + bare.forbidden, 20, "{bare:?}");
+    assert!(bare.leaked_quota_charges > 0, "{bare:?}");
+    assert!(bare.forbidden > 0, "the quota filled: {bare:?}");
+
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let ns = bed.namespace("flyte-graceguard").await?;
+    let guarded = flyte_seed_naive(&bed, &kubelets, &ns, "graceguard", 20).await?;
+    assert!(guarded.still_terminating_after, "{guarded:?}");
+    assert_eq!(guarded.already_exists, 20, "{guarded:?}");
+    assert_eq!(guarded.leaked_quota_charges, 0, "{guarded:?}");
+
+    // The guard: preempted while Running, no Create while the old pod exists,
+    // then one Create under the next name.
+    let ns = bed.namespace("flyte-guard").await?;
+    priority_classes(&bed).await?;
+    quota::set_pods_quota(&bed, &ns, 10).await?;
+    let cpu = most_of_node_cpu(&bed, pods::NODE).await?;
+    let alice = bed.client_as("alice").await?;
+    let api: Api<Pod> = Api::namespaced(alice.clone(), &ns);
+    let template = kubelets.schedulable_pod("template", 30, LOW, &cpu);
+    let mut task = RunningTask::start(alice.clone(), spec("flyte", &ns), template);
+    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
+        .await?;
+    let uid = api.get("flyte-0").await?.uid().unwrap_or_default();
+    let intruder = kubelets.schedulable_pod("intruder", 0, HIGH, &cpu);
+    assert_eq!(pods::create(&api, &intruder).await?, CreateOutcome::Created);
+    let t = task.wait_for(MIN, |t| t.phase == "ShuttingDown").await?;
+    assert_eq!(t.reason.as_deref(), Some("PreemptionByScheduler"));
+    pods::wait_gone(&api, "flyte-0", &uid).await?;
+    task.wait_for(MIN, |t| t.attempt == 1).await?;
+    // The intruder holds the CPU: attempt 1 waits Pending until it goes.
+    pods::delete_gracefully(&api, "intruder", Some(0)).await?;
+    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 1)
+        .await?;
+    let events = bed.audit_log()?.events()?;
+    let creates: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| e.is("create", "pods", &ns) && e.user.username == "alice")
+        .collect();
+    // flyte-0, the intruder, flyte-1: one Create per attempt.
+    assert_eq!(creates.len(), 3, "{creates:?}");
+    let kubelet_delete = events
+        .iter()
+        .find(|e| e.is("delete", "pods", &ns) && e.name() == "flyte-0" && e.user.username == "system:node:node-1")
+        .expect("the kubelet's final delete of flyte-0");
+    // Attempt 1 was created only after the kubelet had removed attempt 0.
+    assert!(
+        creates[2].received_us() >= kubelet_delete.completed_us(),
+        "{:?} before {kubelet_delete:?}",
+        creates[2]
+    );
+    Ok(())
+}
