@@ -126,8 +126,7 @@ async fn lost_its_port(proc: &mut Managed, addr: std::net::IpAddr, port: u16) ->
                 .map(|l| l.contains("address already in use"))
                 .unwrap_or(false);
         }
-        if tokio::net::TcpStream::connect((addr, port)).await.is_ok()
-        {
+        if tokio::net::TcpStream::connect((addr, port)).await.is_ok() {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -270,7 +269,12 @@ impl TestBed {
                     .context("reading the slot's Service range")?;
                 serving_ips.push(listen);
                 serving_ips.push(std::net::Ipv4Addr::from(u32::from(base) + 1).into());
-                for d in ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"] {
+                for d in [
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ] {
                     serving_dns.push(d.to_string());
                 }
             }
@@ -286,7 +290,10 @@ impl TestBed {
         if let Some(slot) = slot.as_ref() {
             for k in 1..=opts.real_nodes {
                 let pair = ca.issue_server(&[format!("node-{k}")], &[slot.node_ip(k).into()])?;
-                let (crt, key) = (pki.join(format!("node-{k}.crt")), pki.join(format!("node-{k}.key")));
+                let (crt, key) = (
+                    pki.join(format!("node-{k}.crt")),
+                    pki.join(format!("node-{k}.key")),
+                );
                 std::fs::write(&crt, &pair.cert_pem)?;
                 std::fs::write(&key, &pair.key_pem)?;
                 node_creds.push((crt, key));
@@ -343,9 +350,18 @@ impl TestBed {
                     path(&sa_key)
                 ))
                 .arg(format!("--service-cluster-ip-range={service_cidr}"))
-                .arg(format!("--kubelet-client-certificate={}", path(&pki.join("kubelet-client.crt"))))
-                .arg(format!("--kubelet-client-key={}", path(&pki.join("kubelet-client.key"))))
-                .arg(format!("--kubelet-certificate-authority={}", path(&pki.join("ca.crt"))))
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    path(&pki.join("kubelet-client.crt"))
+                ))
+                .arg(format!(
+                    "--kubelet-client-key={}",
+                    path(&pki.join("kubelet-client.key"))
+                ))
+                .arg(format!(
+                    "--kubelet-certificate-authority={}",
+                    path(&pki.join("ca.crt"))
+                ))
                 .arg("--kubelet-preferred-address-types=InternalIP")
                 .arg("--enable-admission-plugins=NodeRestriction,ResourceQuota")
                 .arg(format!("--cert-dir={}", path(&pki)))
@@ -409,7 +425,7 @@ impl TestBed {
             bed.register_node(NODE).await?;
         }
         if version.has_controllers() {
-            bed.start_controllers(&sa_key)?;
+            bed.start_controllers(&sa_key, slot.is_some())?;
             bed.wait_controllers().await?;
         }
         if let Some(slot) = slot {
@@ -422,7 +438,9 @@ impl TestBed {
                 });
             }
             let dir = bed.dir().join("nodes");
-            let mut nodes = crate::node::RealNodes::start(slot, &dir, &bed.client, &bed.ca_file(), &creds).await?;
+            let mut nodes =
+                crate::node::RealNodes::start(slot, &dir, &bed.client, &bed.ca_file(), &creds)
+                    .await?;
             if opts.pod_network {
                 let pods = nodes.slot.pod_subnet();
                 nodes.start_kube_proxy(&bed.kubeconfig_for("kube-proxy")?, &pods)?;
@@ -540,7 +558,11 @@ impl TestBed {
         Ok(())
     }
 
-    fn start_controllers(&mut self, sa_key: &Path) -> Result<()> {
+    /// With real nodes the node lifecycle controller runs too: it takes the
+    /// not-ready taint off a node whose kubelet reports Ready (and would
+    /// taint a registered node nobody heartbeats, so beds with the fake node
+    /// leave it out).
+    fn start_controllers(&mut self, sa_key: &Path, real_nodes: bool) -> Result<()> {
         let d = self.dir().to_path_buf();
         let (Some(kcm), Some(sched)) = (
             self.bins.kube_controller_manager.clone(),
@@ -560,7 +582,15 @@ impl TestBed {
                 sa_key.display()
             ))
             .arg(format!("--root-ca-file={}", self.ca_file().display()))
-            .arg(format!("--controllers={}", CONTROLLERS.join(",")));
+            .arg(format!(
+                "--controllers={}{}",
+                CONTROLLERS.join(","),
+                if real_nodes {
+                    ",node-lifecycle-controller"
+                } else {
+                    ""
+                }
+            ));
         let sched_cmd = self.component("scheduler", &sched)?;
         for (name, cmd) in [
             ("kube-controller-manager", kcm_cmd),
@@ -664,7 +694,9 @@ impl TestBed {
     pub fn task_image(&self) -> Result<String> {
         match &self.nodes {
             Some(n) => Ok(n.bins.task_image.clone()),
-            None => bail!("this bed has no real nodes: start it with TestBedOptions {{ real_nodes: 1, .. }}"),
+            None => bail!(
+                "this bed has no real nodes: start it with TestBedOptions {{ real_nodes: 1, .. }}"
+            ),
         }
     }
 

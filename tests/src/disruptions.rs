@@ -248,7 +248,11 @@ pub async fn drain_node(
     let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
     for pod in pods {
         let out = pods::create(&api, pod).await?;
-        ensure!(out == CreateOutcome::Created, "creating {}: {out:?}", pod.name_any());
+        ensure!(
+            out == CreateOutcome::Created,
+            "creating {}: {out:?}",
+            pod.name_any()
+        );
     }
     for name in &names {
         pods::wait_running(&api, name).await?;
@@ -299,7 +303,8 @@ pub enum Kubelets<'a> {
     /// The simulated kubelet, when the scenario says so.
     Simulated(&'a Kubelet),
     /// The bed's real kubelets: pods run the task image, trap SIGTERM and
-    /// exit `terminate_seconds` after it, so they stay Terminating that long.
+    /// exit 143 (as SIGTERM would end them) `terminate_seconds` after it, so
+    /// they stay Terminating that long.
     Real {
         image: &'a str,
         terminate_seconds: u32,
@@ -315,7 +320,11 @@ impl Kubelets<'_> {
             terminate_seconds,
         } = self
         {
-            pods::run_in(&mut pod, image, &pods::graceful_script(*terminate_seconds));
+            pods::run_in(
+                &mut pod,
+                image,
+                &pods::graceful_script(*terminate_seconds, 143),
+            );
         }
         pod
     }

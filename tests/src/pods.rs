@@ -46,11 +46,12 @@ pub fn run_in(pod: &mut Pod, image: &str, script: &str) {
     }
 }
 
-/// A container script that runs until SIGTERM, then exits 0 after `seconds`:
-/// a task that takes that long to shut down. (A shell that is PID 1 ignores
-/// SIGTERM unless it traps it; this one does, first.)
-pub fn graceful_script(seconds: u32) -> String {
-    format!("trap 'echo got SIGTERM; sleep {seconds}; exit 0' TERM; echo started; while true; do sleep 1; done")
+/// A container script that runs until SIGTERM, then exits with `code`
+/// after `seconds`: a task that takes that long to shut down (143 = 128 +
+/// SIGTERM is what a process that SIGTERM ended reports). A shell that is
+/// PID 1 ignores SIGTERM unless it traps it; this one does, first.
+pub fn graceful_script(seconds: u32, code: u8) -> String {
+    format!("trap 'echo got SIGTERM; sleep {seconds}; exit {code}' TERM; echo started; while true; do sleep 1; done")
 }
 
 /// [`task_pod`] bound to `node`, or unbound (`None`) for the scheduler to place.
@@ -186,9 +187,17 @@ pub async fn wait_running(api: &Api<Pod>, name: &str) -> anyhow::Result<()> {
     let running = kube::runtime::wait::await_condition(api.clone(), name, |p: Option<&Pod>| {
         p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
     });
-    tokio::time::timeout(WAIT, running)
-        .await
-        .map_err(|_| anyhow::anyhow!("pod {name} was not Running within {WAIT:?}"))??;
+    if tokio::time::timeout(WAIT, running).await.is_err() {
+        let status = api.get_opt(name).await?.and_then(|p| p.status);
+        let phase = status.as_ref().and_then(|s| s.phase.clone());
+        let conditions: Vec<String> = status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| format!("{}={} {}", c.type_, c.status, c.message.unwrap_or_default()))
+            .collect();
+        anyhow::bail!("pod {name} was not Running within {WAIT:?} (phase {phase:?}, conditions {conditions:?})");
+    }
     Ok(())
 }
 

@@ -30,7 +30,10 @@ fn run(cmd: &mut Command) -> Result<String> {
 }
 
 fn lines(s: &str) -> BTreeSet<String> {
-    s.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect()
+    s.lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 /// The machine's state, by kind.
@@ -73,12 +76,19 @@ fn snapshot() -> Result<Vec<(&'static str, BTreeSet<String>)>> {
         .flatten()
         .filter_map(|e| {
             e.file_name().to_str()?.parse::<u32>().ok()?;
-            Some(std::fs::read_link(e.path().join("ns/net")).ok()?.to_string_lossy().into_owned())
+            Some(
+                std::fs::read_link(e.path().join("ns/net"))
+                    .ok()?
+                    .to_string_lossy()
+                    .into_owned(),
+            )
         })
         .collect();
     let links = lines(&run(Command::new("ip").args(["-br", "link"]))?);
     let addrs = lines(&run(Command::new("ip").args(["-br", "addr"]))?);
-    let routes = lines(&run(Command::new("ip").args(["route", "show", "table", "all"]))?);
+    let routes = lines(&run(
+        Command::new("ip").args(["route", "show", "table", "all"])
+    )?);
     let mut rules = BTreeSet::new();
     for tool in ["iptables-save", "ip6tables-save"] {
         // Counters and comments aside, the rules themselves.
@@ -124,15 +134,27 @@ fn cluster_up_runs_a_users_pod_on_real_nodes_and_down_leaves_the_machine_as_it_w
         assert_eq!(d["nodes"].as_array().map(Vec::len), Some(2), "{d}");
         assert_eq!(d["kubelet"], "real");
         let during = snapshot()?;
-        let links = &during.iter().find(|(k, _)| k.starts_with("links")).context("links")?.1;
+        let links = &during
+            .iter()
+            .find(|(k, _)| k.starts_with("links"))
+            .context("links")?
+            .1;
         assert!(
-            links.iter().any(|l| l.starts_with(&format!("ggbr{}", d["slot"]))),
+            links
+                .iter()
+                .any(|l| l.starts_with(&format!("ggbr{}", d["slot"]))),
             "the cluster's bridge: {links:?}"
         );
         // As the README shows: kubectl run of the task image, by hand.
         let kubectl = d["kubectl"].as_str().context("kubectl")?;
-        let kc = format!("--kubeconfig={}", d["kubeconfig"].as_str().context("kubeconfig")?);
-        let image = format!("--image={}", d["task_image"].as_str().context("task_image")?);
+        let kc = format!(
+            "--kubeconfig={}",
+            d["kubeconfig"].as_str().context("kubeconfig")?
+        );
+        let image = format!(
+            "--image={}",
+            d["task_image"].as_str().context("task_image")?
+        );
         run(Command::new(kubectl).args([
             &kc,
             "run",
@@ -147,12 +169,22 @@ fn cluster_up_runs_a_users_pod_on_real_nodes_and_down_leaves_the_machine_as_it_w
         ]))?;
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let phase = run(Command::new(kubectl).args([&kc, "get", "pod", "hello", "-o", "jsonpath={.status.phase}"]))?;
+            let phase = run(Command::new(kubectl).args([
+                &kc,
+                "get",
+                "pod",
+                "hello",
+                "-o",
+                "jsonpath={.status.phase}",
+            ]))?;
             if phase == "Succeeded" {
                 break;
             }
             anyhow::ensure!(phase != "Failed", "pod hello failed");
-            anyhow::ensure!(Instant::now() < deadline, "pod hello was {phase:?} after 120 s");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "pod hello was {phase:?} after 120 s"
+            );
             std::thread::sleep(Duration::from_millis(250));
         }
         let logs = run(Command::new(kubectl).args([&kc, "logs", "hello"]))?;
@@ -178,7 +210,10 @@ fn cluster_up_runs_a_users_pod_on_real_nodes_and_down_leaves_the_machine_as_it_w
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("scripts/cluster down left the machine changed:\n{}", diffs.join("\n"));
+            bail!(
+                "scripts/cluster down left the machine changed:\n{}",
+                diffs.join("\n")
+            );
         }
         std::thread::sleep(Duration::from_millis(500));
     }

@@ -90,7 +90,7 @@ async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_
     let (bed, ns) = bed("graceful", 1).await?;
     let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);
     let ends = EndWatch::start(bed.client.clone(), &ns);
-    let pod = container_pod(&bed, "graceful", 30, &pods::graceful_script(3))?;
+    let pod = container_pod(&bed, "graceful", 30, &pods::graceful_script(3, 0))?;
     assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
     pods::wait_running(&api, "graceful").await?;
     wait_log(&api, "graceful", "started").await?;
@@ -114,7 +114,11 @@ async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_
     let reqs = kubelet_requests(&bed, &ns, "node-1")?;
     let status_updates = reqs
         .iter()
-        .filter(|e| e.object_ref.as_ref().is_some_and(|o| o.subresource == "status"))
+        .filter(|e| {
+            e.object_ref
+                .as_ref()
+                .is_some_and(|o| o.subresource == "status")
+        })
         .count();
     assert!(status_updates >= 2, "{reqs:?}");
     let deletes: Vec<_> = reqs.iter().filter(|e| e.verb == "delete").collect();
@@ -191,11 +195,19 @@ async fn guard_tasks_end_as_their_containers_exit_0_1_or_are_oom_killed_on_1_37(
     );
     let (ok, _) = ok.finish(Duration::from_secs(120)).await?;
     assert!(ok.succeeded, "{ok:?}");
-    assert_eq!((ok.attempts, ok.user_failures, ok.system_failures), (1, 0, 0));
+    assert_eq!(
+        (ok.attempts, ok.user_failures, ok.system_failures),
+        (1, 0, 0)
+    );
 
     let (failed, ts) = fails.finish(Duration::from_secs(120)).await?;
     assert!(!failed.succeeded, "{failed:?}");
-    assert_eq!(failed.failure_kind, Some(FailureKind::User), "{:?}", summary(&ts));
+    assert_eq!(
+        failed.failure_kind,
+        Some(FailureKind::User),
+        "{:?}",
+        summary(&ts)
+    );
     assert_eq!((failed.user_failures, failed.system_failures), (1, 0));
     assert_eq!(ends.get("fails-0").map(|e| e.exit_code), Some(1));
 
@@ -205,9 +217,20 @@ async fn guard_tasks_end_as_their_containers_exit_0_1_or_are_oom_killed_on_1_37(
     // DisruptionTarget TerminationByKubelet).
     let (oomed, ts) = oom.finish(Duration::from_secs(120)).await?;
     assert!(!oomed.succeeded, "{oomed:?}");
-    assert_eq!(oomed.failure_kind, Some(FailureKind::User), "{:?}", summary(&ts));
-    let end = ends.get("oom-0").expect("the OOM-killed container's status");
-    assert_eq!((end.reason.as_str(), end.exit_code), ("OOMKilled", 137), "{end:?}");
+    assert_eq!(
+        oomed.failure_kind,
+        Some(FailureKind::User),
+        "{:?}",
+        summary(&ts)
+    );
+    let end = ends
+        .get("oom-0")
+        .expect("the OOM-killed container's status");
+    assert_eq!(
+        (end.reason.as_str(), end.exit_code),
+        ("OOMKilled", 137),
+        "{end:?}"
+    );
     Ok(())
 }
 
@@ -218,26 +241,46 @@ async fn the_real_kubelet_s_status_updates_of_a_disrupted_pod_go_through_gracegu
     webhook.register(&bed, ALL_HOOKS).await?;
     let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);
     let labels = LabelWatch::start(bed.client.clone(), &ns);
-    let pod = container_pod(&bed, "evicted", 30, &pods::graceful_script(3))?;
+    let pod = container_pod(&bed, "evicted", 30, &pods::graceful_script(3, 0))?;
     assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
     pods::wait_running(&api, "evicted").await?;
     wait_log(&api, "evicted", "started").await?;
     let uid = api.get("evicted").await?.uid().unwrap_or_default();
     // The Eviction API sets DisruptionTarget, then deletes gracefully.
-    let out = pods::evict(&bed.client_as("alice").await?, bed.version, &ns, "evicted", None, false).await?;
+    let out = pods::evict(
+        &bed.client_as("alice").await?,
+        bed.version,
+        &ns,
+        "evicted",
+        None,
+        false,
+    )
+    .await?;
     assert_eq!(out, CreateOutcome::Created, "the eviction");
     pods::wait_gone(&api, "evicted", &uid).await?;
     // Tagged, and every request the kubelet sent (status updates while the
     // pod ran, terminated and ended; its final delete) was answered < 400.
-    assert_eq!(labels.label("evicted").as_deref(), Some("EvictionByEvictionAPI"));
+    assert_eq!(
+        labels.label("evicted").as_deref(),
+        Some("EvictionByEvictionAPI")
+    );
     let reqs = kubelet_requests(&bed, &ns, "node-1")?;
     let after_eviction = reqs
         .iter()
-        .filter(|e| e.object_ref.as_ref().is_some_and(|o| o.subresource == "status"))
+        .filter(|e| {
+            e.object_ref
+                .as_ref()
+                .is_some_and(|o| o.subresource == "status")
+        })
         .count();
     assert!(after_eviction >= 2, "{reqs:?}");
     assert!(reqs.iter().all(|e| code(e) < 400), "{reqs:?}");
-    assert_eq!(reqs.iter().filter(|e| e.verb == "delete" && code(e) == 200).count(), 1);
+    assert_eq!(
+        reqs.iter()
+            .filter(|e| e.verb == "delete" && code(e) == 200)
+            .count(),
+        1
+    );
     // The webhook saw the kubelet's updates and let them through: its
     // status-update records are all "allow".
     let records = webhook.audit_records()?;
@@ -255,7 +298,14 @@ async fn a_real_kubectl_drain_of_a_real_node_completes_every_pod_tagged_and_audi
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register(&bed, ALL_HOOKS).await?;
     let pods: Vec<Pod> = (0..3)
-        .map(|i| container_pod(&bed, &format!("drained-{i}"), 30, &pods::graceful_script(2)))
+        .map(|i| {
+            container_pod(
+                &bed,
+                &format!("drained-{i}"),
+                30,
+                &pods::graceful_script(2, 0),
+            )
+        })
         .collect::<anyhow::Result<_>>()?;
     let r = drain_node(&bed, &webhook, &ns, "node-1", &pods).await?;
     assert!(r.drain_completed, "{r:?}");
@@ -327,14 +377,25 @@ async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creat
         .collect();
     // flyte-0, the intruder, flyte-1: one Create per attempt.
     assert_eq!(creates.len(), 3, "{creates:?}");
-    let kubelet_delete = events
+    // The kubelet's last status update of flyte-0 is its final one (phase
+    // Failed: every container stopped), sent just before its delete.
+    let final_status = events
         .iter()
-        .find(|e| e.is("delete", "pods", &ns) && e.name() == "flyte-0" && e.user.username == "system:node:node-1")
-        .expect("the kubelet's final delete of flyte-0");
-    // Attempt 1 was created only after the kubelet had removed attempt 0.
+        .rfind(|e| {
+            e.object_ref.as_ref().is_some_and(|o| {
+                o.resource == "pods"
+                    && o.subresource == "status"
+                    && o.namespace == ns
+                    && o.name == "flyte-0"
+            }) && e.user.username == "system:node:node-1"
+        })
+        .expect("the kubelet's status updates of flyte-0");
+    // Attempt 1 was created only once attempt 0's containers had stopped
+    // (a terminal pod holds no quota and no node resources; the guard does
+    // not wait for its object to go).
     assert!(
-        creates[2].received_us() >= kubelet_delete.completed_us(),
-        "{:?} before {kubelet_delete:?}",
+        creates[2].received_us() >= final_status.completed_us(),
+        "{:?} before {final_status:?}",
         creates[2]
     );
     Ok(())

@@ -22,10 +22,16 @@ use testbed::node::slot;
 use testbed::{process::tail, KubeVersion, TestBed, TestBedOptions};
 
 #[derive(Parser)]
-#[command(about = "A single-machine Kubernetes cluster with real nodes (kubelet, containerd, runc, CNI)")]
+#[command(
+    about = "A single-machine Kubernetes cluster with real nodes (kubelet, containerd, runc, CNI)"
+)]
 struct Args {
     /// Where the cluster's description (cluster.json), supervisor log and pid live.
-    #[arg(long, env = "GRACEGUARD_CLUSTER_DIR", default_value = "/run/graceguard-cluster")]
+    #[arg(
+        long,
+        env = "GRACEGUARD_CLUSTER_DIR",
+        default_value = "/run/graceguard-cluster"
+    )]
     state_dir: PathBuf,
     #[command(subcommand)]
     command: Cmd,
@@ -91,7 +97,11 @@ fn pid_path(dir: &Path) -> PathBuf {
 
 /// The supervisor's pid, if one is alive.
 fn supervisor(dir: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(pid_path(dir)).ok()?.trim().parse().ok()?;
+    let pid: i32 = std::fs::read_to_string(pid_path(dir))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     // SAFETY: signal 0 only checks that the process exists.
     (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
 }
@@ -165,9 +175,10 @@ async fn up(dir: &Path, nodes: u8, json_out: bool) -> Result<()> {
         println!("{}", serde_json::to_string(&d)?);
     } else {
         eprintln!(
-            "cluster up: {} node(s) Ready.\n  export KUBECONFIG={}\n  kubectl run hello --image={} --restart=Never -- sh -c 'echo hello from a real container'",
+            "cluster up: {} node(s) Ready.\n  export KUBECONFIG={}\n  {} run hello --image={} --restart=Never -- sh -c 'echo hello from a real container'",
             d["nodes"].as_array().map(Vec::len).unwrap_or(0),
             d["kubeconfig"].as_str().unwrap_or(""),
+            d["kubectl"].as_str().unwrap_or("kubectl"),
             d["task_image"].as_str().unwrap_or("")
         );
     }
@@ -338,7 +349,10 @@ fn down(dir: &Path, all: bool) -> Result<()> {
         (false, None) => Vec::new(),
     };
     for n in slots {
-        if Path::new(slot::RUN_DIR).join(format!("slot-{n}.json")).exists() {
+        if Path::new(slot::RUN_DIR)
+            .join(format!("slot-{n}.json"))
+            .exists()
+        {
             if let Some(mut s) = slot::Slot::try_take(n)? {
                 s.clean()?;
                 eprintln!("swept slot {n}");

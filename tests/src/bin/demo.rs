@@ -71,7 +71,16 @@ async fn run(args: &Args) -> Result<()> {
         KubeVersion::V1_37 => {
             eprintln!("flyte seed, bare: kube-scheduler preempts a task pod; a naive executor re-creates its name every 80 ms");
             let ns = bed.namespace("demo-flyte-bare").await?;
-            Some(flyte_seed_naive(&bed, &Kubelets::Simulated(&kubelet), &ns, "bare", args.creates).await?)
+            Some(
+                flyte_seed_naive(
+                    &bed,
+                    &Kubelets::Simulated(&kubelet),
+                    &ns,
+                    "bare",
+                    args.creates,
+                )
+                .await?,
+            )
         }
         KubeVersion::V1_20 => None,
     };
@@ -119,7 +128,16 @@ async fn run(args: &Args) -> Result<()> {
         reports.extend(flyte_bare);
         eprintln!("flyte seed, graceguard: the same naive executor with the webhook registered");
         let ns = bed.namespace("demo-flyte-graceguard").await?;
-        reports.push(flyte_seed_naive(&bed, &Kubelets::Simulated(&kubelet), &ns, "graceguard", args.creates).await?);
+        reports.push(
+            flyte_seed_naive(
+                &bed,
+                &Kubelets::Simulated(&kubelet),
+                &ns,
+                "graceguard",
+                args.creates,
+            )
+            .await?,
+        );
         eprintln!("flyte seed, guard: the task launched by the guard, preempted by kube-scheduler");
         let ns = bed.namespace("demo-flyte-guard").await?;
         reports

@@ -32,8 +32,9 @@ impl NodeBins {
                 path.display()
             )
         })?;
-        let bins: Self = serde_json::from_str(&text)
-            .with_context(|| format!("reading {}; run scripts/install-node again", path.display()))?;
+        let bins: Self = serde_json::from_str(&text).with_context(|| {
+            format!("reading {}; run scripts/install-node again", path.display())
+        })?;
         for b in [
             "kubelet",
             "kube-proxy",

@@ -137,7 +137,10 @@ fn remove_cgroups(root: &str) -> Result<()> {
                     }
                     Err(e) => {
                         return Err(e).with_context(|| {
-                            format!("removing cgroup {}: is a process still in it?", cg.display())
+                            format!(
+                                "removing cgroup {}: is a process still in it?",
+                                cg.display()
+                            )
                         })
                     }
                 }
@@ -170,6 +173,7 @@ pub const KUBELET_CHAINS: &[(&str, &str)] = &[
     ("nat", "KUBE-KUBELET-CANARY"),
     ("filter", "KUBE-KUBELET-CANARY"),
     ("filter", "KUBE-FIREWALL"),
+    ("mangle", "KUBE-IPTABLES-HINT"),
 ];
 
 /// Deletes a chain and every rule that jumps to it, in `iptables` and `ip6tables`.

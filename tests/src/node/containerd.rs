@@ -170,7 +170,11 @@ pub fn import_with(ctr_bin: &Path, socket: &Path, archive: &Path) -> Result<Vec<
         bail!("importing {a} named no image (ctr printed {out:?}); build the archive with scripts/image or scripts/install-node");
     }
     for n in &names {
-        ctr(ctr_bin, socket, &["images", "label", n, "io.cri-containerd.pinned=pinned"])?;
+        ctr(
+            ctr_bin,
+            socket,
+            &["images", "label", n, "io.cri-containerd.pinned=pinned"],
+        )?;
     }
     Ok(names)
 }

@@ -73,7 +73,8 @@ pub struct RealNodes {
 fn create_cgroup_root(root: &str) -> Result<()> {
     for h in cleanup::cgroup_hierarchies() {
         let dir = h.join(root.trim_start_matches('/'));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating cgroup {}", dir.display()))?;
         for f in ["cpuset.cpus", "cpuset.mems"] {
             if let Ok(v) = std::fs::read_to_string(h.join(f)) {
                 if dir.join(f).exists() {
@@ -137,7 +138,12 @@ impl RealNodes {
         network::add_local_address(&mut self.slot, ip)?;
         let cni_conf = node_dir.join("cni/net.d");
         network::write_cni_config(&self.slot, k, &cni_conf, &node_dir.join("cni/ipam"))?;
-        let containerd = Containerd::start(self.ns()?, &node_dir.join("containerd"), &self.bins, &cni_conf)?;
+        let containerd = Containerd::start(
+            self.ns()?,
+            &node_dir.join("containerd"),
+            &self.bins,
+            &cni_conf,
+        )?;
         let root = self.slot.cgroup_root(k);
         self.slot.record(|l| {
             l.cgroup_roots.push(root.clone());
@@ -210,7 +216,11 @@ impl RealNodes {
     pub fn start_kube_proxy(&mut self, kubeconfig: &Path, cluster_cidr: &str) -> Result<()> {
         let bin = self.bins.bin("kube-proxy")?;
         self.slot.record(|l| l.kube_proxies.push(bin.clone()))?;
-        let node = self.nodes.first().map(|n| n.name.clone()).unwrap_or_default();
+        let node = self
+            .nodes
+            .first()
+            .map(|n| n.name.clone())
+            .unwrap_or_default();
         let kp = KubeProxy::start(
             self.ns()?,
             &bin,

@@ -69,8 +69,7 @@ impl MountNs {
         let mut script = String::from("set -e\n");
         for d in SHADOWED {
             let own = dir.join(format!("shadow{d}"));
-            std::fs::create_dir_all(&own)
-                .with_context(|| format!("creating {}", own.display()))?;
+            std::fs::create_dir_all(&own).with_context(|| format!("creating {}", own.display()))?;
             script.push_str(&format!("mount --bind '{}' '{d}'\n", own.display()));
         }
         let sysctl_dir = dir.join("sysctl");

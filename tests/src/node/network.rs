@@ -18,8 +18,7 @@ pub fn create_bridge(slot: &mut Slot) -> Result<()> {
     let (gw, prefix) = slot.gateway();
     ip(&["link", "add", &bridge, "type", "bridge"])?;
     ip(&["addr", "add", &format!("{gw}/{prefix}"), "dev", &bridge])?;
-    ip(&["link", "set", &bridge, "up"])
-        .with_context(|| format!("bringing up bridge {bridge}"))?;
+    ip(&["link", "set", &bridge, "up"]).with_context(|| format!("bringing up bridge {bridge}"))?;
     Ok(())
 }
 
