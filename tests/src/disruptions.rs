@@ -4,19 +4,17 @@
 //! assert on them.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{ObjectMeta, PostParams};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::binaries::KubeVersion;
+use crate::containers::PodRecorder;
 use crate::kubelet::{FinishDeletions, Kubelet, KubeletOptions};
 use crate::pods::{self, CreateOutcome};
 use crate::webhook::WebhookProcess;
@@ -54,42 +52,24 @@ pub async fn priority_classes(bed: &TestBed) -> Result<()> {
 
 /// The `graceguard.io/disruption` label of every pod of a namespace, as last
 /// seen by a watch: a pod's tag stays known after the pod is gone.
-pub struct LabelWatch {
-    seen: Arc<Mutex<HashMap<String, String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
+pub struct LabelWatch(PodRecorder<HashMap<String, String>>);
 
 impl LabelWatch {
     pub fn start(client: Client, ns: &str) -> Self {
-        let seen: Arc<Mutex<HashMap<String, String>>> = Arc::default();
-        let s = Arc::clone(&seen);
-        let api: Api<Pod> = Api::namespaced(client, ns);
-        let task = tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Some(ev) = events.next().await {
-                let Ok(pod) = ev else { continue };
-                if let Some(v) = pods::disruption_label(&pod) {
-                    if let Ok(mut m) = s.lock() {
-                        m.insert(pod.name_any(), v.to_string());
-                    }
+        Self(PodRecorder::start(
+            client,
+            ns,
+            |m: &mut HashMap<String, String>, pod| {
+                if let Some(v) = pods::disruption_label(pod) {
+                    m.insert(pod.name_any(), v.to_string());
                 }
-            }
-        });
-        Self { seen, task }
+            },
+        ))
     }
 
     /// The label last seen on pod `name`.
     pub fn label(&self, name: &str) -> Option<String> {
-        self.seen.lock().ok()?.get(name).cloned()
-    }
-}
-
-impl Drop for LabelWatch {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.0.read(|m| m.get(name).cloned()).flatten()
     }
 }
 
@@ -312,6 +292,14 @@ pub enum Kubelets<'a> {
 }
 
 impl Kubelets<'_> {
+    /// `real` or `simulated`, as reports name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kubelets::Simulated(_) => "simulated",
+            Kubelets::Real { .. } => "real",
+        }
+    }
+
     /// A pod for kube-scheduler to place, taking `cpu` of the node.
     pub fn schedulable_pod(&self, name: &str, grace: i64, priority_class: &str, cpu: &str) -> Pod {
         let mut pod = pods::schedulable_pod(name, grace, priority_class, cpu);
@@ -411,17 +399,16 @@ pub async fn flyte_seed_naive(
         scenario: "flyte-seed",
         mode: mode.into(),
         kube_version: bed.version.as_str(),
-        kubelet: match kubelets {
-            Kubelets::Simulated(_) => "simulated",
-            Kubelets::Real { .. } => "real",
-        },
+        kubelet: kubelets.name(),
         ..Default::default()
     };
     crate::scenario::collide(&executor, &pod, laps, Duration::from_millis(80), &mut r).await?;
-    r.still_terminating_after = executor
-        .get_opt("flyte-a0-0")
-        .await?
-        .is_some_and(|p| p.uid().as_deref() == Some(uid.as_str()));
+    r.still_terminating_after = Some(
+        executor
+            .get_opt("flyte-a0-0")
+            .await?
+            .is_some_and(|p| p.uid().as_deref() == Some(uid.as_str())),
+    );
     r.leaked_quota_charges = crate::scenario::leaked_charges(&bed.client, ns).await?;
     kubelets.finish(&executor, ns, "flyte-a0-0", &uid).await?;
     pods::delete_gracefully(&executor, crate::scenario::INTRUDER, Some(0)).await?;

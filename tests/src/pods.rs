@@ -54,6 +54,12 @@ pub fn graceful_script(seconds: u32, code: u8) -> String {
     format!("trap 'echo got SIGTERM; sleep {seconds}; exit {code}' TERM; echo started; while true; do sleep 1; done")
 }
 
+/// A task that runs `run_seconds`, then exits 0; on SIGTERM it exits 143
+/// after `terminate_seconds`, as [`graceful_script`].
+pub fn finite_task_script(run_seconds: u32, terminate_seconds: u32) -> String {
+    format!("trap 'echo got SIGTERM; sleep {terminate_seconds}; exit 143' TERM; echo started; i=0; while [ $i -lt {run_seconds} ]; do sleep 1; i=$((i+1)); done; echo done")
+}
+
 /// [`task_pod`] bound to `node`, or unbound (`None`) for the scheduler to place.
 pub fn task_pod_on(name: &str, grace: i64, node: Option<&str>) -> Pod {
     Pod {

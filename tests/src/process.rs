@@ -73,6 +73,26 @@ impl Managed {
         Ok(())
     }
 
+    /// Waits until `path` exists (a socket, a ready file), failing with the
+    /// log's tail if the process exits first or `within` passes.
+    pub fn wait_for_path(&mut self, path: &Path, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        while !path.exists() {
+            self.check_running()?;
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "{} made no {} in {within:?}; {} ends:\n{}",
+                    self.name,
+                    path.display(),
+                    self.log.display(),
+                    tail(&self.log, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -50,8 +50,10 @@ pub struct CollisionReport {
     /// `real` when real kubelets ran the pods, `simulated` otherwise.
     #[serde(skip_serializing_if = "str::is_empty")]
     pub kubelet: &'static str,
-    /// The colliding pod was still Terminating when the last Create was answered.
-    pub still_terminating_after: bool,
+    /// The colliding pod was still Terminating when the last Create was
+    /// answered (modes that collide).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub still_terminating_after: Option<bool>,
 }
 
 /// Quota charged for pods that do not exist: `status.used.pods` minus the pods
@@ -95,6 +97,11 @@ pub async fn graceful_delete_collision(
         ..Default::default()
     };
     collide(&api, &pod, creates, std::time::Duration::ZERO, &mut r).await?;
+    r.still_terminating_after = Some(
+        api.get_opt(POD)
+            .await?
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+    );
     r.leaked_quota_charges = leaked_charges(client, ns).await?;
     Ok(r)
 }
@@ -241,23 +248,25 @@ pub enum Disruption {
 
 /// The same disruption, with the task launched by graceguard's guard (as user
 /// `alice`): the running attempt is deleted gracefully or preempted, stays
-/// Terminating for `terminating` before the simulated kubelet finishes it, and
-/// the guard recovers. Creates are counted from the apiserver's audit log, so
-/// the bed must run with `audit: true`.
+/// Terminating (for `terminating` before the simulated kubelet finishes it, or
+/// as long as its container takes on a real node), and the guard recovers.
+/// Creates are counted from the apiserver's audit log, so the bed must run
+/// with `audit: true`.
 pub async fn guard_graceful_delete(
     bed: &crate::TestBed,
-    kubelet: &crate::kubelet::Kubelet,
+    kubelets: &crate::disruptions::Kubelets<'_>,
     ns: &str,
     terminating: std::time::Duration,
     how: Disruption,
 ) -> Result<CollisionReport> {
-    use crate::disruptions::{priority_classes, HIGH, LOW};
+    use crate::disruptions::{most_of_node_cpu, priority_classes, Kubelets, HIGH, LOW};
     use crate::guard_task::{spec, RunningTask};
     use std::time::Duration;
     const MIN: Duration = Duration::from_secs(60);
     quota::set_pods_quota(bed, ns, 100).await?;
     let alice = bed.client_as("alice").await?;
-    let (scenario, task_name, template) = match how {
+    let cpu = most_of_node_cpu(bed, pods::NODE).await?;
+    let (scenario, task_name, mut template) = match how {
         Disruption::GracefulDelete => (
             "graceful-delete-collision",
             "train-a0",
@@ -268,10 +277,22 @@ pub async fn guard_graceful_delete(
             (
                 "flyte-seed",
                 "flyte-a0",
-                pods::schedulable_pod("template", 30, LOW, "3"),
+                pods::schedulable_pod("template", 30, LOW, &cpu),
             )
         }
     };
+    if let Kubelets::Real {
+        image,
+        terminate_seconds,
+    } = kubelets
+    {
+        // Runs long enough to be disrupted, then succeeds on its own.
+        pods::run_in(
+            &mut template,
+            image,
+            &pods::finite_task_script(30, *terminate_seconds),
+        );
+    }
     let mut task = RunningTask::start(alice.clone(), spec(task_name, ns), template);
     let first = task
         .wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
@@ -288,10 +309,11 @@ pub async fn guard_graceful_delete(
     let before_creates = creates(&audit)?.len();
 
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let first_uid = kube::ResourceExt::uid(&api.get(&first.pod).await?).unwrap_or_default();
     match how {
         Disruption::GracefulDelete => pods::delete_gracefully(&api, &first.pod, None).await?,
         Disruption::Preemption => {
-            let intruder = pods::schedulable_pod(INTRUDER, 0, HIGH, "3");
+            let intruder = kubelets.schedulable_pod(INTRUDER, 0, HIGH, &cpu);
             let out = pods::create(&api, &intruder).await?;
             ensure!(
                 out == CreateOutcome::Created,
@@ -303,7 +325,7 @@ pub async fn guard_graceful_delete(
     tokio::time::sleep(terminating).await;
     let while_terminating = creates(&audit)?.len() - before_creates;
     let leaked = leaked_charges(&bed.client, ns).await?;
-    kubelet.finish_deletion(ns, &first.pod).await?;
+    kubelets.finish(&api, ns, &first.pod, &first_uid).await?;
     if how == Disruption::Preemption {
         // The intruder is done; the next attempt fits on the node again.
         pods::delete_gracefully(&api, INTRUDER, Some(0)).await?;
@@ -311,10 +333,12 @@ pub async fn guard_graceful_delete(
     let next = task
         .wait_for(MIN, |t| t.phase == "Running" && t.attempt == 1)
         .await?;
-    kubelet
-        .end_pod(ns, &next.pod, crate::kubelet::Terminal::Succeeded)
-        .await?;
-    let (outcome, _) = task.finish(MIN).await?;
+    if let Kubelets::Simulated(kubelet) = kubelets {
+        kubelet
+            .end_pod(ns, &next.pod, crate::kubelet::Terminal::Succeeded)
+            .await?;
+    }
+    let (outcome, _) = task.finish(Duration::from_secs(120)).await?;
     ensure!(
         outcome.succeeded,
         "the guarded task did not succeed: {outcome:?}"
@@ -335,8 +359,8 @@ pub async fn guard_graceful_delete(
         leaked_quota_charges: leaked,
         creates_while_terminating: while_terminating as u32,
         attempts_burned: Some(outcome.user_failures),
-        kubelet: "simulated",
-        still_terminating_after: false,
+        kubelet: kubelets.name(),
+        still_terminating_after: None,
         first_answer_code: after.first().copied().unwrap_or(0),
         first_answer: format!(
             "{} created after {} was gone; task succeeded",

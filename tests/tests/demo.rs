@@ -28,6 +28,11 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
         runs.iter().all(|r| r["kube_version"] == version.as_str()),
         "every object names the version: {runs:?}"
     );
+    assert!(
+        runs.iter()
+            .all(|r| r["kubelet"] == "real" || r["kubelet"] == "simulated"),
+        "every object names who ran its pods: {runs:?}"
+    );
     let find = |scenario: &str, m: &str| {
         runs.iter()
             .find(|r| r["scenario"] == scenario && r["mode"] == m)
@@ -83,14 +88,19 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
         assert!(scenario("scheduler-preemption").is_none() && scenario("drain").is_none());
         return Ok(());
     }
-    // The Flyte seed with a real preemption: the naive loop leaks one pod of
-    // quota per lap (read from the real quota controller's status), not with
-    // the webhook, and the guard creates nothing while the pod terminates.
+    // The Flyte seed with a real preemption on a real node (the kubelet
+    // terminates the victim): the naive loop leaks one pod of quota per lap
+    // (read from the real quota controller's status), not with the webhook,
+    // and the guard creates nothing while the pod terminates.
     let (bare, gg, guard) = (
         find("flyte-seed", "bare"),
         find("flyte-seed", "graceguard"),
         find("flyte-seed", "guard"),
     );
+    for r in [&bare, &gg, &guard] {
+        assert_eq!(r["kubelet"], "real", "{r}");
+    }
+    assert_eq!(bare["still_terminating_after"], true, "{bare}");
     assert_eq!(bare["already_exists"], 7, "{bare}");
     assert_eq!(bare["leaked_quota_charges"], 7, "{bare}");
     assert_eq!(gg["already_exists"], 7, "{gg}");
@@ -102,6 +112,7 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     assert_eq!(s["tagged"], true, "{s}");
     assert_eq!(s["delete_audit_records"], 1, "{s}");
     let d = scenario("drain").unwrap_or(Value::Null);
+    assert_eq!(d["kubelet"], "real", "{d}");
     assert_eq!(d["drain_completed"], true, "{d}");
     assert_eq!(d["pods"], 3, "{d}");
     assert_eq!(d["tagged"], 3, "{d}");

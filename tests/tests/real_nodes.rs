@@ -13,15 +13,13 @@ use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::{Api, ResourceExt};
 use testbed::audit_log::AuditEvent;
-use testbed::containers::EndWatch;
-use testbed::disruptions::{
-    drain_node, flyte_seed_naive, most_of_node_cpu, priority_classes, Kubelets, LabelWatch, HIGH,
-    LOW,
-};
+use testbed::containers::{EndWatch, PhaseLog};
+use testbed::disruptions::{drain_node, flyte_seed_naive, Kubelets, LabelWatch};
 use testbed::guard_task::{spec, summary, RunningTask};
 use testbed::pods::{self, CreateOutcome};
+use testbed::scenario::{guard_graceful_delete, Disruption};
 use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
-use testbed::{quota, TestBed, TestBedOptions};
+use testbed::{TestBed, TestBedOptions};
 
 type R = anyhow::Result<()>;
 
@@ -84,6 +82,27 @@ fn code(e: &AuditEvent) -> u16 {
     e.response_status.as_ref().map(|s| s.code).unwrap_or(0)
 }
 
+/// What node-1's kubelet sent about pods of `ns`: (status updates, deletes
+/// answered 200); fails unless every request was answered < 400 (the Node
+/// authorizer, NodeRestriction and any webhook let each one through).
+fn kubelet_traffic(bed: &TestBed, ns: &str) -> anyhow::Result<(usize, usize)> {
+    let reqs = kubelet_requests(bed, ns, "node-1")?;
+    anyhow::ensure!(reqs.iter().all(|e| code(e) < 400), "{reqs:?}");
+    let status = reqs
+        .iter()
+        .filter(|e| {
+            e.object_ref
+                .as_ref()
+                .is_some_and(|o| o.subresource == "status")
+        })
+        .count();
+    let deletes = reqs
+        .iter()
+        .filter(|e| e.verb == "delete" && code(e) == 200)
+        .count();
+    Ok((status, deletes))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_its_pod_on_1_37(
 ) -> R {
@@ -111,20 +130,9 @@ async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_
     assert!(took >= Duration::from_secs(3), "gone after {took:?}");
     // The kubelet's own requests, as system:node:node-1: status updates,
     // then the final delete; NodeRestriction let every one through.
-    let reqs = kubelet_requests(&bed, &ns, "node-1")?;
-    let status_updates = reqs
-        .iter()
-        .filter(|e| {
-            e.object_ref
-                .as_ref()
-                .is_some_and(|o| o.subresource == "status")
-        })
-        .count();
-    assert!(status_updates >= 2, "{reqs:?}");
-    let deletes: Vec<_> = reqs.iter().filter(|e| e.verb == "delete").collect();
-    assert_eq!(deletes.len(), 1, "{reqs:?}");
-    assert_eq!(code(deletes[0]), 200, "{deletes:?}");
-    assert!(reqs.iter().all(|e| code(e) < 400), "{reqs:?}");
+    let (status_updates, deletes) = kubelet_traffic(&bed, &ns)?;
+    assert!(status_updates >= 2, "{status_updates} status updates");
+    assert_eq!(deletes, 1);
     Ok(())
 }
 
@@ -264,23 +272,9 @@ async fn the_real_kubelet_s_status_updates_of_a_disrupted_pod_go_through_gracegu
         labels.label("evicted").as_deref(),
         Some("EvictionByEvictionAPI")
     );
-    let reqs = kubelet_requests(&bed, &ns, "node-1")?;
-    let after_eviction = reqs
-        .iter()
-        .filter(|e| {
-            e.object_ref
-                .as_ref()
-                .is_some_and(|o| o.subresource == "status")
-        })
-        .count();
-    assert!(after_eviction >= 2, "{reqs:?}");
-    assert!(reqs.iter().all(|e| code(e) < 400), "{reqs:?}");
-    assert_eq!(
-        reqs.iter()
-            .filter(|e| e.verb == "delete" && code(e) == 200)
-            .count(),
-        1
-    );
+    let (status_updates, deletes) = kubelet_traffic(&bed, &ns)?;
+    assert!(status_updates >= 2, "{status_updates} status updates");
+    assert_eq!(deletes, 1);
     // The webhook saw the kubelet's updates and let them through: its
     // status-update records are all "allow".
     let records = webhook.audit_records()?;
@@ -333,7 +327,7 @@ async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creat
 
     let ns = bed.namespace("flyte-bare").await?;
     let bare = flyte_seed_naive(&bed, &kubelets, &ns, "bare", 20).await?;
-    assert!(bare.still_terminating_after, "{bare:?}");
+    assert_eq!(bare.still_terminating_after, Some(true), "{bare:?}");
     // Each 409 charged a pod of quota (10) until it was full; then 403s.
     assert_eq!(bare.already_exists + bare.forbidden, 20, "{bare:?}");
     assert!(bare.leaked_quota_charges > 0, "{bare:?}");
@@ -343,60 +337,41 @@ async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creat
     webhook.register(&bed, &[Hook::CollisionGuard]).await?;
     let ns = bed.namespace("flyte-graceguard").await?;
     let guarded = flyte_seed_naive(&bed, &kubelets, &ns, "graceguard", 20).await?;
-    assert!(guarded.still_terminating_after, "{guarded:?}");
+    assert_eq!(guarded.still_terminating_after, Some(true), "{guarded:?}");
     assert_eq!(guarded.already_exists, 20, "{guarded:?}");
     assert_eq!(guarded.leaked_quota_charges, 0, "{guarded:?}");
 
-    // The guard: preempted while Running, no Create while the old pod exists,
-    // then one Create under the next name.
+    // The guard: preempted while Running, no Create while the old pod
+    // exists (3 s into its 15 s shutdown), then one Create under the next
+    // name, and the task succeeds on it.
     let ns = bed.namespace("flyte-guard").await?;
-    priority_classes(&bed).await?;
-    quota::set_pods_quota(&bed, &ns, 10).await?;
-    let cpu = most_of_node_cpu(&bed, pods::NODE).await?;
-    let alice = bed.client_as("alice").await?;
-    let api: Api<Pod> = Api::namespaced(alice.clone(), &ns);
-    let template = kubelets.schedulable_pod("template", 30, LOW, &cpu);
-    let mut task = RunningTask::start(alice.clone(), spec("flyte", &ns), template);
-    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
-        .await?;
-    let uid = api.get("flyte-0").await?.uid().unwrap_or_default();
-    let intruder = kubelets.schedulable_pod("intruder", 0, HIGH, &cpu);
-    assert_eq!(pods::create(&api, &intruder).await?, CreateOutcome::Created);
-    let t = task.wait_for(MIN, |t| t.phase == "ShuttingDown").await?;
-    assert_eq!(t.reason.as_deref(), Some("PreemptionByScheduler"));
-    pods::wait_gone(&api, "flyte-0", &uid).await?;
-    task.wait_for(MIN, |t| t.attempt == 1).await?;
-    // The intruder holds the CPU: attempt 1 waits Pending until it goes.
-    pods::delete_gracefully(&api, "intruder", Some(0)).await?;
-    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 1)
-        .await?;
-    let events = bed.audit_log()?.events()?;
-    let creates: Vec<&AuditEvent> = events
-        .iter()
-        .filter(|e| e.is("create", "pods", &ns) && e.user.username == "alice")
-        .collect();
-    // flyte-0, the intruder, flyte-1: one Create per attempt.
-    assert_eq!(creates.len(), 3, "{creates:?}");
-    // The kubelet's last status update of flyte-0 is its final one (phase
-    // Failed: every container stopped), sent just before its delete.
-    let final_status = events
-        .iter()
-        .rfind(|e| {
-            e.object_ref.as_ref().is_some_and(|o| {
-                o.resource == "pods"
-                    && o.subresource == "status"
-                    && o.namespace == ns
-                    && o.name == "flyte-0"
-            }) && e.user.username == "system:node:node-1"
-        })
-        .expect("the kubelet's status updates of flyte-0");
-    // Attempt 1 was created only once attempt 0's containers had stopped
-    // (a terminal pod holds no quota and no node resources; the guard does
-    // not wait for its object to go).
+    let phases = PhaseLog::start(bed.client.clone(), &ns);
+    let guard = guard_graceful_delete(
+        &bed,
+        &kubelets,
+        &ns,
+        Duration::from_secs(3),
+        Disruption::Preemption,
+    )
+    .await?;
+    assert_eq!(guard.kubelet, "real");
+    assert_eq!(guard.creates_while_terminating, 0, "{guard:?}");
+    assert_eq!(guard.creates, 1, "{guard:?}");
+    assert_eq!(guard.attempts_burned, Some(0), "{guard:?}");
+    assert_eq!(guard.leaked_quota_charges, 0, "{guard:?}");
+    // Attempt 1 was created only once attempt 0 was terminal (every
+    // container stopped: it holds no quota and no node resources; the guard
+    // does not wait for the object to go). resourceVersions are etcd
+    // revisions, so they order the two pods' versions.
+    let terminal = phases
+        .first("flyte-a0-0", |p| p == "Failed" || p == "Succeeded")
+        .expect("flyte-a0-0 seen terminal");
+    let created = phases
+        .first("flyte-a0-1", |_| true)
+        .expect("flyte-a0-1 seen");
     assert!(
-        creates[2].received_us() >= final_status.completed_us(),
-        "{:?} before {final_status:?}",
-        creates[2]
+        terminal < created,
+        "flyte-a0-1 (rv {created}) before flyte-a0-0 was terminal (rv {terminal})"
     );
     Ok(())
 }

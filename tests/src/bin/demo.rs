@@ -5,7 +5,8 @@
 use anyhow::Result;
 use clap::Parser;
 use testbed::disruptions::{
-    drain, flyte_seed_naive, scheduler_preemption, DrainReport, Kubelets, SchedulerPreemptionReport,
+    drain, drain_node, flyte_seed_naive, scheduler_preemption, DrainReport, Kubelets,
+    SchedulerPreemptionReport,
 };
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::scenario::{
@@ -28,6 +29,13 @@ struct Args {
     /// kube-controller-manager) or 1.20 (the oldest supported).
     #[arg(long, env = "GRACEGUARD_KUBE", default_value = "1.37", value_parser = kube_version)]
     kube: KubeVersion,
+    /// Who runs the disruption scenarios' pods on 1.37 (the Flyte seed in
+    /// all three modes, and the drain): `real` nodes (kubelet, containerd,
+    /// runc; the default) or the `simulated` kubelet. 1.20 has no real
+    /// kubelet here: every scenario there, and the others on 1.37, use the
+    /// simulated one. Every JSON object says which ran it (`kubelet`).
+    #[arg(long, value_parser = ["real", "simulated"])]
+    kubelet: Option<String>,
 }
 
 fn kube_version(s: &str) -> Result<KubeVersion, String> {
@@ -60,6 +68,15 @@ async fn run(args: &Args) -> Result<()> {
     .await?;
     let mut reports: Vec<CollisionReport> = Vec::new();
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let simulated = Kubelets::Simulated(&kubelet);
+    let real = match (args.kubelet.as_deref(), args.kube) {
+        (Some("simulated"), _) => false,
+        (Some(_), KubeVersion::V1_20) => {
+            anyhow::bail!("--kubelet real needs --kube 1.37: no 1.20 kubelet is built")
+        }
+        (_, KubeVersion::V1_37) => true,
+        (None, KubeVersion::V1_20) => false,
+    };
 
     let ns = bed.namespace("demo-bare").await?;
     eprintln!(
@@ -68,21 +85,12 @@ async fn run(args: &Args) -> Result<()> {
     );
     reports.push(graceful_delete_collision(&bed, &ns, "bare", args.creates, 100).await?);
     let flyte_bare = match args.kube {
-        KubeVersion::V1_37 => {
+        KubeVersion::V1_37 if !real => {
             eprintln!("flyte seed, bare: kube-scheduler preempts a task pod; a naive executor re-creates its name every 80 ms");
             let ns = bed.namespace("demo-flyte-bare").await?;
-            Some(
-                flyte_seed_naive(
-                    &bed,
-                    &Kubelets::Simulated(&kubelet),
-                    &ns,
-                    "bare",
-                    args.creates,
-                )
-                .await?,
-            )
+            Some(flyte_seed_naive(&bed, &simulated, &ns, "bare", args.creates).await?)
         }
-        KubeVersion::V1_20 => None,
+        _ => None,
     };
     eprintln!("pvc, bare: a claim kept Terminating by pvc-protection (a pod uses it), created again 5 times");
     let ns = bed.namespace("demo-pvc-bare").await?;
@@ -119,37 +127,82 @@ async fn run(args: &Args) -> Result<()> {
     let ns = bed.namespace("demo-guard").await?;
     eprintln!("mode guard: the task launched by graceguard's guard; its pod is deleted gracefully and stays Terminating for 3 s");
     let three = std::time::Duration::from_secs(3);
-    reports
-        .push(guard_graceful_delete(&bed, &kubelet, &ns, three, Disruption::GracefulDelete).await?);
+    reports.push(
+        guard_graceful_delete(&bed, &simulated, &ns, three, Disruption::GracefulDelete).await?,
+    );
 
     let mut scheduler: Option<SchedulerPreemptionReport> = None;
     let mut drained: Option<DrainReport> = None;
-    if args.kube == KubeVersion::V1_37 {
-        reports.extend(flyte_bare);
-        eprintln!("flyte seed, graceguard: the same naive executor with the webhook registered");
-        let ns = bed.namespace("demo-flyte-graceguard").await?;
-        reports.push(
-            flyte_seed_naive(
-                &bed,
-                &Kubelets::Simulated(&kubelet),
-                &ns,
-                "graceguard",
-                args.creates,
-            )
-            .await?,
-        );
-        eprintln!("flyte seed, guard: the task launched by the guard, preempted by kube-scheduler");
-        let ns = bed.namespace("demo-flyte-guard").await?;
+    if args.kube == KubeVersion::V1_37 && real {
+        eprintln!("starting a second control plane with a real node (kubelet, containerd, runc, CNI) for the disruptions...");
+        let real_bed = TestBed::start_with(TestBedOptions {
+            audit: true,
+            version: Some(args.kube),
+            real_nodes: 1,
+            ..Default::default()
+        })
+        .await?;
+        let image = real_bed.task_image()?;
+        // Preempted pods trap SIGTERM and take 15 s to exit: the real kubelet
+        // keeps them Terminating that long while the executor loops.
+        let kubelets = Kubelets::Real {
+            image: &image,
+            terminate_seconds: 15,
+        };
+        eprintln!("flyte seed on a real node, bare: kube-scheduler preempts a task pod; a naive executor re-creates its name every 80 ms while the kubelet terminates it");
+        let ns = real_bed.namespace("demo-flyte-bare").await?;
+        reports.push(flyte_seed_naive(&real_bed, &kubelets, &ns, "bare", args.creates).await?);
+        let real_webhook = WebhookProcess::start(&real_bed, &[]).await?;
+        real_webhook.register(&real_bed, ALL_HOOKS).await?;
+        eprintln!("flyte seed on a real node, graceguard: the same naive executor with the webhook registered");
+        let ns = real_bed.namespace("demo-flyte-graceguard").await?;
         reports
-            .push(guard_graceful_delete(&bed, &kubelet, &ns, three, Disruption::Preemption).await?);
+            .push(flyte_seed_naive(&real_bed, &kubelets, &ns, "graceguard", args.creates).await?);
+        eprintln!("flyte seed on a real node, guard: the task launched by the guard, preempted by kube-scheduler");
+        let ns = real_bed.namespace("demo-flyte-guard").await?;
+        reports.push(
+            guard_graceful_delete(&real_bed, &kubelets, &ns, three, Disruption::Preemption).await?,
+        );
+        eprintln!("drain: kubectl drain of a real node running 3 pods (Eviction API; the kubelet terminates them)");
+        let ns = real_bed.namespace("demo-drain").await?;
+        let image = real_bed.task_image()?;
+        let pods: Vec<_> = (0..3)
+            .map(|i| {
+                let mut p = testbed::pods::task_pod(&format!("drained-{i}"), 30);
+                testbed::pods::run_in(&mut p, &image, &testbed::pods::graceful_script(2, 0));
+                p
+            })
+            .collect();
+        drained =
+            Some(drain_node(&real_bed, &real_webhook, &ns, testbed::pods::NODE, &pods).await?);
+    }
+    if args.kube == KubeVersion::V1_37 {
+        if !real {
+            reports.extend(flyte_bare);
+            eprintln!(
+                "flyte seed, graceguard: the same naive executor with the webhook registered"
+            );
+            let ns = bed.namespace("demo-flyte-graceguard").await?;
+            reports
+                .push(flyte_seed_naive(&bed, &simulated, &ns, "graceguard", args.creates).await?);
+            eprintln!(
+                "flyte seed, guard: the task launched by the guard, preempted by kube-scheduler"
+            );
+            let ns = bed.namespace("demo-flyte-guard").await?;
+            reports.push(
+                guard_graceful_delete(&bed, &simulated, &ns, three, Disruption::Preemption).await?,
+            );
+        }
         eprintln!(
             "scheduler preemption: kube-scheduler preempts a low-priority pod on a full node"
         );
         let ns = bed.namespace("demo-scheduler").await?;
         scheduler = Some(scheduler_preemption(&bed, &webhook, &kubelet, &ns).await?);
-        eprintln!("drain: kubectl drain of a node running 3 pods (Eviction API)");
-        let ns = bed.namespace("demo-drain").await?;
-        drained = Some(drain(&bed, &webhook, &ns, 3).await?);
+        if !real {
+            eprintln!("drain: kubectl drain of a node running 3 pods (Eviction API)");
+            let ns = bed.namespace("demo-drain").await?;
+            drained = Some(drain(&bed, &webhook, &ns, 3).await?);
+        }
     }
 
     eprintln!("airflow seed: 100 completed pods of a dead scheduler, 50 syncs; a naive adopter that never drains its adopted set (apache/airflow#68683), then graceguard's adopter");
@@ -165,21 +218,28 @@ async fn run(args: &Args) -> Result<()> {
     let preempted = preemption(&bed, &kubelet, &webhook, &ns).await?;
 
     if args.json {
+        let drain_kubelet = if real { "real" } else { "simulated" };
         for r in &reports {
-            println!("{}", serde_json::to_string(r)?);
+            // Rows that name no kubelet ran on the simulated bed.
+            let k = if r.kubelet.is_empty() {
+                "simulated"
+            } else {
+                r.kubelet
+            };
+            emit(r, k)?;
         }
-        println!("{}", serde_json::to_string(&preempted)?);
+        emit(&preempted, "simulated")?;
         for p in &pvcs {
-            println!("{}", serde_json::to_string(p)?);
+            emit(p, "simulated")?;
         }
         if let Some(s) = &scheduler {
-            println!("{}", serde_json::to_string(s)?);
+            emit(s, "simulated")?;
         }
         if let Some(d) = &drained {
-            println!("{}", serde_json::to_string(d)?);
+            emit(d, drain_kubelet)?;
         }
         for a in &airflow {
-            println!("{}", serde_json::to_string(a)?);
+            emit(a, "simulated")?;
         }
     } else {
         println!("graceguard demo on Kubernetes {version}\n");
@@ -218,6 +278,16 @@ async fn run(args: &Args) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Prints `report` as one JSON line carrying `"kubelet"`: who ran its pods.
+fn emit(report: &impl serde::Serialize, kubelet: &str) -> Result<()> {
+    let mut v = serde_json::to_value(report)?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("kubelet".into(), kubelet.into());
+    }
+    println!("{}", serde_json::to_string(&v)?);
     Ok(())
 }
 

@@ -59,6 +59,15 @@ impl NodeBins {
         Ok(p)
     }
 
+    /// `PATH` with the node binaries first (containerd finds its shim there).
+    pub fn path_env(&self) -> String {
+        format!(
+            "{}:{}",
+            self.bin_dir.display(),
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+        )
+    }
+
     pub fn archives(&self) -> [&Path; 2] {
         [&self.pause_archive, &self.task_archive]
     }

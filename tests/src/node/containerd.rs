@@ -4,13 +4,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use super::bins::NodeBins;
 use super::mountns::MountNs;
-use crate::process::{tail, Managed};
+use crate::process::Managed;
 
 /// containerd's namespace for what the CRI plugin runs.
 pub const K8S_NAMESPACE: &str = "k8s.io";
@@ -102,26 +102,10 @@ impl Containerd {
         let mut cmd = ns.command(&bins.bin("containerd")?);
         cmd.arg(format!("--config={}", cfg.display()));
         // The shim is found on PATH.
-        let path = format!(
-            "{}:{}",
-            bins.bin_dir.display(),
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
-        );
-        cmd.env("PATH", path);
+        cmd.env("PATH", bins.path_env());
         let log = dir.join("containerd.log");
         let mut proc = Managed::spawn("containerd", cmd, &log)?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            proc.check_running()?;
-            if Instant::now() > deadline {
-                bail!(
-                    "containerd made no socket in 30 s; {} ends:\n{}",
-                    log.display(),
-                    tail(&log, 20)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        proc.wait_for_path(&socket, Duration::from_secs(30))?;
         let c = Self {
             proc,
             socket,

@@ -105,12 +105,7 @@ impl KubeletProc {
         if !spec.labels.is_empty() {
             cmd.arg(format!("--node-labels={}", spec.labels.join(",")));
         }
-        let path = format!(
-            "{}:{}",
-            bins.bin_dir.display(),
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
-        );
-        cmd.env("PATH", path);
+        cmd.env("PATH", bins.path_env());
         let proc = Managed::spawn(
             &format!("kubelet {}", spec.name),
             cmd,

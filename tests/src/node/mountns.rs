@@ -18,12 +18,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use super::cleanup::mount_ns_of;
-use crate::process::{tail, Managed};
+use crate::process::Managed;
 
 /// Directories replaced by the bed's own inside the namespace.
 const SHADOWED: &[&str] = &["/run", "/var/lib", "/var/log"];
@@ -93,18 +93,7 @@ impl MountNs {
             .arg(&script);
         let log = dir.join("mount-ns.log");
         let mut holder = Managed::spawn("mount namespace holder (unshare)", cmd, &log)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ready.exists() {
-            holder.check_running()?;
-            if Instant::now() > deadline {
-                bail!(
-                    "the node processes' mount namespace was not ready in 10 s; {} ends:\n{}",
-                    log.display(),
-                    tail(&log, 10)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        holder.wait_for_path(&ready, Duration::from_secs(10))?;
         let pid = holder.pid().to_string();
         let id = mount_ns_of(&pid).context("reading the holder's mount namespace")?;
         if Some(&id) == mount_ns_of("self").as_ref() {
