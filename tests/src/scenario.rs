@@ -56,6 +56,17 @@ pub struct CollisionReport {
     pub still_terminating_after: Option<bool>,
 }
 
+impl CollisionReport {
+    /// Who ran its pods: rows that name no kubelet ran on the simulated one.
+    pub fn ran_on(&self) -> &'static str {
+        if self.kubelet.is_empty() {
+            "simulated"
+        } else {
+            self.kubelet
+        }
+    }
+}
+
 /// Quota charged for pods that do not exist: `status.used.pods` minus the pods
 /// the quota controller would count. Read while the old pod is still
 /// Terminating, before anything makes the controller recompute the quota

@@ -220,13 +220,7 @@ async fn run(args: &Args) -> Result<()> {
     if args.json {
         let drain_kubelet = if real { "real" } else { "simulated" };
         for r in &reports {
-            // Rows that name no kubelet ran on the simulated bed.
-            let k = if r.kubelet.is_empty() {
-                "simulated"
-            } else {
-                r.kubelet
-            };
-            emit(r, k)?;
+            emit(r, r.ran_on())?;
         }
         emit(&preempted, "simulated")?;
         for p in &pvcs {
@@ -303,9 +297,10 @@ async fn pvc_with_webhook(bed: &TestBed, webhook: &WebhookProcess, ns: &str) -> 
 
 fn print_table(reports: &[CollisionReport]) {
     println!(
-        "{:<26} {:<11} {:>7} {:>14} {:>9} {:>20} {:>25} {:>15}",
+        "{:<26} {:<11} {:<10} {:>7} {:>14} {:>9} {:>20} {:>25} {:>15}",
         "scenario",
         "mode",
+        "kubelet",
         "creates",
         "already_exists",
         "forbidden",
@@ -316,9 +311,14 @@ fn print_table(reports: &[CollisionReport]) {
     for r in reports {
         let burned = r.attempts_burned.map_or("-".to_string(), |b| b.to_string());
         println!(
-            "{:<26} {:<11} {:>7} {:>14} {:>9} {:>20} {:>25} {:>15}",
+            "{:<26} {:<11} {:<10} {:>7} {:>14} {:>9} {:>20} {:>25} {:>15}",
             r.scenario,
             r.mode,
+            if r.kubelet.is_empty() {
+                "simulated"
+            } else {
+                r.kubelet
+            },
             r.creates,
             r.already_exists,
             r.forbidden,
