@@ -16,7 +16,7 @@
 //! (container root filesystems, volumes, network-namespace pins) disappears
 //! with it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -109,12 +109,6 @@ impl MountNs {
             .arg("--")
             .arg(program);
         cmd
-    }
-
-    /// The namespace's view of a path the bed shadows (`/var/log/pods` →
-    /// `DIR/shadow/var/log/pods`), readable from outside.
-    pub fn outside(dir: &Path, inside: &str) -> PathBuf {
-        dir.join(format!("shadow{inside}"))
     }
 
     /// Fails if the holder exited.
