@@ -1,7 +1,7 @@
-# Makes the Python virtualenv that renders, lints and installs the Helm chart
-# with a real Helm engine (Helm v4's Go library, shipped inside the PyPI
-# package helm-python-sdk: no helm binary is needed) and scans the rendered
-# chart with checkov (scripts/chart-tests/test_scan.py). Source it; do not run it.
+# Makes the Python virtualenv the chart tests run in (scripts/chart-tests: they
+# call the real helm CLI that scripts/install-helm builds, parse its output
+# with PyYAML, check values.schema.json with jsonschema, and scan the rendered
+# chart with checkov, test_scan.py). Source it; do not run it.
 #
 # Idempotent: a venv whose stamp matches the pinned packages is reused; a
 # missing, broken or stale one is rebuilt. Exports GRACEGUARD_PY, the venv's
@@ -10,10 +10,10 @@
 #   source scripts/helm-venv.sh && "$GRACEGUARD_PY" scripts/chart-tests/run.py
 
 # Bump RECIPE when the way the venv is built changes, so old ones are rebuilt.
-_GG_HELM_RECIPE=2
+_GG_HELM_RECIPE=3
 # checkov's findings differ between releases: scripts/chart-tests/checkov-accepted.yaml
 # is written for this one, and test_scan.py refuses to run another.
-_GG_HELM_PACKAGES=(helm-python-sdk==0.2.2 PyYAML==6.0.3 jsonschema==4.26.0 checkov==3.3.30)
+_GG_HELM_PACKAGES=(PyYAML==6.0.3 jsonschema==4.26.0 checkov==3.3.30)
 
 _gg_helm_venv() {
 	local cache="${GRACEGUARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/graceguard}"
@@ -31,7 +31,7 @@ _gg_helm_venv() {
 	pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])') ||
 		{ _gg_fail "running $python" "check that '$python --version' works"; return 1; }
 	"$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' ||
-		{ _gg_fail "checking the Python version ($pyver)" "helm-python-sdk needs Python 3.10 or newer; set GRACEGUARD_PYTHON to one"; return 1; }
+		{ _gg_fail "checking the Python version ($pyver)" "the chart tests need Python 3.10 or newer; set GRACEGUARD_PYTHON to one"; return 1; }
 
 	local want_stamp="recipe=$_GG_HELM_RECIPE python=$pyver packages=${_GG_HELM_PACKAGES[*]}"
 
@@ -43,7 +43,7 @@ _gg_helm_venv() {
 
 	local ok=0
 	if [ -x "$venv/bin/python" ] && [ -f "$venv/stamp" ] && [ "$(cat "$venv/stamp")" = "$want_stamp" ] &&
-		"$venv/bin/python" -c 'import helm_python, yaml, jsonschema, checkov.version; helm_python.helm_sdk_version()' >/dev/null 2>&1; then
+		"$venv/bin/python" -c 'import yaml, jsonschema, checkov.version' >/dev/null 2>&1; then
 		ok=1
 	fi
 
@@ -59,13 +59,13 @@ _gg_helm_venv() {
 		if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input "${_GG_HELM_PACKAGES[@]}" >&2; then
 			rm -rf "$venv"
 			exec {lockfd}>&-
-			_gg_fail "pip install ${_GG_HELM_PACKAGES[*]}" "check that PyPI is reachable (pip's error is above) and re-run; wheels for this platform are needed for helm-python-sdk and checkov's rustworkx"
+			_gg_fail "pip install ${_GG_HELM_PACKAGES[*]}" "check that PyPI is reachable (pip's error is above) and re-run; wheels for this platform are needed for checkov's rustworkx"
 			return 1
 		fi
-		if ! "$venv/bin/python" -c 'import helm_python, yaml, jsonschema; print("helm-python-sdk", helm_python.__version__, "Helm SDK", helm_python.helm_sdk_version())' >&2; then
+		if ! "$venv/bin/python" -c 'import yaml, jsonschema' >&2; then
 			rm -rf "$venv"
 			exec {lockfd}>&-
-			_gg_fail "loading helm-python-sdk" "the package installed but its native Helm library does not load; see the Python error above (HELM_C_LIB, if set, may name a wrong library)"
+			_gg_fail "loading PyYAML and jsonschema" "the packages installed but do not import; see the Python error above"
 			return 1
 		fi
 		if ! "$venv/bin/python" -c 'import checkov.version; print("checkov", checkov.version.version)' >&2; then

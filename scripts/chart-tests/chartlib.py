@@ -1,5 +1,7 @@
 """Shared helpers of the chart tests: render and lint charts/graceguard with the
-real Helm v4 engine (helm-python-sdk) and parse what it renders.
+real helm CLI (Helm 4, built by scripts/install-helm; $GRACEGUARD_HELM) and
+parse what it renders. $GRACEGUARD_HELM3 names Helm 3, which test_helm3.py
+checks the chart with too.
 
 Run with the venv that scripts/helm-venv.sh makes ($GRACEGUARD_PY).
 """
@@ -7,17 +9,17 @@ Run with the venv that scripts/helm-venv.sh makes ($GRACEGUARD_PY).
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import yaml
-from helm_python import _native
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # GRACEGUARD_CHART_DIR points the tests at another copy of the chart (e.g. to
@@ -31,15 +33,48 @@ NAMESPACE = "graceguard"
 # project publishes none). Any other finding, of any severity, fails the tests.
 ACCEPTED_LINT_MESSAGES = {(1, "Chart.yaml", "icon is recommended")}
 
-_chart: helm.Chart | None = None
+
+class HelmError(Exception):
+    """helm refused the chart or the values; the text is what it printed."""
 
 
-def chart() -> helm.Chart:
-    """The chart, loaded once per test run."""
-    global _chart
-    if _chart is None:
-        _chart = helm.Chart.load(str(CHART_DIR))
-    return _chart
+class HelmValuesError(HelmError):
+    """The values do not meet values.schema.json."""
+
+
+def helm_bin(var: str = "GRACEGUARD_HELM") -> str:
+    path = os.environ.get(var, "")
+    if not path or not os.access(path, os.X_OK):
+        raise AssertionError(f"{var} does not name the helm CLI ({path!r}): run through scripts/test, or "
+                             f"export {var}=$(scripts/install-helm --json | jq -r .{'helm3' if var.endswith('3') else 'helm'})")
+    return path
+
+
+_home: str | None = None
+
+
+def run_helm(*args: str, bin_var: str = "GRACEGUARD_HELM") -> subprocess.CompletedProcess:
+    """Runs helm with its own config/cache/data directories and no cluster."""
+    global _home
+    if _home is None:
+        _home = tempfile.mkdtemp(prefix="graceguard-chart-tests-helm-")
+    env = dict(os.environ)
+    for d in ("CONFIG", "CACHE", "DATA"):
+        env[f"HELM_{d}_HOME"] = os.path.join(_home, d.lower())
+    env.pop("KUBECONFIG", None)
+    return subprocess.run([helm_bin(bin_var), *args], capture_output=True, text=True, env=env)
+
+
+def helm(*args: str, bin_var: str = "GRACEGUARD_HELM") -> str:
+    """helm ARGS' stdout; raises HelmError (HelmValuesError for a schema
+    failure) with what it printed."""
+    res = run_helm(*args, bin_var=bin_var)
+    if res.returncode != 0:
+        err = (res.stderr or res.stdout).strip()
+        if "don't meet the specifications of the schema" in err:
+            raise HelmValuesError(err)
+        raise HelmError(err)
+    return res.stdout
 
 
 def ci_values_files() -> list[Path]:
@@ -53,6 +88,52 @@ def load_values(path: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) or {}
 
 
+def values_file(values: dict[str, Any] | None, d: str) -> str:
+    path = os.path.join(d, "values.json")
+    Path(path).write_text(json.dumps(values or {}))
+    return path
+
+
+def merge_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The chart's values.yaml with `values` over it, as Helm coalesces them:
+    maps merge key by key, anything else replaces, null removes a default."""
+    def merge(base: Any, over: Any) -> Any:
+        if isinstance(base, dict) and isinstance(over, dict):
+            out = dict(base)
+            for k, v in over.items():
+                if v is None:
+                    out.pop(k, None)
+                else:
+                    out[k] = merge(base.get(k), v)
+            return out
+        return copy.deepcopy(over)
+    return merge(load_values(CHART_DIR / "values.yaml"), values)
+
+
+def validate_schema(values: dict[str, Any]) -> None:
+    """Raises HelmValuesError unless helm accepts `values` against the
+    chart's values.schema.json (checked before any template runs)."""
+    render(values, chart_dir=str(CHART_DIR))
+
+
+# The notes are rendered by a copy of the chart with one extra template that
+# puts NOTES.txt into a ConfigMap (`helm template` prints no NOTES).
+NOTES_OBJECT = "graceguard-chart-tests-notes"
+_notes_chart: str | None = None
+
+
+def _chart_with_notes() -> str:
+    global _notes_chart
+    if _notes_chart is None:
+        d = tempfile.mkdtemp(prefix="graceguard-chart-tests-")
+        shutil.copytree(CHART_DIR, os.path.join(d, "graceguard"))
+        Path(d, "graceguard", "templates", "zz-chart-tests-notes.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: " + NOTES_OBJECT + "\ndata:\n"
+            '  notes: {{ include "graceguard/templates/NOTES.txt" . | toJson }}\n')
+        _notes_chart = os.path.join(d, "graceguard")
+    return _notes_chart
+
+
 def render(
     values: dict[str, Any] | None = None,
     *,
@@ -60,22 +141,31 @@ def render(
     namespace: str = NAMESPACE,
     kube_version: str | None = None,
     api_versions: list[str] | None = None,
+    bin_var: str = "GRACEGUARD_HELM",
+    chart_dir: str | None = None,
 ) -> dict[str, str]:
-    """Render offline, like `helm template`; returns {template path: text}.
-
-    helm-python-sdk's Chart.render() exposes no kube_version/api_versions, but
-    its native helm_render takes them (the CLI's --kube-version and
-    --api-versions), so those renders call it directly.
-    """
-    if kube_version is None and api_versions is None:
-        return chart().render(values or {}, name=name, namespace=namespace)
-    opts: dict[str, Any] = {"name": name, "namespace": namespace}
-    if kube_version is not None:
-        opts["kube_version"] = kube_version
-    if api_versions is not None:
-        opts["api_versions"] = api_versions
-    out = _native.call_string("helm_render", chart()._raw(), json.dumps(values or {}), json.dumps(opts))
-    return json.loads(out)
+    """`helm template`; returns {template path: text}, the NOTES under
+    "graceguard/templates/NOTES.txt"."""
+    with tempfile.TemporaryDirectory() as d:
+        args = ["template", name, chart_dir or _chart_with_notes(), "--namespace", namespace, "-f", values_file(values, d)]
+        if kube_version is not None:
+            args += ["--kube-version", kube_version]
+        for a in api_versions or []:
+            args += ["--api-versions", a]
+        out = helm(*args, bin_var=bin_var)
+    docs: dict[str, list[str]] = {}
+    for part in re.split(r"^---\s*$", out, flags=re.M):
+        m = re.search(r"^# Source: (\S+)\s*$", part, flags=re.M)
+        if m is None:
+            if part.strip():
+                raise AssertionError(f"helm template printed a document without '# Source:': {part[:200]!r}")
+            continue
+        docs.setdefault(m.group(1), []).append(part)
+    manifests = {path: "---\n".join(parts) for path, parts in docs.items()}
+    for path in [p for p in manifests if p.endswith("zz-chart-tests-notes.yaml")]:
+        notes = yaml.safe_load(manifests.pop(path))["data"]["notes"]
+        manifests["graceguard/templates/NOTES.txt"] = notes
+    return manifests
 
 
 class Rendered:
@@ -133,20 +223,31 @@ def render_objects(values: dict[str, Any] | None = None, **kw: Any) -> Rendered:
     return Rendered(render(values, **kw))
 
 
+_LINT_LINE = re.compile(r"^\[(INFO|WARNING|ERROR)\] ([^:]*): (.*)$")
+_SEVERITY = {"INFO": 1, "WARNING": 2, "ERROR": 3}
+
+
 def lint(
-    values: dict[str, Any], *, kube_version: str | None = None, chart_dir: Path = CHART_DIR
+    values: dict[str, Any], *, kube_version: str | None = None, chart_dir: Path = CHART_DIR,
+    bin_var: str = "GRACEGUARD_HELM",
 ) -> list[tuple[int, str, str]]:
     """`helm lint --strict` of the chart directory; returns the findings that
-    are not accepted (plus any hard errors), as (severity, path, message)."""
-    report = helm.lint(str(chart_dir), values, strict=True, namespace=NAMESPACE, kube_version=kube_version)
-    if report.get("total_charts_linted") != 1:
-        return [(3, str(chart_dir), f"lint looked at {report.get('total_charts_linted')} charts, not 1")]
-    bad = [
-        (m["severity"], m["path"], m["error"])
-        for m in report.get("messages") or []
-        if (m["severity"], m["path"], m["error"]) not in ACCEPTED_LINT_MESSAGES
-    ]
-    bad += [(3, "", e) for e in report.get("errors") or []]
+    are not accepted (plus a failed run), as (severity, path, message)."""
+    with tempfile.TemporaryDirectory() as d:
+        args = ["lint", str(chart_dir), "--strict", "--namespace", NAMESPACE, "-f", values_file(values, d)]
+        if kube_version is not None:
+            args += ["--kube-version", kube_version]
+        res = run_helm(*args, bin_var=bin_var)
+    findings = []
+    for line in res.stdout.splitlines():
+        m = _LINT_LINE.match(line.strip())
+        if m:
+            findings.append((_SEVERITY[m.group(1)], m.group(2), m.group(3)))
+    if "1 chart(s) linted" not in res.stdout + res.stderr:
+        findings.append((3, str(chart_dir), f"helm lint did not lint 1 chart: {res.stdout} {res.stderr}"))
+    bad = [f for f in findings if f not in ACCEPTED_LINT_MESSAGES]
+    if res.returncode != 0 and not bad:
+        bad.append((3, str(chart_dir), f"helm lint failed: {res.stdout} {res.stderr}"))
     return bad
 
 

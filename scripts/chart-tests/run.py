@@ -2,7 +2,8 @@
 'N passed, N failed' line. Exits non-zero when a test fails, errors, or when
 no test ran at all.
 
-    source scripts/helm-venv.sh && "$GRACEGUARD_PY" scripts/chart-tests/run.py [-v] [PATTERN]
+    source scripts/helm-venv.sh && export GRACEGUARD_HELM=... GRACEGUARD_HELM3=... &&
+      "$GRACEGUARD_PY" scripts/chart-tests/run.py [-v] [PATTERN]
 
 PATTERN (optional) keeps only the tests whose id contains it.
 """
@@ -76,10 +77,17 @@ def main(argv: list[str]) -> int:
     verbose = "-v" in argv
     patterns = [a for a in argv if a != "-v"]
     sys.path.insert(0, str(HERE))
+    import os
+    for var, key in (("GRACEGUARD_HELM", "helm"), ("GRACEGUARD_HELM3", "helm3")):
+        if not os.access(os.environ.get(var, ""), os.X_OK):
+            print(f"error: {var} does not name a helm CLI; run through scripts/test, or export "
+                  f"{var}=$(scripts/install-helm --json | jq -r .{key})", file=sys.stderr)
+            print("0 passed, 1 failed")
+            return 1
     try:
-        import helm_python  # noqa: F401
+        import yaml  # noqa: F401
     except ImportError as e:
-        print(f"error: cannot import helm_python ({e}); run with the venv from scripts/helm-venv.sh "
+        print(f"error: cannot import yaml ({e}); run with the venv from scripts/helm-venv.sh "
               f"(source scripts/helm-venv.sh && \"$GRACEGUARD_PY\" {sys.argv[0]})", file=sys.stderr)
         print("0 passed, 1 failed")
         return 1

@@ -1,4 +1,4 @@
-"""`helm lint --strict` (Helm v4's linter, through helm-python-sdk) of the chart
+"""`helm lint --strict` (the Helm 4 CLI, $GRACEGUARD_HELM) of the chart
 with each ci/*-values.yaml, at the linter's default Kubernetes version and at
 v1.20.2 (the oldest the chart supports). Any finding fails, except Helm's INFO
 "icon is recommended" (see chartlib.ACCEPTED_LINT_MESSAGES)."""

@@ -8,7 +8,6 @@ import base64
 import unittest
 from typing import Any
 
-import helm_python as helm
 
 import chartlib as cl
 from chartlib import NAMESPACE, RELEASE
@@ -58,7 +57,7 @@ class PerValuesFile:
     @classmethod
     def setUpClass(cls) -> None:
         cls.values = cl.load_values(cl.CI_DIR / cls.values_file)
-        cls.merged = cl.chart().merge_values(cls.values)
+        cls.merged = cl.merge_values(cls.values)
         cls.r = cl.render_objects(cls.values)
         cls.fullname = cls.merged.get("fullnameOverride") or RELEASE
 
@@ -88,6 +87,10 @@ class PerValuesFile:
             self.assertEqual(labels.get("helm.sh/chart"), "graceguard-0.1.0", what)
             if o["kind"] in CLUSTER_SCOPED:
                 self.assertNotIn("namespace", md, what)
+            elif o["kind"] in ("Role", "RoleBinding"):
+                # Only the self-test's, in the namespace it dry-runs a pod in.
+                self.assertEqual(md.get("namespace"), self.merged["tests"]["namespace"], what)
+                self.assertEqual((md.get("annotations") or {}).get("helm.sh/hook"), "test", what)
             else:
                 self.assertEqual(md.get("namespace"), NAMESPACE, what)
             self.assertLessEqual(len(md["name"]), 63 if o["kind"] in ("Service", "Deployment") else 253, what)
@@ -238,17 +241,19 @@ class PerValuesFile:
         self.assertEqual(got, want)
         env = {e["name"]: e.get("value") for e in self.pod_spec()["containers"][0]["env"]}
         self.assertEqual(env["GRACEGUARD_FOLLOW_UP_TAGGING"], "true" if follow_up else "false")
-        self.assertEqual(self.r.of_kind("Role") + self.r.of_kind("RoleBinding"), [])
+        # The only Role: the self-test's, during `helm test`.
+        self.assertEqual([o for o in self.r.of_kind("Role") + self.r.of_kind("RoleBinding")
+                          if o["metadata"]["name"] != f"{self.deployment()['metadata']['name']}-test-self-test"], [])
         binding = self.r.one("ClusterRoleBinding")
         self.assertEqual(binding["roleRef"], {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                               "name": role["metadata"]["name"]})
-        sa = self.r.one("ServiceAccount")
+        sa = self.r.one("ServiceAccount", self.deployment()["spec"]["template"]["spec"]["serviceAccountName"])
         self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                                 "namespace": NAMESPACE}])
         self.assertEqual(self.pod_spec()["serviceAccountName"], sa["metadata"]["name"])
 
     def test_security_context(self) -> None:
-        for what, spec in (("deployment", self.pod_spec()), ("helm test pod", self.r.one("Pod")["spec"])):
+        for what, spec in [("deployment", self.pod_spec())] + [(f"helm test pod {p['metadata']['name']}", p["spec"]) for p in self.r.of_kind("Pod")]:
             psc = spec["securityContext"]
             self.assertIs(psc["runAsNonRoot"], True, what)
             self.assertNotEqual(psc.get("runAsUser", 65532), 0, what)
@@ -264,7 +269,10 @@ class PerValuesFile:
                 self.assertEqual(sc["seccompProfile"], {"type": "RuntimeDefault"}, what)
                 self.assertIn("requests", c["resources"], what)
                 self.assertIn("memory", c["resources"]["limits"], what)
-        self.assertIs(self.r.one("Pod")["spec"]["automountServiceAccountToken"], False)
+        full = self.deployment()["metadata"]["name"]
+        # The readiness test needs no token; the self-test's only job is an API request.
+        self.assertIs(self.r.one("Pod", f"{full}-test-readiness")["spec"]["automountServiceAccountToken"], False)
+        self.assertIs(self.r.one("Pod", f"{full}-test-self-test")["spec"]["automountServiceAccountToken"], True)
 
     def test_pod_disruption_budget_only_with_replicas(self) -> None:
         replicas = self.merged["replicaCount"]
@@ -310,7 +318,7 @@ class PerValuesFile:
         self.assertEqual(c["readinessProbe"]["httpGet"], {"path": "/readyz", "port": "http"})
         spec = self.pod_spec()
         self.assertGreater(spec["terminationGracePeriodSeconds"], seconds(cfg["shutdownDelay"]) + seconds(cfg["shutdownGrace"]))
-        self.assertEqual(c["image"], "ghcr.io/graceguard/graceguard-webhook:0.1.0")
+        self.assertEqual(c["image"], "localhost/graceguard/graceguard-webhook:0.1.0")
         service = self.r.one("Service")
         self.assertEqual(service["spec"]["selector"], selector)
         for p in service["spec"]["ports"]:
@@ -338,8 +346,22 @@ class PerValuesFile:
 
     def test_helm_test_hook(self) -> None:
         hooks = self.r.hooks()
-        self.assertEqual([h["kind"] for h in hooks], ["Pod"])
-        pod = hooks[0]
+        full = self.deployment()["metadata"]["name"]
+        self.assertEqual(sorted((h["kind"], h["metadata"]["name"]) for h in hooks), sorted([
+            ("Pod", f"{full}-test-readiness"), ("Pod", f"{full}-test-self-test"), ("ServiceAccount", f"{full}-test-self-test"),
+            ("Role", f"{full}-test-self-test"), ("RoleBinding", f"{full}-test-self-test")]))
+        # The self-test: its own account may create pods in tests.namespace only,
+        # the RBAC goes whatever the outcome, and the pod dry-runs a Create there.
+        self_test = self.r.one("Pod", f"{full}-test-self-test")
+        role = self.r.one("Role", f"{full}-test-self-test")
+        self.assertEqual(role["rules"], [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}])
+        for o in (role, self.r.one("RoleBinding", f"{full}-test-self-test"), self.r.one("ServiceAccount", f"{full}-test-self-test")):
+            self.assertIn("hook-failed", o["metadata"]["annotations"]["helm.sh/hook-delete-policy"])
+            self.assertEqual(o["metadata"]["annotations"]["helm.sh/hook-weight"], "-1")
+        self.assertEqual(self_test["spec"]["serviceAccountName"], f"{full}-test-self-test")
+        self.assertEqual(self_test["spec"]["containers"][0]["args"][:2], ["self-test", f"--namespace={self.merged['tests']['namespace']}"])
+        self.assertEqual(self_test["spec"]["containers"][0]["image"], self.container()["image"])
+        pod = self.r.one("Pod", f"{full}-test-readiness")
         ann = pod["metadata"]["annotations"]
         self.assertEqual(ann["helm.sh/hook"], "test")
         self.assertIn("hook-succeeded", ann["helm.sh/hook-delete-policy"])
@@ -386,7 +408,7 @@ class TestDefaults(unittest.TestCase):
                 self.assertIn("kube-system", wh["namespaceSelector"]["matchExpressions"][0]["values"])
                 self.assertTrue(wh["clientConfig"]["caBundle"], wh["name"])
         self.assertEqual(r.one("Secret")["type"], "kubernetes.io/tls")
-        env = {e["name"]: e["value"] for e in r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+        env = {e["name"]: e.get("value") for e in r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
         self.assertEqual(env["GRACEGUARD_MODE"], "conflict")
         self.assertEqual(env["GRACEGUARD_CERT_RELOAD_INTERVAL"], "5s")
         spec = r.one("Deployment")["spec"]["template"]["spec"]
@@ -451,7 +473,7 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(r.one("Certificate")["spec"]["issuerRef"], ref)
 
     def test_existing_secret_without_ca_bundle_fails_clearly(self) -> None:
-        with self.assertRaises(helm.HelmError) as ctx:
+        with self.assertRaises(cl.HelmError) as ctx:
             cl.render({"certs": {"mode": "existingSecret", "existingSecret": {"name": "mine"}}})
         self.assertIn("certs.existingSecret.caBundle", str(ctx.exception))
 
@@ -459,7 +481,7 @@ class TestOptions(unittest.TestCase):
         for values in ({"webhooks": {"timeoutSeconds": 1}},
                        {"config": {"confirmTimeout": "2s"}},
                        {"config": {"confirmTimeout": "1500ms"}}):
-            with self.assertRaises(helm.HelmError, msg=str(values)) as ctx:
+            with self.assertRaises(cl.HelmError, msg=str(values)) as ctx:
                 cl.render(values)
             self.assertIn("must exceed config.confirmTimeout", str(ctx.exception))
         ok = cl.render_objects({"webhooks": {"timeoutSeconds": 5}, "config": {"confirmTimeout": "3s"}})
@@ -476,18 +498,18 @@ class TestOptions(unittest.TestCase):
         self.assertNotIn("cpu", pod["spec"]["containers"][0]["resources"]["limits"])
 
     def test_termination_grace_must_exceed_shutdown_grace(self) -> None:
-        with self.assertRaises(helm.HelmError) as ctx:
+        with self.assertRaises(cl.HelmError) as ctx:
             cl.render({"terminationGracePeriodSeconds": 20})
         self.assertIn("must exceed config.shutdownDelay + config.shutdownGrace", str(ctx.exception))
-        with self.assertRaises(helm.HelmError):
+        with self.assertRaises(cl.HelmError):
             cl.render({"config": {"shutdownDelay": "15s"}})
-        with self.assertRaises(helm.HelmError):
+        with self.assertRaises(cl.HelmError):
             cl.render({"config": {"shutdownGrace": "1m"}})
         dep = cl.render_objects({"config": {"shutdownGrace": "1m"}, "terminationGracePeriodSeconds": 75}).one("Deployment")
         self.assertEqual(dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], 75)
 
     def test_renew_before_must_be_shorter_than_validity(self) -> None:
-        with self.assertRaises(helm.HelmError) as ctx:
+        with self.assertRaises(cl.HelmError) as ctx:
             cl.render({"certs": {"selfSigned": {"validityDays": 30, "renewBeforeDays": 30}}})
         self.assertIn("renewBeforeDays", str(ctx.exception))
         secret = cl.render_objects({"certs": {"selfSigned": {"validityDays": 30, "renewBeforeDays": 7}}}).one("Secret")
@@ -514,11 +536,35 @@ class TestOptions(unittest.TestCase):
     def test_image_digest_and_tag(self) -> None:
         digest = "sha256:" + "a" * 64
         c = cl.render_objects({"image": {"digest": digest}}).one("Deployment")["spec"]["template"]["spec"]["containers"][0]
-        self.assertEqual(c["image"], f"ghcr.io/graceguard/graceguard-webhook@{digest}")
+        self.assertEqual(c["image"], f"localhost/graceguard/graceguard-webhook@{digest}")
         r = cl.render_objects({"image": {"tag": "0.2.0"}})
         self.assertEqual(r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"],
-                         "ghcr.io/graceguard/graceguard-webhook:0.2.0")
-        self.assertEqual(r.one("Pod")["spec"]["containers"][0]["image"], "ghcr.io/graceguard/graceguard-webhook:0.2.0")
+                         "localhost/graceguard/graceguard-webhook:0.2.0")
+        for p in r.of_kind("Pod"):
+            self.assertEqual(p["spec"]["containers"][0]["image"], "localhost/graceguard/graceguard-webhook:0.2.0")
+
+    def test_host_network_listens_on_the_node_address(self) -> None:
+        r = cl.render_objects({"hostNetwork": True})
+        spec = r.one("Deployment")["spec"]["template"]["spec"]
+        self.assertIs(spec["hostNetwork"], True)
+        self.assertEqual(spec["dnsPolicy"], "ClusterFirstWithHostNet")
+        c = spec["containers"][0]
+        self.assertIn("--listen=$(GRACEGUARD_POD_IP):8443", c["args"])
+        self.assertIn("--health-listen=$(GRACEGUARD_POD_IP):8080", c["args"])
+        env = {e["name"]: e for e in c["env"]}
+        self.assertEqual(env["GRACEGUARD_POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP")
+        off = cl.render_objects({}).one("Deployment")["spec"]["template"]["spec"]
+        self.assertNotIn("hostNetwork", off)
+        self.assertIn("--listen=0.0.0.0:8443", off["containers"][0]["args"])
+
+    def test_self_test_namespace_must_be_covered(self) -> None:
+        for ns in ("graceguard", "kube-system"):
+            with self.assertRaises(cl.HelmError) as ctx:
+                cl.render({"tests": {"namespace": ns}})
+            self.assertIn("tests.namespace", str(ctx.exception))
+        r = cl.render_objects({"tests": {"namespace": "team-a"}})
+        self.assertEqual(r.one("Role")["metadata"]["namespace"], "team-a")
+        self.assertEqual(cl.render_objects({"tests": {"selfTest": False}}).of_kind("Role"), [])
 
     def test_rbac_and_service_account_toggles(self) -> None:
         r = cl.render_objects({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "platform-sa"}})
@@ -588,7 +634,7 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(webhook["ports"], [{"port": 8443, "protocol": "TCP"}])
         self.assertNotIn("from", webhook, "the API server may call from anywhere unless told")
         self.assertEqual(metrics["from"], prom)
-        with self.assertRaises(helm.HelmError) as ctx:
+        with self.assertRaises(cl.HelmError) as ctx:
             cl.render({"networkPolicy": {"enabled": True, "egress": {"enabled": True, "apiServerCIDRs": [], "apiServerPorts": [443]}}})
         self.assertIn("needs networkPolicy.egress.apiServerCIDRs", str(ctx.exception))
         r = cl.render_objects({"networkPolicy": {"enabled": True, "egress": {"enabled": True, "apiServerCIDRs": ["10.0.0.10/32"], "apiServerPorts": [6443]}}})

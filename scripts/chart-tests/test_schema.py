@@ -8,7 +8,6 @@ import json
 import unittest
 from typing import Any
 
-import helm_python as helm
 import jsonschema
 import yaml
 
@@ -87,22 +86,22 @@ class TestSchema(unittest.TestCase):
         self.assertEqual(walk(SCHEMA, "values"), [])
 
     def test_defaults_and_ci_files_pass(self) -> None:
-        jsonschema.Draft7Validator(SCHEMA).validate(cl.chart().merge_values({}))
-        cl.chart().validate_schema({})
+        jsonschema.Draft7Validator(SCHEMA).validate(cl.merge_values({}))
+        cl.validate_schema({})
         for path in cl.ci_values_files():
             with self.subTest(path.name):
                 values = cl.load_values(path)
-                cl.chart().validate_schema(values)
-                jsonschema.Draft7Validator(SCHEMA).validate(cl.chart().merge_values(values))
+                cl.validate_schema(values)
+                jsonschema.Draft7Validator(SCHEMA).validate(cl.merge_values(values))
 
     def test_helm_rejects_bad_values(self) -> None:
         for what, values, needle in BAD_VALUES:
             with self.subTest(what):
-                with self.assertRaises(helm.HelmValuesError, msg=f"{what}: {values} was accepted") as ctx:
-                    cl.chart().validate_schema(values)
+                with self.assertRaises(cl.HelmValuesError, msg=f"{what}: {values} was accepted") as ctx:
+                    cl.validate_schema(values)
                 self.assertIn(needle, str(ctx.exception))
                 # The same values make the render (helm template / install) fail too.
-                with self.assertRaises(helm.HelmError, msg=f"{what}: render accepted {values}"):
+                with self.assertRaises(cl.HelmError, msg=f"{what}: render accepted {values}"):
                     cl.render(values)
 
 

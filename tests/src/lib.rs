@@ -22,6 +22,7 @@ pub mod control_plane;
 pub mod disruptions;
 pub mod faults;
 pub mod guard_task;
+pub mod helm;
 pub mod kubelet;
 pub mod node;
 pub mod objects;

@@ -1,56 +1,103 @@
-//! The Helm chart installed into the real test-bed apiserver with Helm's own
-//! install action (Helm v4's library through helm-python-sdk, set up by
-//! `scripts/helm-venv.sh`; `scripts/test` exports GRACEGUARD_PY).
+//! The Helm chart installed into the real test-bed apiserver with the real
+//! helm CLI (Helm 4, `scripts/install-helm`; scripts/test exports
+//! GRACEGUARD_HELM): a server-side dry run first (every object through the
+//! API server's validation and admission, nothing stored), then the install,
+//! then an upgrade with the same values that must keep the self-signed pair
+//! and every caBundle. Pods are not waited for (no kubelet runs here; real
+//! installs on real nodes are tests/tests/helm_install.rs).
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use anyhow::{bail, Context};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
 use kube::Api;
+use testbed::helm::{chart_dir, Helm};
 use testbed::TestBed;
 
 type R = anyhow::Result<()>;
 
-fn python() -> anyhow::Result<String> {
-    match std::env::var("GRACEGUARD_PY") {
-        Ok(p) if !p.is_empty() => Ok(p),
-        _ => bail!(
-            "GRACEGUARD_PY is not set: run this test through scripts/test, or `source scripts/helm-venv.sh` first (it builds the Helm venv and exports it)"
-        ),
+/// The TLS Secret's data and every webhook's caBundle, to compare across an upgrade.
+async fn certificate_material(bed: &TestBed) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let secret = Api::<Secret>::namespaced(bed.client.clone(), "graceguard")
+        .get("graceguard-tls")
+        .await?;
+    for (k, v) in secret.data.unwrap_or_default() {
+        out.push((format!("Secret graceguard-tls {k}"), v.0));
     }
-}
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    let sel = ListParams::default().labels("app.kubernetes.io/instance=graceguard");
+    for c in Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
+        .list(&sel)
+        .await?
+        .items
+    {
+        for w in c.webhooks.unwrap_or_default() {
+            out.push((
+                w.name,
+                w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default(),
+            ));
+        }
+    }
+    for c in Api::<MutatingWebhookConfiguration>::all(bed.client.clone())
+        .list(&sel)
+        .await?
+        .items
+    {
+        for w in c.webhooks.unwrap_or_default() {
+            out.push((
+                w.name,
+                w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default(),
+            ));
+        }
+    }
+    anyhow::ensure!(
+        out.iter().all(|(_, v)| !v.is_empty()),
+        "empty certificate material: {:?}",
+        out.iter()
+            .filter(|(_, v)| v.is_empty())
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>()
+    );
+    Ok(out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_only_patches_pods(
 ) -> R {
-    let py = python()?;
     let bed = TestBed::start().await?;
-    let out = Command::new(&py)
-        .arg(repo_root().join("scripts/chart-tests/install.py"))
-        .arg("--kubeconfig")
-        .arg(&bed.kubeconfig)
-        .args(["--namespace", "graceguard"])
-        .output()
-        .context("running scripts/chart-tests/install.py")?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "install failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("status=deployed"), "{stdout}");
-    let sa = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("serviceaccount="))
-        .context("install.py printed no serviceaccount= line")?
-        .trim()
-        .to_string();
-    let (sa_ns, sa_name) = sa.split_once('/').context("serviceaccount=NS/NAME")?;
+    let helm = Helm::for_bed(&bed)?;
+    let chart = chart_dir().display().to_string();
+    let base = [
+        "graceguard",
+        chart.as_str(),
+        "-n",
+        "graceguard",
+        "--create-namespace",
+    ];
+    let dry = helm.ok(&[&["install"][..], &base, &["--dry-run=server"]].concat())?;
+    assert!(
+        dry.contains("STATUS: pending-install"),
+        "the server-side dry run did not run: {dry}"
+    );
+    let out = helm.ok(&[&["install"][..], &base, &["-o", "json"]].concat())?;
+    let release: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(release["info"]["status"], "deployed", "{out}");
+    let before = certificate_material(&bed).await?;
+    helm.ok(&[
+        "upgrade",
+        "graceguard",
+        &chart,
+        "-n",
+        "graceguard",
+        "--reuse-values",
+    ])?;
+    assert_eq!(
+        certificate_material(&bed).await?,
+        before,
+        "the upgrade changed certificate material"
+    );
+    let (sa_ns, sa_name) = ("graceguard", "graceguard");
     let who = format!("--as=system:serviceaccount:{sa_ns}:{sa_name}");
 
     // Exactly get/list/watch on pods and namespaces and on the collision

@@ -1,7 +1,7 @@
 //! `graceguard-webhook`: the command line.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +40,21 @@ enum Command {
     Certs(CertsArgs),
     /// GET a plain-HTTP URL (e.g. http://graceguard:8080/readyz); exit 0 on 200.
     Probe(ProbeArgs),
+    /// Dry-run a pod Create through the API server; exit 0 only if graceguard answered it.
+    SelfTest(SelfTestArgs),
+}
+
+#[derive(Args, Debug)]
+struct SelfTestArgs {
+    /// A namespace the collision guard covers (not excluded from the webhooks).
+    #[arg(long)]
+    namespace: String,
+    /// kubeconfig to reach the API server; in-cluster config when absent.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// How long to wait for the API server's answer.
+    #[arg(long, default_value = "20s", value_parser = duration)]
+    timeout: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -174,6 +189,11 @@ pub fn main() -> i32 {
         match cli.command {
             Command::Serve(args) => serve(*args, Some(log.dropped.clone())).await,
             Command::Certs(args) => certs(args),
+            Command::SelfTest(args) => {
+                crate::self_test::run(args.kubeconfig.as_deref(), &args.namespace, args.timeout)
+                    .await
+                    .map(|warning| println!("ok: {warning}"))
+            }
             Command::Probe(args) => {
                 crate::probe::probe(&args.url, args.timeout)
                     .await
@@ -213,7 +233,8 @@ fn certs(args: CertsArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> {
+/// A client from `kubeconfig`, or the in-cluster configuration without one.
+pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, CliError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -275,7 +296,7 @@ pub async fn serve(
         .map_err(|e| CliError::Config(format!("serving certificate: {e}")))?;
     let tls = graceguard_certs::server_config(resolver.clone())
         .map_err(|e| CliError::Config(e.to_string()))?;
-    let client = kube_client(args.kubeconfig.as_ref()).await?;
+    let client = client(args.kubeconfig.as_deref()).await?;
 
     let (metrics, registry) = Metrics::new();
     let app = Arc::new(App {

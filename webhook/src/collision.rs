@@ -35,6 +35,8 @@ pub enum AllowReason {
     StaleIndex,
     /// The live read failed: fail open.
     ConfirmFailed,
+    /// `helm test`'s dry run (see `self_test`): answered with a warning.
+    SelfTest,
 }
 
 impl AllowReason {
@@ -46,6 +48,7 @@ impl AllowReason {
             AllowReason::NameFree => "name_free",
             AllowReason::StaleIndex => "stale_index",
             AllowReason::ConfirmFailed => "confirm_failed",
+            AllowReason::SelfTest => "self_test",
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::mode::Mode;
 use crate::pod_index::{NamespaceModes, PodIndex};
 use crate::quota_kinds::GroupResource;
 use crate::review::{self, Answer, Request};
-use crate::{deletion_audit, disruption, tagger};
+use crate::{deletion_audit, disruption, self_test, tagger};
 
 /// Everything a review needs, shared by all requests.
 pub struct App {
@@ -289,6 +289,14 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
         rec.reason = AllowReason::NoName.as_str().into();
         return (Answer::allow(), rec);
     }
+    if let Some(warning) = self_test::warning(&name, req.dry_run) {
+        rec.reason = AllowReason::SelfTest.as_str().into();
+        let answer = Answer {
+            warnings: vec![warning],
+            ..Answer::allow()
+        };
+        return (answer, rec);
+    }
     // Pods: the pod index. Any other kind: its index, when a quota counts it.
     let kind_index;
     let (indexed, confirmer) = match &other_kind {
@@ -364,7 +372,7 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     let answer = Answer {
         allowed: false,
         status: Some(d.status),
-        patch: None,
+        ..Answer::allow()
     };
     (answer, rec)
 }

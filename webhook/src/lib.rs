@@ -23,6 +23,7 @@
 //!   evictions, which no DELETE webhook sees, in [`handlers`]' eviction audit.
 //! * [`follow_up`]: tagging afterwards what cannot be tagged in its request
 //!   (a node's status update, an eviction's condition).
+//! * [`self_test`]: the dry-run round trip `helm test` proves.
 //! * [`server`]: HTTPS and health listeners, routing, graceful shutdown.
 
 pub mod audit;
@@ -44,5 +45,6 @@ pub mod pod_index;
 pub mod probe;
 pub mod quota_kinds;
 pub mod review;
+pub mod self_test;
 pub mod server;
 pub mod tagger;

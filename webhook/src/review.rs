@@ -321,6 +321,8 @@ pub struct Answer {
     pub status: Option<Status>,
     /// A JSONPatch, for the mutating endpoint.
     pub patch: Option<Vec<u8>>,
+    /// Warnings the API server passes on to the client.
+    pub warnings: Vec<String>,
 }
 
 impl Answer {
@@ -329,6 +331,7 @@ impl Answer {
             allowed: true,
             status: None,
             patch: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -369,7 +372,7 @@ pub fn answer(req: &Request, answer: Answer) -> Response {
             status: answer.status.as_ref(),
             patch_type: answer.patch.as_ref().map(|_| "JSONPatch"),
             patch: answer.patch.map(ByteString),
-            warnings: None,
+            warnings: (!answer.warnings.is_empty()).then_some(answer.warnings),
         },
     };
     Json(out).into_response()

@@ -1,0 +1,235 @@
+//! graceguard installed as users install it: the real `helm` CLI
+//! (`scripts/install-helm`) and the images `scripts/image` packs, imported
+//! into the bed's real nodes. And a client that keeps sending pod Creates
+//! while the release changes, recording every answer that was not the one
+//! graceguard gives.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::Api;
+use serde::Deserialize;
+
+use crate::pods::{self, CreateOutcome};
+use crate::TestBed;
+
+/// The chart in this checkout.
+pub fn chart_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/graceguard")
+}
+
+/// The path `var` names, or an error saying which script sets it.
+fn env_path(var: &str, set_by: &str) -> Result<PathBuf> {
+    match std::env::var_os(var) {
+        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+        _ => bail!(
+            "{var} is not set: run this test through scripts/test, which sets it from {set_by}"
+        ),
+    }
+}
+
+/// One image `scripts/image --json` packed.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Image {
+    pub name: String,
+    /// REPOSITORY:TAG.
+    #[serde(rename = "ref")]
+    pub reference: String,
+    pub archive: PathBuf,
+    pub digest: String,
+}
+
+impl Image {
+    pub fn repository(&self) -> &str {
+        self.reference.rsplit_once(':').map_or("", |(r, _)| r)
+    }
+
+    pub fn tag(&self) -> &str {
+        self.reference.rsplit_once(':').map_or("", |(_, t)| t)
+    }
+}
+
+#[derive(Deserialize)]
+struct Images {
+    images: Vec<Image>,
+}
+
+/// The image `name` (`graceguard-webhook`, `graceguard`) of the
+/// `scripts/image --json` output that `var` names: `GRACEGUARD_IMAGES` (the
+/// version's tag) or `GRACEGUARD_IMAGES_NEXT` (the same binaries packed with
+/// another tag, for an upgrade that changes the image), both written by
+/// scripts/test.
+pub fn image(var: &str, name: &str) -> Result<Image> {
+    let path = env_path(var, "`scripts/image --json`")?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading {} (scripts/image --json)", path.display()))?;
+    let i: Images = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not scripts/image's JSON", path.display()))?;
+    i.images
+        .into_iter()
+        .find(|i| i.name == name)
+        .with_context(|| format!("{} lists no image {name}", path.display()))
+}
+
+/// The helm CLI, with its own config, cache and data directories (nothing
+/// of the user's `~/.config/helm` is read or written) and the bed's kubeconfig.
+pub struct Helm {
+    bin: PathBuf,
+    home: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+/// What one helm command printed.
+#[derive(Debug)]
+pub struct HelmOutput {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Helm {
+    /// Helm 4, as `GRACEGUARD_HELM` names it (scripts/install-helm).
+    pub fn for_bed(bed: &TestBed) -> Result<Self> {
+        Self::with(
+            env_path("GRACEGUARD_HELM", "`scripts/install-helm --json`")?,
+            bed,
+        )
+    }
+
+    pub fn with(bin: PathBuf, bed: &TestBed) -> Result<Self> {
+        let home = bed.dir().join("helm-home");
+        std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
+        Ok(Self {
+            bin,
+            home,
+            kubeconfig: bed.kubeconfig.clone(),
+        })
+    }
+
+    /// Runs `helm ARGS` against the bed; a failure is an output, not an error.
+    pub fn run(&self, args: &[&str]) -> Result<HelmOutput> {
+        let out = Command::new(&self.bin)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CONFIG_HOME", self.home.join("config"))
+            .env("HELM_CACHE_HOME", self.home.join("cache"))
+            .env("HELM_DATA_HOME", self.home.join("data"))
+            .output()
+            .with_context(|| format!("running {} {}", self.bin.display(), args.join(" ")))?;
+        Ok(HelmOutput {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// Runs `helm ARGS` and fails with what it printed unless it succeeded.
+    pub fn ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.run(args)?;
+        if !out.success {
+            bail!(
+                "helm {} failed:\n{}\n{}",
+                args.join(" "),
+                out.stdout,
+                out.stderr
+            );
+        }
+        Ok(out.stdout)
+    }
+}
+
+/// Imports `archive` into every real node's containerd.
+pub fn load(bed: &TestBed, archive: &Path) -> Result<()> {
+    let nodes = bed
+        .nodes
+        .as_ref()
+        .context("the bed has no real nodes to import images into")?;
+    nodes.load(archive)?;
+    Ok(())
+}
+
+/// What a Create is expected to get while the loop runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Expect {
+    /// A Create of a name a live pod holds: graceguard's 409, whose message
+    /// says it denied the Create before quota. The API server's own 409 means
+    /// graceguard was not asked (or failed open) and quota was charged.
+    GraceguardDenial,
+    /// A dry-run Create of a fresh name: admitted (201).
+    Admitted,
+}
+
+/// Every answer of a [`CreateLoop`] that differed from what was expected.
+#[derive(Debug, Default)]
+pub struct LoopReport {
+    pub sent: usize,
+    pub wrong: Vec<String>,
+}
+
+/// Sends one pod Create every `period` until stopped.
+pub struct CreateLoop {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Result<LoopReport>>,
+}
+
+impl CreateLoop {
+    /// Starts the loop in `ns`: `name` is the held name for
+    /// [`Expect::GraceguardDenial`], the prefix of fresh names for
+    /// [`Expect::Admitted`].
+    pub fn start(api: Api<Pod>, name: &str, expect: Expect, period: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let name = name.to_string();
+        let task = tokio::spawn(async move {
+            let mut report = LoopReport::default();
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !flag.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let i = report.sent;
+                report.sent += 1;
+                let (pod_name, pp) = match expect {
+                    Expect::GraceguardDenial => (name.clone(), PostParams::default()),
+                    Expect::Admitted => (
+                        format!("{name}-{i}"),
+                        PostParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                    ),
+                };
+                let pod = pods::task_pod(&pod_name, 0);
+                let got = pods::outcome(api.create(&pp, &pod).await);
+                let right = match (&got, expect) {
+                    (
+                        Ok(CreateOutcome::Refused {
+                            code: 409, message, ..
+                        }),
+                        Expect::GraceguardDenial,
+                    ) => message.contains("graceguard denied this Create"),
+                    (Ok(CreateOutcome::Created), Expect::Admitted) => true,
+                    _ => false,
+                };
+                if !right {
+                    report
+                        .wrong
+                        .push(format!("Create #{i} of {pod_name}: {got:?}"));
+                }
+            }
+            Ok(report)
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the loop and returns what it saw.
+    pub async fn finish(self) -> Result<LoopReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.context("the Create loop panicked")?
+    }
+}

@@ -1,0 +1,653 @@
+//! graceguard installed as a user installs it: the images `scripts/image`
+//! packs, imported into real nodes' containerd; the real `helm` CLI (Helm 4,
+//! `scripts/install-helm`); the webhook served from pods behind the chart's
+//! Service, which the API server reaches through kube-proxy. Named
+//! `*_on_1_37`: real nodes run on 1.37 only.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use testbed::helm::{self, chart_dir, CreateLoop, Expect, Helm};
+use testbed::pods::{self, CreateOutcome};
+use testbed::{quota, TestBed, TestBedOptions};
+
+type R = anyhow::Result<()>;
+
+const RELEASE: &str = "gg";
+const FULLNAME: &str = "gg-graceguard";
+const NS: &str = "graceguard";
+/// About 12 Creates a second, as a busy controller re-creating pods sends them.
+const LOOP_PERIOD: Duration = Duration::from_millis(83);
+
+async fn bed() -> anyhow::Result<TestBed> {
+    TestBed::start_with(TestBedOptions {
+        real_nodes: 2,
+        pod_network: true,
+        ..Default::default()
+    })
+    .await
+}
+
+fn chart() -> String {
+    chart_dir().display().to_string()
+}
+
+/// The webhook pods of the release that are Running and Ready.
+async fn ready_webhook_pods(bed: &TestBed) -> anyhow::Result<Vec<Pod>> {
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), NS);
+    let lp = ListParams::default().labels(&format!(
+        "app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=webhook"
+    ));
+    Ok(api
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().is_some_and(|s| {
+                    s.phase.as_deref() == Some("Running")
+                        && s.conditions
+                            .iter()
+                            .flatten()
+                            .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+        })
+        .collect())
+}
+
+fn image_of(p: &Pod) -> String {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+fn node_of(p: &Pod) -> String {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+/// The caBundle of every webhook of the release, and a check that each one
+/// goes to the chart's Service (no `url`).
+async fn ca_bundles(bed: &TestBed) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    let v: Api<ValidatingWebhookConfiguration> = Api::all(bed.client.clone());
+    let m: Api<MutatingWebhookConfiguration> = Api::all(bed.client.clone());
+    let mut configs: Vec<(
+        String,
+        Vec<k8s_openapi::api::admissionregistration::v1::WebhookClientConfig>,
+    )> = Vec::new();
+    for c in v.list(&lp).await?.items {
+        configs.push((
+            c.name_any(),
+            c.webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| w.client_config)
+                .collect(),
+        ));
+    }
+    for c in m.list(&lp).await?.items {
+        configs.push((
+            c.name_any(),
+            c.webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| w.client_config)
+                .collect(),
+        ));
+    }
+    for (name, clients) in configs {
+        for cc in clients {
+            anyhow::ensure!(
+                cc.url.is_none(),
+                "{name} calls a url ({:?}), not the Service",
+                cc.url
+            );
+            let svc = cc
+                .service
+                .as_ref()
+                .map(|s| (s.namespace.as_str(), s.name.as_str()));
+            anyhow::ensure!(
+                svc == Some((NS, FULLNAME)),
+                "{name} calls {svc:?}, not Service {NS}/{FULLNAME}"
+            );
+            out.push((name.clone(), cc.ca_bundle.map(|b| b.0).unwrap_or_default()));
+        }
+    }
+    anyhow::ensure!(
+        out.len() >= 4,
+        "the release registered {} webhooks, expected the chart's 4 or more",
+        out.len()
+    );
+    Ok(out)
+}
+
+/// A Create of `held` must get graceguard's denial, and quota stay at 1.
+async fn assert_denied_without_charge(bed: &TestBed, ns: &str, held: &str) -> R {
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let got = pods::create(&api, &pods::task_pod(held, 0)).await?;
+    match &got {
+        CreateOutcome::Refused {
+            code: 409, message, ..
+        } if message.contains("graceguard denied this Create") => {}
+        other => anyhow::bail!("a colliding Create of {held} got {other:?}, not graceguard's 409"),
+    }
+    quota::recalculate(bed, ns).await?;
+    assert_eq!(
+        quota::used_pods(&bed.client, ns).await?,
+        1,
+        "the denied Create was charged to quota"
+    );
+    Ok(())
+}
+
+/// `helm upgrade ARGS --wait` while a client re-creates the held name at
+/// ~12 Hz; every one of its Creates must get graceguard's denial.
+async fn upgrade_under_load(
+    bed: &TestBed,
+    helm: &Helm,
+    ns: &str,
+    held: &str,
+    args: &[&str],
+) -> anyhow::Result<usize> {
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let looping = CreateLoop::start(api, held, Expect::GraceguardDenial, LOOP_PERIOD);
+    let res = helm.ok(args);
+    // Keep going a little past the rollout: old pods drain after `--wait`.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let report = looping.finish().await?;
+    res?;
+    assert!(
+        report.wrong.is_empty(),
+        "{} of {} Creates during `helm {}` did not get graceguard's denial: {:#?}",
+        report.wrong.len(),
+        report.sent,
+        args.join(" "),
+        report.wrong
+    );
+    Ok(report.sent)
+}
+
+async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F) -> R
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if f().await? {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{what}: not within {} s",
+            limit.as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn dry_run_create(bed: &TestBed, ns: &str, name: &str) -> anyhow::Result<CreateOutcome> {
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let pp = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    pods::outcome(api.create(&pp, &pods::task_pod(name, 0)).await)
+}
+
+async fn scale(bed: &TestBed, replicas: i32) -> R {
+    let api: Api<Deployment> = Api::namespaced(bed.client.clone(), NS);
+    api.patch(
+        FULLNAME,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninstalls_on_1_37() -> R
+{
+    let bed = bed().await?;
+    let helm = Helm::for_bed(&bed)?;
+    let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
+    let next = helm::image("GRACEGUARD_IMAGES_NEXT", "graceguard-webhook")?;
+    helm::load(&bed, &image.archive)?;
+    helm::load(&bed, &next.archive)?;
+
+    // Defaults only: the chart's default image is the one scripts/image packs.
+    helm.ok(&[
+        "install",
+        RELEASE,
+        &chart(),
+        "-n",
+        NS,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+    ])?;
+    let running = ready_webhook_pods(&bed).await?;
+    assert_eq!(
+        running.len(),
+        2,
+        "the chart's 2 replicas are not both Ready"
+    );
+    for p in &running {
+        assert_eq!(
+            image_of(p),
+            image.reference,
+            "pod {} runs another image",
+            p.name_any()
+        );
+        assert!(
+            node_of(p).starts_with("node-"),
+            "pod {} is on {:?}, not a real node",
+            p.name_any(),
+            node_of(p)
+        );
+    }
+    let pdb: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(bed.client.clone(), NS);
+    pdb.get(FULLNAME).await?;
+    let bundles = ca_bundles(&bed).await?;
+
+    // A colliding Create, through the API server, the Service and a pod.
+    let ns = bed.namespace("users").await?;
+    quota::set_pods_quota(&bed, &ns, 3).await?;
+    let users: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let mut holder = pods::task_pod("held", 1);
+    pods::run_in(&mut holder, &bed.task_image()?, "exec sleep 3600");
+    users.create(&PostParams::default(), &holder).await?;
+    pods::wait_running(&users, "held").await?;
+    assert_denied_without_charge(&bed, &ns, "held").await?;
+
+    // helm test: a dry-run Create that graceguard must answer.
+    let t = helm.ok(&["test", RELEASE, "-n", NS, "--logs", "--timeout", "3m"])?;
+    assert!(
+        t.contains("graceguard self-test:"),
+        "helm test printed no self-test answer:\n{t}"
+    );
+
+    // Upgrades (a value, then the image) and a rollback while a client loops.
+    let sent = upgrade_under_load(
+        &bed,
+        &helm,
+        &ns,
+        "held",
+        &[
+            "upgrade",
+            RELEASE,
+            &chart(),
+            "-n",
+            NS,
+            "--reuse-values",
+            "--set",
+            "config.livelockThreshold=7",
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )
+    .await?;
+    assert!(
+        sent >= 24,
+        "only {sent} Creates were sent during the upgrade"
+    );
+    let after_value: Vec<String> = ready_webhook_pods(&bed)
+        .await?
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert!(
+        running.iter().all(|p| !after_value.contains(&p.name_any())),
+        "the value change did not roll the pods"
+    );
+    upgrade_under_load(
+        &bed,
+        &helm,
+        &ns,
+        "held",
+        &[
+            "upgrade",
+            RELEASE,
+            &chart(),
+            "-n",
+            NS,
+            "--reuse-values",
+            "--set",
+            &format!("image.tag={}", next.tag()),
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )
+    .await?;
+    let pods_now = ready_webhook_pods(&bed).await?;
+    assert!(
+        pods_now.iter().all(|p| image_of(p) == next.reference),
+        "the image upgrade did not roll out {}",
+        next.reference
+    );
+    assert_eq!(
+        ca_bundles(&bed).await?,
+        bundles,
+        "an upgrade changed a caBundle"
+    );
+    upgrade_under_load(
+        &bed,
+        &helm,
+        &ns,
+        "held",
+        &[
+            "rollback",
+            RELEASE,
+            "1",
+            "-n",
+            NS,
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )
+    .await?;
+    let pods_now = ready_webhook_pods(&bed).await?;
+    assert!(
+        pods_now.iter().all(|p| image_of(p) == image.reference),
+        "the rollback did not bring back {}",
+        image.reference
+    );
+    assert_eq!(
+        ca_bundles(&bed).await?,
+        bundles,
+        "the rollback changed a caBundle"
+    );
+    assert_denied_without_charge(&bed, &ns, "held").await?;
+
+    // A wrong caBundle: the API server's call fails, Ignore lets the dry run
+    // through, and helm test must fail.
+    let other_ca = graceguard_certs::Ca::new("not-graceguards-ca")?;
+    let guard_name = format!("{FULLNAME}-collision-guard");
+    let vwc: Api<ValidatingWebhookConfiguration> = Api::all(bed.client.clone());
+    let right = vwc.get(&guard_name).await?;
+    let mut wrong = right.clone();
+    for w in wrong.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = Some(k8s_openapi::ByteString(other_ca.cert_pem().into_bytes()));
+    }
+    vwc.replace(&guard_name, &PostParams::default(), &wrong)
+        .await?;
+    let failed = helm.run(&["test", RELEASE, "-n", NS, "--timeout", "3m"])?;
+    assert!(
+        !failed.success,
+        "helm test passed with a wrong caBundle:\n{}\n{}",
+        failed.stdout, failed.stderr
+    );
+    let kept: Api<Pod> = Api::namespaced(bed.client.clone(), NS);
+    let logs = kept
+        .logs(&format!("{FULLNAME}-test-self-test"), &Default::default())
+        .await?;
+    assert!(
+        logs.contains("without graceguard's answer") && logs.contains("caBundle"),
+        "the failed self-test did not say why: {logs}"
+    );
+    let mut restored = vwc.get(&guard_name).await?;
+    restored.webhooks = right.webhooks.clone();
+    vwc.replace(&guard_name, &PostParams::default(), &restored)
+        .await?;
+    // Back to passing; the passing run also removes the failed test pod.
+    wait_for(
+        "helm test passing again",
+        Duration::from_secs(120),
+        || async {
+            Ok(helm
+                .run(&["test", RELEASE, "-n", NS, "--timeout", "2m"])?
+                .success)
+        },
+    )
+    .await?;
+
+    // failurePolicy Fail with every webhook pod gone.
+    helm.ok(&[
+        "upgrade",
+        RELEASE,
+        &chart(),
+        "-n",
+        NS,
+        "--reuse-values",
+        "--set",
+        "webhooks.collisionGuard.failurePolicy=Fail",
+        "--wait",
+        "--timeout",
+        "5m",
+    ])?;
+    scale(&bed, 0).await?;
+    let all: Api<Pod> = Api::namespaced(bed.client.clone(), NS);
+    let lp = ListParams::default().labels(&format!(
+        "app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=webhook"
+    ));
+    wait_for(
+        "every webhook pod gone",
+        Duration::from_secs(120),
+        || async { Ok(all.list(&lp).await?.items.is_empty()) },
+    )
+    .await?;
+    match dry_run_create(&bed, &ns, "refused").await? {
+        CreateOutcome::Refused { message, .. } if message.contains("failed calling webhook") && message.contains("collision-guard.graceguard.io") => {}
+        other => panic!("with Fail and no webhook pod, a Create in {ns} got {other:?}, not a refusal naming the webhook"),
+    }
+    for covered_not in ["kube-system", NS] {
+        let got = dry_run_create(&bed, covered_not, "unaffected").await?;
+        assert_eq!(
+            got,
+            CreateOutcome::Created,
+            "a Create in {covered_not} was refused while graceguard was gone"
+        );
+    }
+    scale(&bed, 2).await?;
+    wait_for(
+        "Creates admitted again once the pods are back",
+        Duration::from_secs(180),
+        || async { Ok(dry_run_create(&bed, &ns, "recovered").await? == CreateOutcome::Created) },
+    )
+    .await?;
+    assert_denied_without_charge(&bed, &ns, "held").await?;
+
+    // Uninstall under Fail: the webhook configurations go before the pods,
+    // so no Create is refused while it runs.
+    let looping = CreateLoop::start(
+        users.clone(),
+        "during-uninstall",
+        Expect::Admitted,
+        LOOP_PERIOD,
+    );
+    let res = helm.ok(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let report = looping.finish().await?;
+    res?;
+    assert!(
+        report.wrong.is_empty(),
+        "{} of {} Creates during helm uninstall were refused: {:#?}",
+        report.wrong.len(),
+        report.sent,
+        report.wrong
+    );
+    assert_nothing_left(&bed).await?;
+    Ok(())
+}
+
+/// Nothing of the release is left: webhook configurations, RBAC, Secrets
+/// (the TLS pair and Helm's release records), Leases, the test's Role.
+async fn assert_nothing_left(bed: &TestBed) -> R {
+    let c = &bed.client;
+    let mut left = Vec::new();
+    let ours = |n: &str| {
+        n.starts_with(FULLNAME) || n.starts_with(&format!("sh.helm.release.v1.{RELEASE}."))
+    };
+    for n in Api::<ValidatingWebhookConfiguration>::all(c.clone())
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+    {
+        left.push(format!("ValidatingWebhookConfiguration {n}"));
+    }
+    for n in Api::<MutatingWebhookConfiguration>::all(c.clone())
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+    {
+        left.push(format!("MutatingWebhookConfiguration {n}"));
+    }
+    for n in Api::<ClusterRole>::all(c.clone())
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .filter(|n| ours(n))
+    {
+        left.push(format!("ClusterRole {n}"));
+    }
+    for n in Api::<ClusterRoleBinding>::all(c.clone())
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .filter(|n| ours(n))
+    {
+        left.push(format!("ClusterRoleBinding {n}"));
+    }
+    for n in Api::<Secret>::namespaced(c.clone(), NS)
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+    {
+        left.push(format!("Secret {NS}/{n}"));
+    }
+    for n in Api::<Lease>::namespaced(c.clone(), NS)
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+    {
+        left.push(format!("Lease {NS}/{n}"));
+    }
+    for n in Api::<Pod>::namespaced(c.clone(), NS)
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+    {
+        left.push(format!("Pod {NS}/{n}"));
+    }
+    for n in Api::<Role>::namespaced(c.clone(), "default")
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .filter(|n| ours(n))
+    {
+        left.push(format!("Role default/{n}"));
+    }
+    for n in Api::<RoleBinding>::namespaced(c.clone(), "default")
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .filter(|n| ours(n))
+    {
+        left.push(format!("RoleBinding default/{n}"));
+    }
+    assert!(left.is_empty(), "helm uninstall left: {left:#?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same_on_1_37() -> R {
+    let bed = bed().await?;
+    let helm = Helm::for_bed(&bed)?;
+    let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
+    helm::load(&bed, &image.archive)?;
+    helm.ok(&[
+        "install",
+        RELEASE,
+        &chart(),
+        "-n",
+        NS,
+        "--create-namespace",
+        "--set",
+        "hostNetwork=true",
+        "--wait",
+        "--timeout",
+        "5m",
+    ])?;
+    let running = ready_webhook_pods(&bed).await?;
+    assert_eq!(
+        running.len(),
+        2,
+        "both replicas must be Ready on the host network"
+    );
+    let mut nodes: Vec<String> = running.iter().map(node_of).collect();
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(
+        nodes.len(),
+        2,
+        "the two host-network replicas share a node: {nodes:?}"
+    );
+    for p in &running {
+        let spec = p.spec.as_ref().expect("a listed pod has a spec");
+        assert_eq!(spec.host_network, Some(true));
+        assert_eq!(spec.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+        let status = p.status.as_ref().expect("a Ready pod has a status");
+        assert_eq!(
+            status.pod_ip,
+            status.host_ip,
+            "pod {} is not on its node's address",
+            p.name_any()
+        );
+    }
+    ca_bundles(&bed).await?;
+    let ns = bed.namespace("users").await?;
+    quota::set_pods_quota(&bed, &ns, 3).await?;
+    let users: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let mut holder = pods::task_pod("held", 1);
+    pods::run_in(&mut holder, &bed.task_image()?, "exec sleep 3600");
+    users.create(&PostParams::default(), &holder).await?;
+    pods::wait_running(&users, "held").await?;
+    assert_denied_without_charge(&bed, &ns, "held").await?;
+    let t = helm.ok(&["test", RELEASE, "-n", NS, "--logs", "--timeout", "3m"])?;
+    assert!(
+        t.contains("graceguard self-test:"),
+        "helm test printed no self-test answer:\n{t}"
+    );
+    helm.ok(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"])?;
+    assert_nothing_left(&bed).await?;
+    Ok(())
+}
