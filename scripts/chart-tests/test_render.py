@@ -270,8 +270,7 @@ class PerValuesFile:
                 self.assertIn("requests", c["resources"], what)
                 self.assertIn("memory", c["resources"]["limits"], what)
         full = self.deployment()["metadata"]["name"]
-        # The readiness test needs no token; the self-test's only job is an API request.
-        self.assertIs(self.r.one("Pod", f"{full}-test-readiness")["spec"]["automountServiceAccountToken"], False)
+        # The self-test's only job is an API request.
         self.assertIs(self.r.one("Pod", f"{full}-test-self-test")["spec"]["automountServiceAccountToken"], True)
 
     def test_pod_disruption_budget_only_with_replicas(self) -> None:
@@ -348,7 +347,7 @@ class PerValuesFile:
         hooks = self.r.hooks()
         full = self.deployment()["metadata"]["name"]
         self.assertEqual(sorted((h["kind"], h["metadata"]["name"]) for h in hooks), sorted([
-            ("Pod", f"{full}-test-readiness"), ("Pod", f"{full}-test-self-test"), ("ServiceAccount", f"{full}-test-self-test"),
+            ("Pod", f"{full}-test-self-test"), ("ServiceAccount", f"{full}-test-self-test"),
             ("Role", f"{full}-test-self-test"), ("RoleBinding", f"{full}-test-self-test")]))
         # The self-test: its own account may create pods in tests.namespace only,
         # the RBAC goes whatever the outcome, and the pod dry-runs a Create there.
@@ -361,18 +360,13 @@ class PerValuesFile:
         self.assertEqual(self_test["spec"]["serviceAccountName"], f"{full}-test-self-test")
         self.assertEqual(self_test["spec"]["containers"][0]["args"][:2], ["self-test", f"--namespace={self.merged['tests']['namespace']}"])
         self.assertEqual(self_test["spec"]["containers"][0]["image"], self.container()["image"])
-        pod = self.r.one("Pod", f"{full}-test-readiness")
+        pod = self_test
         ann = pod["metadata"]["annotations"]
         self.assertEqual(ann["helm.sh/hook"], "test")
         self.assertIn("hook-succeeded", ann["helm.sh/hook-delete-policy"])
         self.assertEqual(pod["spec"]["restartPolicy"], "Never")
-        c = pod["spec"]["containers"][0]
-        self.assertEqual(c["image"], self.container()["image"])
+        self.assertNotIn("command", pod["spec"]["containers"][0])
         service = self.r.one("Service")
-        metrics_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http-metrics")
-        url = f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{metrics_port}/readyz"
-        self.assertEqual(c["args"][:2], ["probe", f"--url={url}"])
-        self.assertNotIn("command", c)
         # The test pod must not become an endpoint of the webhook Service.
         sel = service["spec"]["selector"]
         self.assertFalse(sel.items() <= pod["metadata"]["labels"].items())

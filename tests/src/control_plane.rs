@@ -585,8 +585,10 @@ impl TestBed {
             .arg(format!(
                 "--controllers={}{}",
                 CONTROLLERS.join(","),
+                // Real pods make Services worth routing: kube-proxy reads
+                // EndpointSlices (and users' tools still read Endpoints).
                 if real_nodes {
-                    ",node-lifecycle-controller"
+                    ",node-lifecycle-controller,endpointslice-controller,endpoints-controller"
                 } else {
                     ""
                 }

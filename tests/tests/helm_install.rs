@@ -136,6 +136,30 @@ async fn ca_bundles(bed: &TestBed) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     Ok(out)
 }
 
+/// The audit lines that name `name`, from every webhook pod's log (kubectl
+/// logs through the kubelets), for a failure message.
+async fn webhook_records(bed: &TestBed, name: &str) -> String {
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), NS);
+    let lp = ListParams::default().labels(&format!(
+        "app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=webhook"
+    ));
+    let mut out = String::new();
+    for p in api.list(&lp).await.map(|l| l.items).unwrap_or_default() {
+        let logs = api
+            .logs(&p.name_any(), &Default::default())
+            .await
+            .unwrap_or_else(|e| format!("(no logs: {e})"));
+        out.push_str(&format!("--- {}\n", p.name_any()));
+        for l in logs.lines().filter(|l| {
+            l.contains(&format!("\"{name}\"")) || l.contains("WARN") || l.contains("ERROR")
+        }) {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// A Create of `held` must get graceguard's denial, and quota stay at 1.
 async fn assert_denied_without_charge(bed: &TestBed, ns: &str, held: &str) -> R {
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
@@ -144,7 +168,10 @@ async fn assert_denied_without_charge(bed: &TestBed, ns: &str, held: &str) -> R 
         CreateOutcome::Refused {
             code: 409, message, ..
         } if message.contains("graceguard denied this Create") => {}
-        other => anyhow::bail!("a colliding Create of {held} got {other:?}, not graceguard's 409"),
+        other => anyhow::bail!(
+            "a colliding Create of {held} got {other:?}, not graceguard's 409; the webhook pods' audit records of {held}:\n{}",
+            webhook_records(bed, held).await
+        ),
     }
     quota::recalculate(bed, ns).await?;
     assert_eq!(
@@ -153,6 +180,31 @@ async fn assert_denied_without_charge(bed: &TestBed, ns: &str, held: &str) -> R 
         "the denied Create was charged to quota"
     );
     Ok(())
+}
+
+/// `helm test` (a dry-run Create graceguard must answer, through the API
+/// server and the Service; until kube-proxy routes a new Service, Creates
+/// fail open, and helm test is how a user knows that is over), then a pod
+/// "held" running in a new namespace with a pods quota, whose colliding
+/// Create graceguard denies uncharged. Returns the namespace and its pods.
+async fn helm_test_then_a_collision(
+    bed: &TestBed,
+    helm: &Helm,
+) -> anyhow::Result<(String, Api<Pod>)> {
+    let t = helm.ok(&["test", RELEASE, "-n", NS, "--logs", "--timeout", "3m"])?;
+    anyhow::ensure!(
+        t.contains("graceguard self-test:"),
+        "helm test printed no self-test answer:\n{t}"
+    );
+    let ns = bed.namespace("users").await?;
+    quota::set_pods_quota(bed, &ns, 3).await?;
+    let users: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let mut holder = pods::task_pod("held", 1);
+    pods::run_in(&mut holder, &bed.task_image()?, "exec sleep 3600");
+    users.create(&PostParams::default(), &holder).await?;
+    pods::wait_running(&users, "held").await?;
+    assert_denied_without_charge(bed, &ns, "held").await?;
+    Ok((ns, users))
 }
 
 /// `helm upgrade ARGS --wait` while a client re-creates the held name at
@@ -268,22 +320,7 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
     pdb.get(FULLNAME).await?;
     let bundles = ca_bundles(&bed).await?;
 
-    // A colliding Create, through the API server, the Service and a pod.
-    let ns = bed.namespace("users").await?;
-    quota::set_pods_quota(&bed, &ns, 3).await?;
-    let users: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    let mut holder = pods::task_pod("held", 1);
-    pods::run_in(&mut holder, &bed.task_image()?, "exec sleep 3600");
-    users.create(&PostParams::default(), &holder).await?;
-    pods::wait_running(&users, "held").await?;
-    assert_denied_without_charge(&bed, &ns, "held").await?;
-
-    // helm test: a dry-run Create that graceguard must answer.
-    let t = helm.ok(&["test", RELEASE, "-n", NS, "--logs", "--timeout", "3m"])?;
-    assert!(
-        t.contains("graceguard self-test:"),
-        "helm test printed no self-test answer:\n{t}"
-    );
+    let (ns, users) = helm_test_then_a_collision(&bed, &helm).await?;
 
     // Upgrades (a value, then the image) and a rollback while a client loops.
     let sent = upgrade_under_load(
@@ -476,7 +513,17 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
         Expect::Admitted,
         LOOP_PERIOD,
     );
-    let res = helm.ok(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"]);
+    let res = helm.ok(&[
+        "uninstall",
+        RELEASE,
+        "-n",
+        NS,
+        "--wait",
+        "--cascade",
+        "foreground",
+        "--timeout",
+        "3m",
+    ]);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let report = looping.finish().await?;
     res?;
@@ -634,20 +681,128 @@ async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same_on_1_37() 
         );
     }
     ca_bundles(&bed).await?;
-    let ns = bed.namespace("users").await?;
-    quota::set_pods_quota(&bed, &ns, 3).await?;
-    let users: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    let mut holder = pods::task_pod("held", 1);
-    pods::run_in(&mut holder, &bed.task_image()?, "exec sleep 3600");
-    users.create(&PostParams::default(), &holder).await?;
-    pods::wait_running(&users, "held").await?;
-    assert_denied_without_charge(&bed, &ns, "held").await?;
-    let t = helm.ok(&["test", RELEASE, "-n", NS, "--logs", "--timeout", "3m"])?;
-    assert!(
-        t.contains("graceguard self-test:"),
-        "helm test printed no self-test answer:\n{t}"
-    );
-    helm.ok(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"])?;
+    helm_test_then_a_collision(&bed, &helm).await?;
+    helm.ok(&[
+        "uninstall",
+        RELEASE,
+        "-n",
+        NS,
+        "--wait",
+        "--cascade",
+        "foreground",
+        "--timeout",
+        "3m",
+    ])?;
     assert_nothing_left(&bed).await?;
+    Ok(())
+}
+
+/// cert-manager mode against cert-manager's real CRDs (its controller,
+/// cainjector and webhook cannot run here: their images cannot be pulled and
+/// the module proxy does not serve them as modules; nothing issues the
+/// certificate). The API server validates the chart's Issuers and
+/// Certificates against cert-manager's schemas, and the Deployment mounts
+/// the Secret the serving Certificate names, which cert-manager would write.
+/// 1.37 only: cert-manager v1.21 does not support 1.20.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cert_manager_mode_is_accepted_by_cert_managers_crds_on_1_37() -> R {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let bed = TestBed::start().await?;
+    let helm = Helm::for_bed(&bed)?;
+    let crds = std::env::var("GRACEGUARD_CERT_MANAGER_CRDS").map_err(|_| {
+        anyhow::anyhow!("GRACEGUARD_CERT_MANAGER_CRDS is not set: run through scripts/test, which sets it from `scripts/install-helm --json`")
+    })?;
+    let (ok, out, err) = bed.kubectl("admin", &["create", "-f", &crds])?;
+    assert!(ok, "cert-manager's CRDs were not accepted: {out} {err}");
+    let (ok, out, err) = bed.kubectl(
+        "admin",
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/certificates.cert-manager.io",
+            "crd/issuers.cert-manager.io",
+        ],
+    )?;
+    assert!(ok, "cert-manager's CRDs were not established: {out} {err}");
+
+    helm.ok(&[
+        "install",
+        RELEASE,
+        &chart(),
+        "-n",
+        NS,
+        "--create-namespace",
+        "--set",
+        "certs.mode=certManager",
+    ])?;
+    let gvk = GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate");
+    let certs: Api<DynamicObject> =
+        Api::namespaced_with(bed.client.clone(), NS, &ApiResource::from_gvk(&gvk));
+    let serving = certs.get(&format!("{FULLNAME}-serving")).await?;
+    let secret_name = serving.data["spec"]["secretName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let dns: Vec<&str> = serving.data["spec"]["dnsNames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        dns.contains(&format!("{FULLNAME}.{NS}.svc").as_str()),
+        "the serving certificate does not name the Service: {dns:?}"
+    );
+    certs.get(&format!("{FULLNAME}-ca")).await?;
+    let issuers: Api<DynamicObject> = Api::namespaced_with(
+        bed.client.clone(),
+        NS,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("cert-manager.io", "v1", "Issuer")),
+    );
+    assert_eq!(
+        issuers.list(&Default::default()).await?.items.len(),
+        2,
+        "the chart's self-signed and CA Issuers"
+    );
+
+    let dep: Api<Deployment> = Api::namespaced(bed.client.clone(), NS);
+    let d = dep.get(FULLNAME).await?;
+    let volumes = d
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.volumes)
+        .unwrap_or_default();
+    let mounted: Vec<String> = volumes
+        .iter()
+        .filter_map(|v| v.secret.as_ref().and_then(|s| s.secret_name.clone()))
+        .collect();
+    assert_eq!(
+        mounted,
+        vec![secret_name.clone()],
+        "the Deployment does not mount the Secret the Certificate names"
+    );
+    let vwc: Api<ValidatingWebhookConfiguration> = Api::all(bed.client.clone());
+    let guard = vwc.get(&format!("{FULLNAME}-collision-guard")).await?;
+    assert_eq!(
+        guard
+            .annotations()
+            .get("cert-manager.io/inject-ca-from")
+            .map(String::as_str),
+        Some(format!("{NS}/{FULLNAME}-serving").as_str()),
+        "the CA injector would not fill the caBundle"
+    );
+
+    // The CRDs' schemas really validate: a Certificate without its required
+    // issuerRef and secretName is refused.
+    let bad: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+        "metadata": {"name": "invalid"}, "spec": {"dnsNames": ["x.example"]},
+    }))?;
+    let refused = certs.create(&PostParams::default(), &bad).await;
+    match refused {
+        Err(kube::Error::Api(s)) if s.code == 422 => {}
+        other => panic!("an invalid Certificate got {other:?}, not 422 from cert-manager's schema"),
+    }
     Ok(())
 }

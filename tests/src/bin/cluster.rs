@@ -253,7 +253,8 @@ async fn serve(dir: &Path, nodes: u8) -> Result<()> {
         "pause_image": n.bins.pause_image,
         "kubectl": bed.kubectl_path(),
         "ctr": n.bins.bin("ctr")?,
-        "helm": Value::Null,
+        // scripts/cluster up exports the helm it built (scripts/install-helm).
+        "helm": std::env::var("GRACEGUARD_HELM").ok().filter(|h| !h.is_empty()),
         "containerd_sockets": n.nodes.iter().map(|x| x.containerd.socket.clone()).collect::<Vec<_>>(),
         "pod_cidr": n.slot.pod_subnet(),
         "service_cidr": n.slot.service_cidr(),

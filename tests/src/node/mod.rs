@@ -60,6 +60,8 @@ pub struct NodeCredentials {
 /// they made.
 pub struct RealNodes {
     pub kube_proxy: Option<KubeProxy>,
+    /// Held while `kube_proxy` runs: one kube-proxy per machine.
+    proxy_lock: Option<slot::ProxyLock>,
     pub nodes: Vec<RealNode>,
     ns: Option<MountNs>,
     pub bins: NodeBins,
@@ -111,6 +113,7 @@ impl RealNodes {
         slot.record(|l| l.mount_namespaces.push(ns.id.clone()))?;
         let mut me = Self {
             kube_proxy: None,
+            proxy_lock: None,
             nodes: Vec::new(),
             ns: Some(ns),
             bins,
@@ -212,8 +215,10 @@ impl RealNodes {
         }
     }
 
-    /// Starts kube-proxy for the machine's network namespace (once per bed).
+    /// Starts kube-proxy for the machine's network namespace (once per bed),
+    /// after waiting for any other bed's to stop ([`slot::ProxyLock`]).
     pub fn start_kube_proxy(&mut self, kubeconfig: &Path, cluster_cidr: &str) -> Result<()> {
+        self.proxy_lock = Some(slot::ProxyLock::acquire(Duration::from_secs(1200))?);
         let bin = self.bins.bin("kube-proxy")?;
         self.slot.record(|l| l.kube_proxies.push(bin.clone()))?;
         let node = self
@@ -270,6 +275,7 @@ impl RealNodes {
         }
         let result = self.slot.clean();
         self.ns = None;
+        self.proxy_lock = None;
         result
     }
 }

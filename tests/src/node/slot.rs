@@ -59,6 +59,47 @@ pub struct Slot {
     pub ledger: Ledger,
 }
 
+/// The machine's one kube-proxy: kube-proxy owns the iptables chains it
+/// writes (KUBE-SERVICES and the rest) and rewrites them whole on every
+/// sync, so two beds' kube-proxies in the same network namespace would erase
+/// each other's Services. Held while a bed's kube-proxy runs.
+pub struct ProxyLock {
+    _file: std::fs::File,
+}
+
+impl ProxyLock {
+    /// Waits up to `limit` for the lock; the error names its holder.
+    pub fn acquire(limit: std::time::Duration) -> Result<Self> {
+        std::fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
+        let path = Path::new(RUN_DIR).join("kube-proxy.lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                std::fs::write(&path, std::process::id().to_string())
+                    .with_context(|| format!("writing {}", path.display()))?;
+                return Ok(Self { _file: file });
+            }
+            if std::time::Instant::now() > deadline {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                bail!(
+                    "another bed with a pod network (pid {}) has run kube-proxy for over {} s, and two would erase each other's Service rules; stop it (`scripts/cluster down`) or wait for it",
+                    holder.trim(),
+                    limit.as_secs()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+}
+
 impl Slot {
     /// Takes the first free slot, sweeping what a dead holder left in it.
     pub fn acquire() -> Result<Self> {
