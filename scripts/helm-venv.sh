@@ -1,7 +1,9 @@
 # Makes the Python virtualenv the chart tests run in (scripts/chart-tests: they
 # call the real helm CLI that scripts/install-helm builds, parse its output
 # with PyYAML, check values.schema.json with jsonschema, and scan the rendered
-# chart with checkov, test_scan.py). Source it; do not run it.
+# chart with checkov, test_scan.py), and where the end-to-end tests run the
+# official Kubernetes Python client (tests/clients/kubernetes-python). Source
+# it; do not run it.
 #
 # Idempotent: a venv whose stamp matches the pinned packages is reused; a
 # missing, broken or stale one is rebuilt. Exports GRACEGUARD_PY, the venv's
@@ -13,7 +15,8 @@
 _GG_HELM_RECIPE=3
 # checkov's findings differ between releases: scripts/chart-tests/checkov-accepted.yaml
 # is written for this one, and test_scan.py refuses to run another.
-_GG_HELM_PACKAGES=(PyYAML==6.0.3 jsonschema==4.26.0 checkov==3.3.30)
+# kubernetes 36.0.3: 37.x conflicts with checkov 3.3.30's boto3 pin.
+_GG_HELM_PACKAGES=(PyYAML==6.0.3 jsonschema==4.26.0 checkov==3.3.30 kubernetes==36.0.3)
 
 _gg_helm_venv() {
 	local cache="${GRACEGUARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/graceguard}"
@@ -43,7 +46,7 @@ _gg_helm_venv() {
 
 	local ok=0
 	if [ -x "$venv/bin/python" ] && [ -f "$venv/stamp" ] && [ "$(cat "$venv/stamp")" = "$want_stamp" ] &&
-		"$venv/bin/python" -c 'import yaml, jsonschema, checkov.version' >/dev/null 2>&1; then
+		"$venv/bin/python" -c 'import yaml, jsonschema, checkov.version, kubernetes' >/dev/null 2>&1; then
 		ok=1
 	fi
 

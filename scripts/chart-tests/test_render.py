@@ -403,7 +403,8 @@ class TestDefaults(unittest.TestCase):
                 self.assertTrue(wh["clientConfig"]["caBundle"], wh["name"])
         self.assertEqual(r.one("Secret")["type"], "kubernetes.io/tls")
         env = {e["name"]: e.get("value") for e in r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
-        self.assertEqual(env["GRACEGUARD_MODE"], "conflict")
+        self.assertEqual(env["GRACEGUARD_MODE"], "adaptive")
+        self.assertEqual((env["GRACEGUARD_ADAPTIVE_CONFLICTS"], env["GRACEGUARD_MAX_RETRY_AFTER"], env["GRACEGUARD_FINALIZER_RETRY_AFTER"]), ("2", "8s", "5s"))
         self.assertEqual(env["GRACEGUARD_CERT_RELOAD_INTERVAL"], "5s")
         spec = r.one("Deployment")["spec"]["template"]["spec"]
         self.assertIn("preferredDuringSchedulingIgnoredDuringExecution", spec["affinity"]["podAntiAffinity"])
@@ -536,6 +537,14 @@ class TestOptions(unittest.TestCase):
                          "localhost/graceguard/graceguard-webhook:0.2.0")
         for p in r.of_kind("Pod"):
             self.assertEqual(p["spec"]["containers"][0]["image"], "localhost/graceguard/graceguard-webhook:0.2.0")
+
+    def test_max_retry_after_must_be_shorter_than_the_livelock_window(self) -> None:
+        with self.assertRaises(cl.HelmError) as ctx:
+            cl.render({"config": {"maxRetryAfter": "10s"}})
+        self.assertIn("must be shorter than config.livelockWindow", str(ctx.exception))
+        ok = cl.render_objects({"config": {"maxRetryAfter": "20s", "livelockWindow": "30s"}})
+        env = {e["name"]: e.get("value") for e in ok.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+        self.assertEqual(env["GRACEGUARD_MAX_RETRY_AFTER"], "20s")
 
     def test_host_network_listens_on_the_node_address(self) -> None:
         r = cl.render_objects({"hostNetwork": True})

@@ -11,9 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::PostParams;
-use kube::Api;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde::Deserialize;
 
 use crate::pods::{self, CreateOutcome};
@@ -142,6 +145,43 @@ impl Helm {
         }
         Ok(out.stdout)
     }
+}
+
+/// Every webhook (named `configuration/webhook`) of the Validating- and
+/// MutatingWebhookConfigurations `selector` selects, with its client config.
+pub async fn webhook_clients(
+    bed: &TestBed,
+    selector: &str,
+) -> Result<Vec<(String, WebhookClientConfig)>> {
+    let lp = ListParams::default().labels(selector);
+    let mut out = Vec::new();
+    for c in Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
+        .list(&lp)
+        .await?
+        .items
+    {
+        let cfg = c.name_any();
+        out.extend(
+            c.webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| (format!("{cfg}/{}", w.name), w.client_config)),
+        );
+    }
+    for c in Api::<MutatingWebhookConfiguration>::all(bed.client.clone())
+        .list(&lp)
+        .await?
+        .items
+    {
+        let cfg = c.name_any();
+        out.extend(
+            c.webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| (format!("{cfg}/{}", w.name), w.client_config)),
+        );
+    }
+    Ok(out)
 }
 
 /// Imports `archive` into every real node's containerd.

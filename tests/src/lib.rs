@@ -20,7 +20,9 @@ pub mod binaries;
 pub mod containers;
 pub mod control_plane;
 pub mod disruptions;
+pub mod executor;
 pub mod faults;
+pub mod go_build;
 pub mod guard_task;
 pub mod helm;
 pub mod kubelet;
@@ -31,6 +33,7 @@ pub mod process;
 pub mod quota;
 pub mod scenario;
 pub mod sidecar;
+pub mod storm;
 pub mod webhook;
 
 pub use binaries::KubeVersion;

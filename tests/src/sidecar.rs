@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-use crate::binaries::{cache_dir, workspace_bin};
+use crate::binaries::workspace_bin;
 use crate::control_plane::TestBed;
 use crate::process::{tail, Managed};
 
@@ -194,61 +194,13 @@ fn clients_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients")
 }
 
-/// The Go toolchain: `$GRACEGUARD_GO`, else Go at /usr/local/go (the
-/// machine's current Go), else `go` on PATH.
-fn go_tool() -> PathBuf {
-    if let Some(p) = std::env::var_os("GRACEGUARD_GO") {
-        return PathBuf::from(p);
-    }
-    let local = PathBuf::from("/usr/local/go/bin/go");
-    if local.is_file() {
-        return local;
-    }
-    PathBuf::from("go")
-}
-
-/// Builds the Go client once per source version into the cache (a build
-/// under a temporary name, renamed into place, so parallel tests never see
-/// half a binary).
+/// Builds the Go client once per source version into the cache.
 pub fn go_client() -> Result<PathBuf> {
-    let src = clients_dir().join("go");
-    let mut key = String::new();
-    for f in ["go.mod", "client.go", "main.go"] {
-        key.push_str(
-            &std::fs::read_to_string(src.join(f)).with_context(|| format!("reading {f}"))?,
-        );
-    }
-    let hash = graceguard::pod_record::template_hash(&serde_json::Value::String(key));
-    let dir = cache_dir().join("go-client");
-    let bin = dir.join(format!("graceguard-go-client-{hash}"));
-    if bin.is_file() {
-        return Ok(bin);
-    }
-    std::fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!("build-{}", std::process::id()));
-    let out = std::process::Command::new(go_tool())
-        .args(["build", "-o"])
-        .arg(&tmp)
-        .arg(".")
-        .current_dir(&src)
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=mod")
-        .env("CGO_ENABLED", "0")
-        .output()
-        .with_context(|| {
-            format!(
-                "running {} (Go is needed for the Go client; scripts/test checks for it)",
-                go_tool().display()
-            )
-        })?;
-    if !out.status.success() {
-        bail!(
-            "building the Go client failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    std::fs::rename(&tmp, &bin)?;
-    Ok(bin)
+    crate::go_build::cached(
+        &clients_dir().join("go"),
+        "go-client",
+        "graceguard-go-client",
+    )
 }
 
 /// `adopt --count N --batch B` with the Python client: syncs (one long poll

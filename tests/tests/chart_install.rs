@@ -26,30 +26,10 @@ async fn certificate_material(bed: &TestBed) -> anyhow::Result<Vec<(String, Vec<
     for (k, v) in secret.data.unwrap_or_default() {
         out.push((format!("Secret graceguard-tls {k}"), v.0));
     }
-    let sel = ListParams::default().labels("app.kubernetes.io/instance=graceguard");
-    for c in Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
-        .list(&sel)
-        .await?
-        .items
+    for (name, cc) in
+        testbed::helm::webhook_clients(bed, "app.kubernetes.io/instance=graceguard").await?
     {
-        for w in c.webhooks.unwrap_or_default() {
-            out.push((
-                w.name,
-                w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default(),
-            ));
-        }
-    }
-    for c in Api::<MutatingWebhookConfiguration>::all(bed.client.clone())
-        .list(&sel)
-        .await?
-        .items
-    {
-        for w in c.webhooks.unwrap_or_default() {
-            out.push((
-                w.name,
-                w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default(),
-            ));
-        }
+        out.push((name, cc.ca_bundle.map(|b| b.0).unwrap_or_default()));
     }
     anyhow::ensure!(
         out.iter().all(|(_, v)| !v.is_empty()),

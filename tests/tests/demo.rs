@@ -117,5 +117,26 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     assert_eq!(d["pods"], 3, "{d}");
     assert_eq!(d["tagged"], 3, "{d}");
     assert_eq!(d["eviction_audit_records"], 3, "{d}");
+    // The client-go executor per mode: no quota leak in any; conflict storms,
+    // adaptive sends at most 10 Creates for the graceful deletion.
+    let storm: Vec<&Value> = runs
+        .iter()
+        .filter(|r| r["scenario"] == "flyte-seed-client-go")
+        .collect();
+    assert_eq!(storm.len(), 3, "{storm:?}");
+    for r in &storm {
+        assert_eq!(r["kubelet"], "real", "{r}");
+        assert_eq!(r["quota_used"], 1, "{r}");
+        assert_eq!(r["attempts"], 2, "{r}");
+    }
+    let creates = |m: &str| {
+        storm
+            .iter()
+            .find(|r| r["mode"] == m)
+            .and_then(|r| r["pod_creates_sent"].as_u64())
+            .unwrap_or(0)
+    };
+    assert!(creates("conflict") >= 20, "{storm:?}");
+    assert!((2..=11).contains(&creates("adaptive")), "{storm:?}");
     Ok(())
 }

@@ -83,50 +83,23 @@ fn node_of(p: &Pod) -> String {
 /// goes to the chart's Service (no `url`).
 async fn ca_bundles(bed: &TestBed) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     let mut out = Vec::new();
-    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
-    let v: Api<ValidatingWebhookConfiguration> = Api::all(bed.client.clone());
-    let m: Api<MutatingWebhookConfiguration> = Api::all(bed.client.clone());
-    let mut configs: Vec<(
-        String,
-        Vec<k8s_openapi::api::admissionregistration::v1::WebhookClientConfig>,
-    )> = Vec::new();
-    for c in v.list(&lp).await?.items {
-        configs.push((
-            c.name_any(),
-            c.webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| w.client_config)
-                .collect(),
-        ));
-    }
-    for c in m.list(&lp).await?.items {
-        configs.push((
-            c.name_any(),
-            c.webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| w.client_config)
-                .collect(),
-        ));
-    }
-    for (name, clients) in configs {
-        for cc in clients {
-            anyhow::ensure!(
-                cc.url.is_none(),
-                "{name} calls a url ({:?}), not the Service",
-                cc.url
-            );
-            let svc = cc
-                .service
-                .as_ref()
-                .map(|s| (s.namespace.as_str(), s.name.as_str()));
-            anyhow::ensure!(
-                svc == Some((NS, FULLNAME)),
-                "{name} calls {svc:?}, not Service {NS}/{FULLNAME}"
-            );
-            out.push((name.clone(), cc.ca_bundle.map(|b| b.0).unwrap_or_default()));
-        }
+    for (name, cc) in
+        helm::webhook_clients(bed, &format!("app.kubernetes.io/instance={RELEASE}")).await?
+    {
+        anyhow::ensure!(
+            cc.url.is_none(),
+            "{name} calls a url ({:?}), not the Service",
+            cc.url
+        );
+        let svc = cc
+            .service
+            .as_ref()
+            .map(|s| (s.namespace.as_str(), s.name.as_str()));
+        anyhow::ensure!(
+            svc == Some((NS, FULLNAME)),
+            "{name} calls {svc:?}, not Service {NS}/{FULLNAME}"
+        );
+        out.push((name, cc.ca_bundle.map(|b| b.0).unwrap_or_default()));
     }
     anyhow::ensure!(
         out.len() >= 4,
@@ -542,97 +515,81 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
 /// (the TLS pair and Helm's release records), Leases, the test's Role.
 async fn assert_nothing_left(bed: &TestBed) -> R {
     let c = &bed.client;
-    let mut left = Vec::new();
-    let ours = |n: &str| {
+    let ours = |n: &String| {
         n.starts_with(FULLNAME) || n.starts_with(&format!("sh.helm.release.v1.{RELEASE}."))
     };
-    for n in Api::<ValidatingWebhookConfiguration>::all(c.clone())
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-    {
-        left.push(format!("ValidatingWebhookConfiguration {n}"));
-    }
-    for n in Api::<MutatingWebhookConfiguration>::all(c.clone())
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-    {
-        left.push(format!("MutatingWebhookConfiguration {n}"));
-    }
-    for n in Api::<ClusterRole>::all(c.clone())
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-        .filter(|n| ours(n))
-    {
-        left.push(format!("ClusterRole {n}"));
-    }
-    for n in Api::<ClusterRoleBinding>::all(c.clone())
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-        .filter(|n| ours(n))
-    {
-        left.push(format!("ClusterRoleBinding {n}"));
-    }
-    for n in Api::<Secret>::namespaced(c.clone(), NS)
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-    {
-        left.push(format!("Secret {NS}/{n}"));
-    }
-    for n in Api::<Lease>::namespaced(c.clone(), NS)
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-    {
-        left.push(format!("Lease {NS}/{n}"));
-    }
-    for n in Api::<Pod>::namespaced(c.clone(), NS)
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-    {
-        left.push(format!("Pod {NS}/{n}"));
-    }
-    for n in Api::<Role>::namespaced(c.clone(), "default")
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-        .filter(|n| ours(n))
-    {
-        left.push(format!("Role default/{n}"));
-    }
-    for n in Api::<RoleBinding>::namespaced(c.clone(), "default")
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(|o| o.name_any())
-        .filter(|n| ours(n))
-    {
-        left.push(format!("RoleBinding default/{n}"));
-    }
+    let all = |kind: &str, names: Vec<String>| -> Vec<String> {
+        names.into_iter().map(|n| format!("{kind} {n}")).collect()
+    };
+    let mut left: Vec<String> = Vec::new();
+    left.extend(all(
+        "ValidatingWebhookConfiguration",
+        names(Api::<ValidatingWebhookConfiguration>::all(c.clone())).await?,
+    ));
+    left.extend(all(
+        "MutatingWebhookConfiguration",
+        names(Api::<MutatingWebhookConfiguration>::all(c.clone())).await?,
+    ));
+    left.extend(all(
+        "ClusterRole",
+        names(Api::<ClusterRole>::all(c.clone()))
+            .await?
+            .into_iter()
+            .filter(ours)
+            .collect(),
+    ));
+    left.extend(all(
+        "ClusterRoleBinding",
+        names(Api::<ClusterRoleBinding>::all(c.clone()))
+            .await?
+            .into_iter()
+            .filter(ours)
+            .collect(),
+    ));
+    left.extend(all(
+        "Secret",
+        names(Api::<Secret>::namespaced(c.clone(), NS)).await?,
+    ));
+    left.extend(all(
+        "Lease",
+        names(Api::<Lease>::namespaced(c.clone(), NS)).await?,
+    ));
+    left.extend(all(
+        "Pod",
+        names(Api::<Pod>::namespaced(c.clone(), NS)).await?,
+    ));
+    left.extend(all(
+        "Role default/",
+        names(Api::<Role>::namespaced(c.clone(), "default"))
+            .await?
+            .into_iter()
+            .filter(ours)
+            .collect(),
+    ));
+    left.extend(all(
+        "RoleBinding default/",
+        names(Api::<RoleBinding>::namespaced(c.clone(), "default"))
+            .await?
+            .into_iter()
+            .filter(ours)
+            .collect(),
+    ));
     assert!(left.is_empty(), "helm uninstall left: {left:#?}");
     Ok(())
+}
+
+/// The names of every object `api` lists.
+async fn names<K>(api: Api<K>) -> anyhow::Result<Vec<String>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .collect())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,9 +93,22 @@ pub struct ServeArgs {
     /// kubeconfig to reach the API server; in-cluster config when absent.
     #[arg(long, env = "GRACEGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// How denials are answered: 409 AlreadyExists, or 429 with retryAfterSeconds.
-    #[arg(long, env = "GRACEGUARD_MODE", value_enum, default_value_t = Mode::Conflict)]
+    /// How denials are answered: 409 AlreadyExists (conflict), 429 with the
+    /// grace left (retry), or 409 first and 429 with growing waits once a
+    /// client keeps re-creating the name (adaptive).
+    #[arg(long, env = "GRACEGUARD_MODE", value_enum, default_value_t = Mode::Adaptive)]
     pub mode: Mode,
+    /// adaptive: denials of a name to one client answered 409 before 429s begin.
+    #[arg(long, env = "GRACEGUARD_ADAPTIVE_CONFLICTS", default_value_t = 2)]
+    pub adaptive_conflicts: usize,
+    /// adaptive: the longest retryAfterSeconds; a client-go call (10 retries)
+    /// waits at most 10 times this. Must be shorter than --livelock-window,
+    /// which is how long a client waiting out a 429 stays known as looping.
+    #[arg(long, env = "GRACEGUARD_MAX_RETRY_AFTER", default_value = "8s", value_parser = duration)]
+    pub max_retry_after: Duration,
+    /// adaptive: the wait for a holder kept only by finalizers.
+    #[arg(long, env = "GRACEGUARD_FINALIZER_RETRY_AFTER", default_value = "5s", value_parser = duration)]
+    pub finalizer_retry_after: Duration,
     /// How long a confirmation GET's answer is reused for the same name.
     #[arg(long, env = "GRACEGUARD_CONFIRM_CACHE_TTL", default_value = "1s", value_parser = duration)]
     pub confirm_cache_ttl: Duration,
@@ -253,6 +266,33 @@ pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Cl
         .map_err(|e| CliError::Config(format!("cannot build a Kubernetes client: {e}")))
 }
 
+/// The numbers of mode `adaptive`, checked: waits in whole seconds, at least
+/// one, and shorter than the livelock window (a longer wait would end the
+/// client's streak, and its next retry would get a 409 again).
+fn adaptive_settings(args: &ServeArgs) -> Result<crate::collision::Adaptive, CliError> {
+    let secs = |d: Duration, flag: &str| -> Result<u32, CliError> {
+        let s = u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+        if s == 0 {
+            return Err(CliError::Config(format!(
+                "{flag} {d:?} is under one second; retryAfterSeconds is whole seconds, give 1s or more"
+            )));
+        }
+        Ok(s)
+    };
+    let max = secs(args.max_retry_after, "--max-retry-after")?;
+    if args.max_retry_after >= args.livelock_window {
+        return Err(CliError::Config(format!(
+            "--max-retry-after ({:?}) must be shorter than --livelock-window ({:?}): a client waiting longer than the window is no longer known to loop, and would get 409 again",
+            args.max_retry_after, args.livelock_window
+        )));
+    }
+    Ok(crate::collision::Adaptive {
+        conflicts_first: args.adaptive_conflicts,
+        max_retry_after: max,
+        finalizer_retry_after: secs(args.finalizer_retry_after, "--finalizer-retry-after")?,
+    })
+}
+
 async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, CliError> {
     TcpListener::bind(addr).await.map_err(|e| {
         CliError::Config(format!(
@@ -298,6 +338,7 @@ pub async fn serve(
         .map_err(|e| CliError::Config(e.to_string()))?;
     let client = client(args.kubeconfig.as_deref()).await?;
 
+    let adaptive = adaptive_settings(&args)?;
     let (metrics, registry) = Metrics::new();
     let app = Arc::new(App {
         pods: Arc::new(MetaIndex::new("pods")),
@@ -323,6 +364,7 @@ pub async fn serve(
         log_dropped,
         certificate: Some(resolver.clone()),
         mode: args.mode,
+        adaptive,
         readiness_tracks_watch: args.readiness_tracks_watch,
         shutting_down: AtomicBool::new(false),
     });

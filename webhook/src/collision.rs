@@ -68,19 +68,121 @@ pub enum Verdict {
     Deny(Box<Denial>),
 }
 
+/// The numbers of mode `adaptive`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Adaptive {
+    /// Denials of one name to one client (per streak, see `livelock`)
+    /// answered 409 before 429s begin: a one-off client such as kubectl sees
+    /// exactly what the API server would answer.
+    pub conflicts_first: usize,
+    /// The longest `retryAfterSeconds`. client-go retries a 429 that carries
+    /// Retry-After up to 10 times inside the same call, so one call of a
+    /// client-go worker is blocked at most 10 × this.
+    pub max_retry_after: u32,
+    /// The wait for a holder kept only by finalizers (its grace, if any, is
+    /// over): nothing says when they finish, so a fixed interval.
+    pub finalizer_retry_after: u32,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Self {
+            conflicts_first: 2,
+            max_retry_after: 8,
+            finalizer_retry_after: 5,
+        }
+    }
+}
+
+/// How a denial is phrased: the mode and, for `adaptive`, how many times in
+/// a row this client has been denied this name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct How {
+    pub mode: Mode,
+    /// Denials of this name to this client in the current streak, this one
+    /// included (1 for a first attempt, and for dry runs, which are not counted).
+    pub streak: usize,
+    pub adaptive: Adaptive,
+}
+
+impl From<Mode> for How {
+    fn from(mode: Mode) -> Self {
+        Self {
+            mode,
+            streak: 1,
+            adaptive: Adaptive::default(),
+        }
+    }
+}
+
+/// 409 AlreadyExists, or 429 with this many seconds to wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phrasing {
+    Conflict,
+    Retry { after_seconds: u32 },
+}
+
+/// Which answer a denial of `holder` gets. A live holder will not go away by
+/// waiting: 409 in every mode. `retry`: 429 with the grace left. `adaptive`:
+/// 409 for the first `conflicts_first` denials, then 429 with a wait of the
+/// time the holder has been terminating plus 2 s (2, 4, 8 s, ..., at most
+/// `max_retry_after`), never past the end of its grace by more than 2 s (a
+/// kubelet reports the container's end and deletes the pod a moment after),
+/// and past the end growing again from 2 s. Containers often exit long
+/// before their grace period ends, and every retry is judged against the
+/// holder again, so short waits early find the name free soon after it is;
+/// a holder that takes its whole 30 s grace then costs a client-go caller
+/// about 8 Creates, not one per reconcile.
+pub fn phrasing(holder: &Holder, how: How, now_unix: i64) -> Phrasing {
+    let Some(d) = holder.held.deletion else {
+        return Phrasing::Conflict;
+    };
+    let left = d.seconds_left(now_unix);
+    let seconds = |s: i64| u32::try_from(s.max(1)).unwrap_or(u32::MAX);
+    match how.mode {
+        Mode::Conflict => Phrasing::Conflict,
+        Mode::Retry => Phrasing::Retry {
+            after_seconds: seconds(left),
+        },
+        Mode::Adaptive if how.streak <= how.adaptive.conflicts_first => Phrasing::Conflict,
+        Mode::Adaptive => {
+            let a = how.adaptive;
+            if left == 0 && !holder.finalizers.is_empty() {
+                return Phrasing::Retry {
+                    after_seconds: a.finalizer_retry_after.max(1),
+                };
+            }
+            const SETTLE: i64 = 2;
+            let wait = if left > 0 {
+                let elapsed = now_unix.saturating_sub(d.requested_unix()).max(0);
+                elapsed
+                    .saturating_add(SETTLE)
+                    .min(left.saturating_add(SETTLE))
+            } else {
+                let overdue = now_unix.saturating_sub(d.at_unix).max(0);
+                overdue.saturating_add(SETTLE)
+            };
+            Phrasing::Retry {
+                after_seconds: seconds(wait).min(a.max_retry_after.max(1)),
+            }
+        }
+    }
+}
+
 /// The verdict for a Create of kind `kind` once the live read has answered.
 pub fn decide(
     kind: &GroupResource,
     confirmation: &Confirmation,
     name: &str,
-    mode: Mode,
+    how: impl Into<How>,
     now_unix: i64,
 ) -> Verdict {
     match confirmation {
         Confirmation::Free => Verdict::Allow(AllowReason::StaleIndex),
         Confirmation::Failed(_) => Verdict::Allow(AllowReason::ConfirmFailed),
         Confirmation::Held(holder) => {
-            Verdict::Deny(Box::new(denial(kind, name, holder, mode, now_unix)))
+            let phrase = phrasing(holder, how.into(), now_unix);
+            Verdict::Deny(Box::new(denial(kind, name, holder, phrase, now_unix)))
         }
     }
 }
@@ -110,17 +212,14 @@ fn held_by(finalizers: &[String]) -> Option<String> {
     Some(names.join(", "))
 }
 
-/// The denial for a Create of `name` of kind `kind`, held by `holder`.
-///
-/// `conflict`: 409 AlreadyExists, as the API server answers. `retry`: 429 with
-/// `retryAfterSeconds` = grace left (at least 1) when the holder is
-/// terminating; a live holder will not go away by waiting, so it gets the
-/// conflict answer in both modes.
+/// The denial for a Create of `name` of kind `kind`, held by `holder`,
+/// phrased as [`phrasing`] chose: 409 AlreadyExists, as the API server
+/// answers, or 429 TooManyRequests with `retryAfterSeconds`.
 pub fn denial(
     kind: &GroupResource,
     name: &str,
     holder: &Holder,
-    mode: Mode,
+    phrase: Phrasing,
     now_unix: i64,
 ) -> Denial {
     let mut details = StatusDetails {
@@ -166,14 +265,17 @@ pub fn denial(
             None,
         ),
     };
-    let status = match (mode, left) {
-        (Mode::Retry, Some(left)) => {
-            details.retry_after_seconds = u32::try_from(left.max(1)).unwrap_or(u32::MAX);
+    let status = match phrase {
+        Phrasing::Retry { after_seconds } => {
+            details.retry_after_seconds = after_seconds;
+            let message = format!(
+                "{message}. Retry in {after_seconds} s: this 429 is graceguard's answer (the holder is still terminating), not the API server's priority-and-fairness throttling"
+            );
             Status::failure(&message, "TooManyRequests")
                 .with_code(429)
                 .with_details(details)
         }
-        _ => Status::failure(&message, "AlreadyExists")
+        Phrasing::Conflict => Status::failure(&message, "AlreadyExists")
             .with_code(409)
             .with_details(details),
     };
@@ -380,5 +482,135 @@ mod tests {
             d.status.message
         );
         assert_eq!(d.reason, "exists");
+    }
+
+    fn adaptive(streak: usize) -> How {
+        How {
+            mode: Mode::Adaptive,
+            streak,
+            adaptive: Adaptive::default(),
+        }
+    }
+
+    #[test]
+    fn adaptive_answers_409_first_then_429_and_never_for_a_live_holder() {
+        let held = Confirmation::Held(terminating(28, 30));
+        for streak in 1..=2 {
+            let d = deny(decide(
+                &GroupResource::pods(),
+                &held,
+                "t",
+                adaptive(streak),
+                NOW,
+            ));
+            assert_eq!(
+                (d.status.code, d.status.reason.as_str()),
+                (409, "AlreadyExists"),
+                "streak {streak}"
+            );
+        }
+        let d = deny(decide(&GroupResource::pods(), &held, "t", adaptive(3), NOW));
+        assert_eq!(
+            (d.status.code, d.status.reason.as_str()),
+            (429, "TooManyRequests")
+        );
+        // 2 s into its grace: wait 4 s.
+        assert_eq!(
+            d.status.details.as_ref().map(|x| x.retry_after_seconds),
+            Some(4)
+        );
+        assert!(
+            d.status.message.contains("Retry in 4 s"),
+            "{}",
+            d.status.message
+        );
+        assert!(
+            d.status
+                .message
+                .contains("not the API server's priority-and-fairness throttling"),
+            "{}",
+            d.status.message
+        );
+        let live = deny(decide(
+            &GroupResource::pods(),
+            &Confirmation::Held(live()),
+            "t",
+            adaptive(50),
+            NOW,
+        ));
+        assert_eq!(live.status.code, 409);
+    }
+
+    #[test]
+    fn adaptive_waits_grow_with_the_time_the_holder_has_taken_and_stop_at_the_cap() {
+        let a = Adaptive::default();
+        let how = adaptive(3);
+        // (seconds since the delete, grace) -> retryAfterSeconds
+        for (elapsed, grace, want) in [
+            (0, 30, 2),
+            (2, 30, 4),
+            (6, 30, 8),
+            (15, 30, 8),
+            (27, 30, 5),
+            (29, 30, 3),
+        ] {
+            let h = terminating(grace - elapsed, grace);
+            assert_eq!(
+                phrasing(&h, how, NOW),
+                Phrasing::Retry {
+                    after_seconds: want
+                },
+                "{elapsed} s into {grace} s"
+            );
+        }
+        // Grace just over: the kubelet finishes in a moment, a short wait;
+        // long over (a slow kubelet, a node gone): growing to the cap, no
+        // 1 s polling.
+        assert_eq!(
+            phrasing(&terminating(0, 30), how, NOW),
+            Phrasing::Retry { after_seconds: 2 }
+        );
+        assert_eq!(
+            phrasing(&terminating(-3, 30), how, NOW),
+            Phrasing::Retry { after_seconds: 5 }
+        );
+        assert_eq!(
+            phrasing(&terminating(-300, 30), how, NOW),
+            Phrasing::Retry {
+                after_seconds: a.max_retry_after
+            }
+        );
+        // Held by finalizers alone: the fixed delay.
+        let mut pvc = terminating(0, 0);
+        pvc.finalizers = vec!["kubernetes.io/pvc-protection".into()];
+        assert_eq!(
+            phrasing(&pvc, how, NOW),
+            Phrasing::Retry {
+                after_seconds: a.finalizer_retry_after
+            }
+        );
+    }
+
+    /// A client-go caller that re-creates at once on 409 and sleeps
+    /// retryAfterSeconds on 429, against a holder that takes its whole 30 s
+    /// grace: the Creates it sends until the name is free.
+    #[test]
+    fn a_whole_30_s_grace_costs_a_looping_client_at_most_10_creates() {
+        let grace = 30;
+        let mut t_ms: i64 = 0;
+        let mut creates = 0;
+        let mut streak = 0;
+        while t_ms < grace * 1000 {
+            creates += 1;
+            streak += 1;
+            let now = NOW + t_ms / 1000;
+            let holder = terminating(grace - t_ms / 1000, grace);
+            match phrasing(&holder, adaptive(streak), now) {
+                Phrasing::Conflict => t_ms += 50,
+                Phrasing::Retry { after_seconds } => t_ms += i64::from(after_seconds) * 1000 + 20,
+            }
+        }
+        creates += 1; // the one that succeeds
+        assert!(creates <= 10, "{creates} Creates");
     }
 }

@@ -15,7 +15,7 @@ use crate::confirm::Confirmer;
 use crate::follow_up::{FollowUp, Source};
 use crate::kind_index::KindIndexes;
 use crate::livelock::LivelockDetector;
-use crate::metrics::{reason_labels, Endpoint, ExplainedLabels, Metrics};
+use crate::metrics::{reason_labels, Endpoint, ExplainedLabels, Metrics, ModeLabels};
 use crate::mode::Mode;
 use crate::pod_index::{NamespaceModes, PodIndex};
 use crate::quota_kinds::GroupResource;
@@ -39,6 +39,8 @@ pub struct App {
     pub certificate: Option<Arc<graceguard_certs::ReloadingResolver>>,
     /// The install-wide mode; a namespace label overrides it.
     pub mode: Mode,
+    /// The numbers of mode `adaptive`.
+    pub adaptive: collision::Adaptive,
     /// Whether readiness also requires healthy watches (see [`App::is_ready`]).
     pub readiness_tracks_watch: bool,
     /// Set on SIGTERM: readiness goes false while in-flight reviews finish.
@@ -266,6 +268,42 @@ fn eviction_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
     (Answer::allow(), rec)
 }
 
+/// Counts a denial of `name` to the request's user (the livelock detector),
+/// writes the `livelock_suspected` record when it names the client now, and
+/// returns the client's streak.
+fn record_denial(app: &App, req: &Request, rec: &AuditRecord, name: &str) -> usize {
+    let user = req.user_info.username.as_deref().unwrap_or("");
+    let looped_on = match &rec.resource {
+        Some(resource) => format!("{resource}/{name}"),
+        None => name.to_string(),
+    };
+    let recorded = app.livelock.record(&req.namespace, &looped_on, user);
+    if let Some(count) = recorded.report {
+        app.metrics.livelock_suspected.inc();
+        AuditRecord {
+            event: "livelock_suspected",
+            endpoint: Endpoint::collision_guard.as_str(),
+            decision: "deny",
+            reason: "livelock_suspected".into(),
+            namespace: req.namespace.clone(),
+            name: name.to_string(),
+            user: user.to_string(),
+            request_uid: req.uid.clone(),
+            detail: Some(format!(
+                "client {user:?} re-created {} \"{name}\" {count} times in {} s while the name was taken; it is probably looping on AlreadyExists",
+                rec.resource.as_deref().unwrap_or("pods"),
+                app.livelock.window().as_secs()
+            )),
+            resource: rec.resource.clone(),
+            denials_in_window: Some(count as u64),
+            window_seconds: Some(app.livelock.window().as_secs()),
+            ..Default::default()
+        }
+        .emit();
+    }
+    recorded.streak
+}
+
 async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     let allow = |reason: AllowReason| AuditRecord {
         reason: reason.as_str().into(),
@@ -323,7 +361,18 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     let mode = app.mode_for(&namespace);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let kind = other_kind.unwrap_or_else(GroupResource::pods);
-    let d = match collision::decide(&kind, &confirmation, &name, mode, now) {
+    // A confirmed holder means a denial: count it first (dry runs are not
+    // counted), since `adaptive` phrases it by the client's streak.
+    let streak = match (&confirmation, req.dry_run) {
+        (collision::Confirmation::Held(_), false) => record_denial(app, req, &rec, &name),
+        _ => 1,
+    };
+    let how = collision::How {
+        mode,
+        streak,
+        adaptive: app.adaptive,
+    };
+    let d = match collision::decide(&kind, &confirmation, &name, how, now) {
         Verdict::Allow(reason) => {
             rec.reason = reason.as_str().into();
             return (Answer::allow(), rec);
@@ -340,33 +389,13 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     }
     if !req.dry_run {
         app.metrics.quota_charges_prevented.inc();
-        let user = req.user_info.username.as_deref().unwrap_or("");
-        let looped_on = match &rec.resource {
-            Some(resource) => format!("{resource}/{name}"),
-            None => name.clone(),
-        };
-        if let Some(count) = app.livelock.record(&namespace, &looped_on, user) {
-            app.metrics.livelock_suspected.inc();
-            AuditRecord {
-                event: "livelock_suspected",
-                endpoint: Endpoint::collision_guard.as_str(),
-                decision: "deny",
-                reason: "livelock_suspected".into(),
-                namespace: namespace.clone(),
-                name: name.clone(),
-                user: user.to_string(),
-                request_uid: req.uid.clone(),
-                detail: Some(format!(
-                    "client {user:?} re-created {} \"{name}\" {count} times in {} s while the name was taken; it is probably looping on AlreadyExists",
-                    rec.resource.as_deref().unwrap_or("pods"),
-                    app.livelock.window().as_secs()
-                )),
-                resource: rec.resource.clone(),
-                denials_in_window: Some(count as u64),
-                window_seconds: Some(app.livelock.window().as_secs()),
-                ..Default::default()
-            }
-            .emit();
+        if d.status.code == 429 {
+            app.metrics
+                .retry_answers
+                .get_or_create(&ModeLabels {
+                    mode: mode.as_str(),
+                })
+                .inc();
         }
     }
     let answer = Answer {

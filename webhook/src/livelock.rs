@@ -6,6 +6,10 @@
 //! window; the first time a key reaches the threshold the audit log gets one
 //! `livelock_suspected` record. It reports again only after the key has been
 //! quiet (below the threshold) in between.
+//!
+//! The same windows tell mode `adaptive` how long a client has kept at it:
+//! its streak, the denials of the key with no pause longer than the window
+//! between two of them (a client waiting out a 429 retries within it).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -18,11 +22,21 @@ use moka::sync::Cache;
 pub struct Window {
     hits: VecDeque<Instant>,
     reported: bool,
+    /// Denials since the last pause longer than the window.
+    streak: usize,
+    last: Option<Instant>,
 }
 
 impl Window {
     /// Records a denial at `now`; true exactly when this one should be reported.
     pub fn record(&mut self, now: Instant, window: Duration, threshold: usize) -> bool {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) <= window => {
+                self.streak = self.streak.saturating_add(1);
+            }
+            _ => self.streak = 1,
+        }
+        self.last = Some(now);
         while self
             .hits
             .front()
@@ -45,6 +59,11 @@ impl Window {
         false
     }
 
+    /// Denials in the current streak, this one included.
+    pub fn streak(&self) -> usize {
+        self.streak
+    }
+
     /// Denials counted in the window.
     pub fn len(&self) -> usize {
         self.hits.len()
@@ -56,6 +75,15 @@ impl Window {
 }
 
 type Key = (String, String, String);
+
+/// What one recorded denial says about its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// `Some(denials in the window)` when the client should be named now.
+    pub report: Option<usize>,
+    /// Denials of this key in its current streak, this one included.
+    pub streak: usize,
+}
 
 /// Per-key windows that expire when a key goes quiet.
 #[derive(Clone)]
@@ -77,15 +105,18 @@ impl LivelockDetector {
         }
     }
 
-    /// Records a denial; `Some(count)` when the client should be named now.
-    pub fn record(&self, namespace: &str, name: &str, user: &str) -> Option<usize> {
+    /// Records a denial.
+    pub fn record(&self, namespace: &str, name: &str, user: &str) -> Recorded {
         let key = (namespace.to_string(), name.to_string(), user.to_string());
         let w = self
             .windows
             .get_with(key, || Arc::new(Mutex::new(Window::default())));
         let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-        w.record(Instant::now(), self.window, self.threshold)
-            .then(|| w.len())
+        let report = w.record(Instant::now(), self.window, self.threshold);
+        Recorded {
+            report: report.then(|| w.len()),
+            streak: w.streak(),
+        }
     }
 
     pub fn window(&self) -> Duration {
@@ -130,10 +161,30 @@ mod tests {
     #[test]
     fn keys_are_counted_apart() {
         let d = LivelockDetector::new(Duration::from_secs(10), 3);
-        assert_eq!(d.record("ns", "p", "alice"), None);
-        assert_eq!(d.record("ns", "p", "bob"), None);
-        assert_eq!(d.record("ns", "p", "alice"), None);
-        assert_eq!(d.record("ns", "p", "alice"), Some(3));
-        assert_eq!(d.record("ns", "p", "alice"), None);
+        let r = |user| d.record("ns", "p", user).report;
+        assert_eq!(r("alice"), None);
+        assert_eq!(r("bob"), None);
+        assert_eq!(r("alice"), None);
+        assert_eq!(r("alice"), Some(3));
+        assert_eq!(r("alice"), None);
+        assert_eq!(d.record("ns", "p", "bob").streak, 2);
+    }
+
+    #[test]
+    fn a_streak_lasts_while_pauses_stay_within_the_window() {
+        let t0 = Instant::now();
+        let win = Duration::from_secs(10);
+        let mut w = Window::default();
+        // A loop, then retries 8 s apart (a client waiting out 429s): one streak.
+        for (i, at) in [0u64, 50, 100, 8_100, 16_100, 24_100]
+            .into_iter()
+            .enumerate()
+        {
+            w.record(t0 + Duration::from_millis(at), win, 5);
+            assert_eq!(w.streak(), i + 1);
+        }
+        // A pause longer than the window starts a new one.
+        w.record(t0 + Duration::from_millis(35_000), win, 5);
+        assert_eq!(w.streak(), 1);
     }
 }

@@ -84,6 +84,11 @@ pub struct FollowUpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    pub mode: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ExplainedLabels {
     pub explained: &'static str,
 }
@@ -100,6 +105,7 @@ pub struct Metrics {
     pub confirmation_errors: Counter,
     pub quota_charges_prevented: Counter,
     pub livelock_suspected: Counter,
+    pub retry_answers: Family<ModeLabels, Counter>,
     pub disruption_tags: Family<ReasonLabels, Counter>,
     pub deletions_audited: Family<ExplainedLabels, Counter>,
     pub evictions_audited: Counter,
@@ -170,6 +176,7 @@ impl Metrics {
             confirmation_errors: Counter::default(),
             quota_charges_prevented: Counter::default(),
             livelock_suspected: Counter::default(),
+            retry_answers: Family::default(),
             disruption_tags: Family::default(),
             deletions_audited: Family::default(),
             evictions_audited: Counter::default(),
@@ -222,6 +229,11 @@ impl Metrics {
             "livelock_suspected",
             "Clients named for looping on a taken pod name",
             m.livelock_suspected.clone(),
+        );
+        r.register(
+            "collision_retry_answers",
+            "Colliding Creates graceguard answered 429 TooManyRequests with retryAfterSeconds, by mode (dry runs excluded): graceguard's own 429s, apart from the API server's priority-and-fairness throttling",
+            m.retry_answers.clone(),
         );
         r.register(
             "disruption_tags",

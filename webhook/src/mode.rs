@@ -1,7 +1,10 @@
 //! How a denial is phrased: `conflict` (409 AlreadyExists, what the API server
-//! itself would answer, so clients behave exactly as without graceguard) or
-//! `retry` (429 with `retryAfterSeconds`, for clients that should wait out the
-//! grace period). Chosen per install, overridable per namespace by label.
+//! itself would answer, so clients behave exactly as without graceguard),
+//! `retry` (429 with `retryAfterSeconds` = the grace left, for clients that
+//! should wait out the grace period) or `adaptive` (409 at first, 429 with
+//! short, growing waits once the same client keeps re-creating the name:
+//! see `collision::phrasing`). Chosen per install, overridable per namespace
+//! by label.
 
 use std::str::FromStr;
 
@@ -10,9 +13,10 @@ pub const MODE_LABEL: &str = "graceguard.io/mode";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
-    #[default]
     Conflict,
     Retry,
+    #[default]
+    Adaptive,
 }
 
 impl Mode {
@@ -20,6 +24,7 @@ impl Mode {
         match self {
             Mode::Conflict => "conflict",
             Mode::Retry => "retry",
+            Mode::Adaptive => "adaptive",
         }
     }
 }
@@ -30,8 +35,9 @@ impl FromStr for Mode {
         match s {
             "conflict" => Ok(Mode::Conflict),
             "retry" => Ok(Mode::Retry),
+            "adaptive" => Ok(Mode::Adaptive),
             other => Err(format!(
-                "{other:?} is not a graceguard mode; use \"conflict\" or \"retry\""
+                "{other:?} is not a graceguard mode; use \"conflict\", \"retry\" or \"adaptive\""
             )),
         }
     }

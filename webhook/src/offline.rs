@@ -44,7 +44,7 @@ pub fn process(body: &[u8], now_unix: i64) -> u16 {
     {
         let holder = Holder::from_meta(&meta);
         let name = meta.name.as_deref().unwrap_or_default();
-        for mode in [Mode::Conflict, Mode::Retry] {
+        for mode in [Mode::Conflict, Mode::Retry, Mode::Adaptive] {
             let _ = collision::decide(
                 &GroupResource::pods(),
                 &Confirmation::Held(holder.clone()),

@@ -73,6 +73,7 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: M
         log_dropped: None,
         certificate: None,
         mode,
+        adaptive: graceguard_webhook::collision::Adaptive::default(),
         readiness_tracks_watch: true,
         shutting_down: AtomicBool::new(false),
     });
@@ -549,6 +550,7 @@ fn clone_app(app: &App) -> App {
         log_dropped: None,
         certificate: None,
         mode: Mode::Conflict,
+        adaptive: graceguard_webhook::collision::Adaptive::default(),
         readiness_tracks_watch: true,
         shutting_down: AtomicBool::new(false),
     }

@@ -133,6 +133,7 @@ async fn run(args: &Args) -> Result<()> {
 
     let mut scheduler: Option<SchedulerPreemptionReport> = None;
     let mut drained: Option<DrainReport> = None;
+    let mut storm: Vec<testbed::storm::StormRow> = Vec::new();
     if args.kube == KubeVersion::V1_37 && real {
         eprintln!("starting a second control plane with a real node (kubelet, containerd, runc, CNI) for the disruptions...");
         let real_bed = TestBed::start_with(TestBedOptions {
@@ -175,6 +176,8 @@ async fn run(args: &Args) -> Result<()> {
             .collect();
         drained =
             Some(drain_node(&real_bed, &real_webhook, &ns, testbed::pods::NODE, &pods).await?);
+        eprintln!("flyte seed, client-go executor (a model of Flyte's v2 pod plugin): its task pod, grace 30 s taken in full, deleted gracefully; modes conflict, retry and adaptive side by side");
+        storm = testbed::storm::run(&real_bed, "demo-storm", 30).await?;
     }
     if args.kube == KubeVersion::V1_37 {
         if !real {
@@ -232,6 +235,9 @@ async fn run(args: &Args) -> Result<()> {
         if let Some(d) = &drained {
             emit(d, drain_kubelet)?;
         }
+        for r in &storm {
+            emit(r, "real")?;
+        }
         for a in &airflow {
             emit(a, "simulated")?;
         }
@@ -270,6 +276,34 @@ async fn run(args: &Args) -> Result<()> {
                 "drain: kubectl drain {} completed {} in {:.1} s; {} pods, {} tagged EvictionByEvictionAPI, {} eviction audit records ({} pods audited exactly once)",
                 d.node, d.drain_completed, d.drain_seconds, d.pods, d.tagged, d.eviction_audit_records, d.audited_once
             );
+        }
+        if !storm.is_empty() {
+            println!("\nflyte seed, client-go executor on a real node (grace {} s taken in full, deleted gracefully):", storm[0].grace_seconds);
+            println!(
+                "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>16} {:>20}",
+                "mode",
+                "pod creates",
+                "409",
+                "429",
+                "quota used",
+                "sys fails",
+                "running again s",
+                "longest Create s"
+            );
+            for r in &storm {
+                println!(
+                    "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>16} {:>20.1}",
+                    r.mode,
+                    r.pod_creates_sent,
+                    r.report.sent("POST pods 409"),
+                    r.report.sent("POST pods 429"),
+                    r.quota_used,
+                    r.system_failures_charged,
+                    r.running_again_after_ms
+                        .map_or("-".to_string(), |ms| format!("{:.1}", ms as f64 / 1000.0)),
+                    r.longest_create_call_ms as f64 / 1000.0
+                );
+            }
         }
     }
     Ok(())

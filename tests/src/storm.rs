@@ -1,0 +1,104 @@
+//! The storm scenario: the client-go executor (`crate::executor`, a model of
+//! Flyte's v2 pod plugin) runs one task per mode, each in a namespace whose
+//! `graceguard.io/mode` label picks the mode, on a bed with a real node and
+//! graceguard's collision guard registered; each task's pod is then deleted
+//! gracefully and the executor's requests are counted until its task runs
+//! again.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::PostParams;
+use kube::Api;
+use serde::Serialize;
+
+use crate::executor::{Executor, ExecutorReport};
+use crate::{pods, quota, TestBed};
+
+/// The modes compared, in the order they are reported.
+pub const MODES: [&str; 3] = ["conflict", "retry", "adaptive"];
+
+/// One mode's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct StormRow {
+    pub scenario: &'static str,
+    pub mode: &'static str,
+    /// Pods the namespace's quota counts once the task runs again.
+    pub quota_used: i64,
+    /// Pod Creates the executor sent (each of client-go's retries counts),
+    /// the first, which made the task's first pod, included.
+    pub pod_creates_sent: u64,
+    /// Every request, by "VERB resource code".
+    pub requests: BTreeMap<String, u64>,
+    /// The most system failures the executor had charged at once.
+    pub system_failures_charged: u64,
+    pub attempts: u64,
+    pub running_again_after_ms: Option<u64>,
+    pub longest_create_call_ms: u64,
+    pub grace_seconds: u32,
+    #[serde(skip)]
+    pub report: ExecutorReport,
+}
+
+/// A namespace whose `graceguard.io/mode` label picks the mode, with a pods
+/// quota of 10, once its default ServiceAccount exists.
+async fn namespace(bed: &TestBed, prefix: &str, mode: &str) -> Result<String> {
+    let name = format!("{prefix}-{mode}");
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": {"graceguard.io/mode": mode}},
+    }))?;
+    Api::<Namespace>::all(bed.client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(bed.client.clone(), &name);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sas.get_opt("default").await?.is_none() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no default ServiceAccount in {name} after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    quota::set_pods_quota(bed, &name, 10).await?;
+    Ok(name)
+}
+
+/// Runs the three modes at once (namespaces `<prefix>-<mode>`); each task
+/// pod has `grace` seconds of grace, which the task takes in full.
+pub async fn run(bed: &TestBed, prefix: &str, grace: u32) -> Result<Vec<StormRow>> {
+    let image = bed.task_image()?;
+    let mut runs = Vec::new();
+    for mode in MODES {
+        let ns = namespace(bed, prefix, mode).await?;
+        let ex = Executor::start(bed, &ns, "task-0", &image, grace, Duration::from_secs(150))?;
+        runs.push((mode, ns, ex));
+    }
+    for (_, _, ex) in &mut runs {
+        ex.wait_running(Duration::from_secs(120)).await?;
+    }
+    for (_, ns, _) in &runs {
+        let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+        pods::delete_gracefully(&api, "task-0", None).await?;
+    }
+    let mut rows = Vec::new();
+    for (mode, ns, ex) in runs {
+        let r = ex.finish().await?;
+        quota::recalculate(bed, &ns).await?;
+        rows.push(StormRow {
+            scenario: "flyte-seed-client-go",
+            mode,
+            quota_used: quota::used_pods(&bed.client, &ns).await?,
+            pod_creates_sent: r.sent("POST pods"),
+            requests: r.requests.clone(),
+            system_failures_charged: r.max_system_failures_seen,
+            attempts: r.attempts,
+            running_again_after_ms: r.running_again_after_ms,
+            longest_create_call_ms: r.longest_create_call_ms,
+            grace_seconds: grace,
+            report: r,
+        });
+    }
+    Ok(rows)
+}

@@ -1,0 +1,198 @@
+//! The storm, not just the leak: a client-go executor that re-creates its
+//! task pod under the same name (a model of Flyte's v2 pod plugin,
+//! `tests/executor`) against each mode, on a real node whose kubelet carries
+//! out the graceful deletion. Named `*_on_1_37`: real nodes run on 1.37 only.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::PostParams;
+use kube::Api;
+use testbed::webhook::{Hook, WebhookProcess};
+use testbed::{pods, storm, TestBed, TestBedOptions};
+
+type R = anyhow::Result<()>;
+
+/// The task's grace period, which the task also takes to stop (the worst
+/// case: the name is held for the whole of it).
+const GRACE: u32 = 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_turns_a_client_go_executors_recreate_loop_into_a_few_waiting_creates_on_1_37() -> R
+{
+    let bed = TestBed::start_with(TestBedOptions {
+        real_nodes: 1,
+        ..Default::default()
+    })
+    .await?;
+    // The install-wide mode is the chart's default; each namespace's label
+    // picks its own (the webhook watches namespaces for it).
+    let webhook = WebhookProcess::start(&bed, &["--mode=adaptive"]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let rows = storm::run(&bed, "storm", GRACE).await?;
+    eprintln!("storm: {}", serde_json::to_string(&rows)?);
+    let decisions: Vec<String> = webhook
+        .records_for("collision_guard", "storm-adaptive", "task-0")?
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {} {}",
+                r["timestamp"], r["decision"], r["code"], r["reason"]
+            )
+        })
+        .collect();
+    eprintln!("graceguard's answers to storm-adaptive/task-0: {decisions:?}");
+    for row in &rows {
+        let (mode, r) = (row.mode, &row.report);
+        // No mode leaks quota, and every task runs again, on one new pod.
+        assert_eq!(row.quota_used, 1, "{mode}: quota used: {r:?}");
+        assert!(
+            r.running_again_after_ms.is_some(),
+            "{mode}: the task never ran again: {r:?}"
+        );
+        assert_eq!(r.attempts, 2, "{mode}: {r:?}");
+        assert!(!r.failed_permanently, "{mode}: {r:?}");
+    }
+    let by = |m: &str| {
+        &rows
+            .iter()
+            .find(|r| r.mode == m)
+            .expect("every mode ran")
+            .report
+    };
+    // conflict: the loop runs at API speed for the whole grace period.
+    let conflict = by("conflict");
+    assert!(
+        conflict.sent("POST pods 409") >= 20,
+        "conflict mode did not show the storm: {conflict:?}"
+    );
+    // retry: a 429 with the grace left, then 1 s waits until the kubelet
+    // has deleted the pod: a handful of Creates.
+    let retry = by("retry");
+    assert!(
+        retry.sent("POST pods 429") >= 1 && retry.sent("POST pods") <= 8,
+        "{retry:?}"
+    );
+    // adaptive: 409 for the first two, then short growing waits: at most 10
+    // Creates for the graceful deletion (the first Create made the pod).
+    let adaptive = by("adaptive");
+    // graceguard's answers while the holder terminated: two 409s, then 429s
+    // only. (The executor may still send one Create after its pod exists
+    // again, before its cache has seen it: that one meets a live pod, 409.)
+    let codes: Vec<i64> = webhook
+        .records_for("collision_guard", "storm-adaptive", "task-0")?
+        .iter()
+        .filter(|r| r["reason"] == "terminating")
+        .filter_map(|r| r["code"].as_i64())
+        .collect();
+    assert!(
+        codes.len() >= 3 && codes[..2] == [409, 409] && codes[2..].iter().all(|c| *c == 429),
+        "adaptive must answer 409 twice, then 429: {codes:?} ({decisions:#?})"
+    );
+    let after_delete = adaptive.sent("POST pods") - 1;
+    assert!(
+        after_delete <= 10,
+        "adaptive: {after_delete} Creates for one graceful deletion: {adaptive:?}"
+    );
+    // The wait is graceguard's own 429, counted apart from API priority and fairness.
+    let retries = webhook
+        .metric("graceguard_collision_retry_answers_total{mode=\"adaptive\"}")?
+        .unwrap_or(0.0);
+    assert!(retries >= 1.0, "no adaptive 429 counted: {retries}");
+
+    // Other clients, against a pod that holds its name for its whole grace.
+    let ns = "storm-adaptive";
+    let image = bed.task_image()?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    for name in ["by-kubectl", "by-python"] {
+        let mut held = pods::task_pod_on(name, i64::from(GRACE), None);
+        pods::run_in(&mut held, &image, &pods::graceful_script(GRACE, 143));
+        api.create(&PostParams::default(), &held).await?;
+        pods::wait_running(&api, name).await?;
+        pods::delete_gracefully(&api, name, None).await?;
+    }
+    // The official Python client does not retry: its user sees the 429 and
+    // its Retry-After at once, and must wait by itself.
+    let py = std::env::var("GRACEGUARD_PY").map_err(|_| anyhow::anyhow!("GRACEGUARD_PY is not set: run through scripts/test (scripts/helm-venv.sh installs the kubernetes package)"))?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("clients/kubernetes-python/create_pod.py");
+    let out = std::process::Command::new(py)
+        .arg(script)
+        .args([
+            "--kubeconfig",
+            &bed.kubeconfig.display().to_string(),
+            "--namespace",
+            ns,
+            "--name",
+            "by-python",
+            "--image",
+            &image,
+            "--count",
+            "3",
+        ])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "the Python client script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    eprintln!("kubernetes python client: {answers}");
+    let codes: Vec<u64> = answers
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["status"].as_u64())
+        .collect();
+    assert_eq!(codes, vec![409, 409, 429], "{answers}");
+    let third = &answers[2];
+    assert_eq!(third["reason"], "TooManyRequests", "{answers}");
+    assert!(
+        third["retry_after"]
+            .as_str()
+            .is_some_and(|r| r.parse::<u32>().is_ok_and(|s| s >= 1)),
+        "no Retry-After header: {answers}"
+    );
+    assert!(
+        third["seconds"].as_f64().is_some_and(|s| s < 2.0),
+        "the Python client waited by itself: {answers}"
+    );
+    assert!(
+        third["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("graceguard")),
+        "{answers}"
+    );
+    // kubectl: its first tries get the API server's own AlreadyExists; the
+    // third gets graceguard's 429, and kubectl (client-go) waits and retries
+    // inside the same command until the name is free.
+    let run = [
+        "-n",
+        ns,
+        "run",
+        "by-kubectl",
+        "--image",
+        &image,
+        "--restart=Never",
+        "--",
+        "sleep",
+        "3600",
+    ];
+    for attempt in 1..=2 {
+        let (ok, out, err) = bed.kubectl("admin", &run)?;
+        assert!(
+            !ok && err.contains("(AlreadyExists)") && err.contains("terminating"),
+            "kubectl try {attempt}: {out} {err}"
+        );
+    }
+    let started = std::time::Instant::now();
+    let (ok, out, err) = bed.kubectl("admin", &run)?;
+    assert!(
+        ok,
+        "kubectl's third try did not wait out graceguard's 429: {out} {err}"
+    );
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(2),
+        "kubectl's third try did not wait: {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
