@@ -24,6 +24,7 @@ pub const MODES: [&str; 3] = ["conflict", "retry", "adaptive"];
 #[derive(Clone, Debug, Serialize)]
 pub struct StormRow {
     pub scenario: &'static str,
+    pub kube_version: &'static str,
     pub mode: &'static str,
     /// Pods the namespace's quota counts once the task runs again.
     pub quota_used: i64,
@@ -88,6 +89,7 @@ pub async fn run(bed: &TestBed, prefix: &str, grace: u32) -> Result<Vec<StormRow
         quota::recalculate(bed, &ns).await?;
         rows.push(StormRow {
             scenario: "flyte-seed-client-go",
+            kube_version: bed.version.as_str(),
             mode,
             quota_used: quota::used_pods(&bed.client, &ns).await?,
             pod_creates_sent: r.sent("POST pods"),

@@ -164,6 +164,9 @@ async fn run(args: &Args) -> Result<()> {
         reports.push(
             guard_graceful_delete(&real_bed, &kubelets, &ns, three, Disruption::Preemption).await?,
         );
+        // Before the drain, which leaves the node cordoned.
+        eprintln!("flyte seed, client-go executor (a model of Flyte's v2 pod plugin): its task pod, grace 30 s taken in full, deleted gracefully; modes conflict, retry and adaptive side by side");
+        storm = testbed::storm::run(&real_bed, "demo-storm", 30).await?;
         eprintln!("drain: kubectl drain of a real node running 3 pods (Eviction API; the kubelet terminates them)");
         let ns = real_bed.namespace("demo-drain").await?;
         let image = real_bed.task_image()?;
@@ -176,8 +179,6 @@ async fn run(args: &Args) -> Result<()> {
             .collect();
         drained =
             Some(drain_node(&real_bed, &real_webhook, &ns, testbed::pods::NODE, &pods).await?);
-        eprintln!("flyte seed, client-go executor (a model of Flyte's v2 pod plugin): its task pod, grace 30 s taken in full, deleted gracefully; modes conflict, retry and adaptive side by side");
-        storm = testbed::storm::run(&real_bed, "demo-storm", 30).await?;
     }
     if args.kube == KubeVersion::V1_37 {
         if !real {
