@@ -180,6 +180,22 @@ async fn helm_test_then_a_collision(
     Ok((ns, users))
 }
 
+/// After `what`: every ready webhook pod runs `image`, and the caBundles
+/// are still `bundles`.
+async fn rolled_to(bed: &TestBed, image: &str, bundles: &[(String, Vec<u8>)], what: &str) -> R {
+    let pods = ready_webhook_pods(bed).await?;
+    anyhow::ensure!(
+        !pods.is_empty() && pods.iter().all(|p| image_of(p) == image),
+        "{what} did not leave every ready pod on {image}: {:?}",
+        pods.iter().map(image_of).collect::<Vec<_>>()
+    );
+    anyhow::ensure!(
+        ca_bundles(bed).await? == bundles,
+        "{what} changed a caBundle"
+    );
+    Ok(())
+}
+
 /// `helm upgrade ARGS --wait` while a client re-creates the held name at
 /// ~12 Hz; every one of its Creates must get graceguard's denial.
 async fn upgrade_under_load(
@@ -349,17 +365,7 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
         ],
     )
     .await?;
-    let pods_now = ready_webhook_pods(&bed).await?;
-    assert!(
-        pods_now.iter().all(|p| image_of(p) == next.reference),
-        "the image upgrade did not roll out {}",
-        next.reference
-    );
-    assert_eq!(
-        ca_bundles(&bed).await?,
-        bundles,
-        "an upgrade changed a caBundle"
-    );
+    rolled_to(&bed, &next.reference, &bundles, "the image upgrade").await?;
     upgrade_under_load(
         &bed,
         &helm,
@@ -377,17 +383,7 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
         ],
     )
     .await?;
-    let pods_now = ready_webhook_pods(&bed).await?;
-    assert!(
-        pods_now.iter().all(|p| image_of(p) == image.reference),
-        "the rollback did not bring back {}",
-        image.reference
-    );
-    assert_eq!(
-        ca_bundles(&bed).await?,
-        bundles,
-        "the rollback changed a caBundle"
-    );
+    rolled_to(&bed, &image.reference, &bundles, "the rollback").await?;
     assert_denied_without_charge(&bed, &ns, "held").await?;
 
     // A wrong caBundle: the API server's call fails, Ignore lets the dry run
