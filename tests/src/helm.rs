@@ -116,9 +116,10 @@ impl Helm {
     }
 
     /// Runs `helm ARGS` against the bed; a failure is an output, not an error.
-    pub fn run(&self, args: &[&str]) -> Result<HelmOutput> {
+    pub fn run<S: AsRef<str>>(&self, args: &[S]) -> Result<HelmOutput> {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
         let out = Command::new(&self.bin)
-            .args(args)
+            .args(&args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("HELM_CONFIG_HOME", self.home.join("config"))
             .env("HELM_CACHE_HOME", self.home.join("cache"))
@@ -133,12 +134,12 @@ impl Helm {
     }
 
     /// Runs `helm ARGS` and fails with what it printed unless it succeeded.
-    pub fn ok(&self, args: &[&str]) -> Result<String> {
+    pub fn ok<S: AsRef<str>>(&self, args: &[S]) -> Result<String> {
         let out = self.run(args)?;
         if !out.success {
             bail!(
                 "helm {} failed:\n{}\n{}",
-                args.join(" "),
+                args.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(" "),
                 out.stdout,
                 out.stderr
             );
@@ -154,34 +155,44 @@ pub async fn webhook_clients(
     selector: &str,
 ) -> Result<Vec<(String, WebhookClientConfig)>> {
     let lp = ListParams::default().labels(selector);
-    let mut out = Vec::new();
-    for c in Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
+    let validating = Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
         .list(&lp)
         .await?
         .items
-    {
-        let cfg = c.name_any();
-        out.extend(
-            c.webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| (format!("{cfg}/{}", w.name), w.client_config)),
-        );
-    }
-    for c in Api::<MutatingWebhookConfiguration>::all(bed.client.clone())
+        .into_iter()
+        .map(|c| {
+            (
+                c.name_any(),
+                c.webhooks
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|w| (w.name, w.client_config))
+                    .collect::<Vec<_>>(),
+            )
+        });
+    let mutating = Api::<MutatingWebhookConfiguration>::all(bed.client.clone())
         .list(&lp)
         .await?
         .items
-    {
-        let cfg = c.name_any();
-        out.extend(
-            c.webhooks
-                .unwrap_or_default()
+        .into_iter()
+        .map(|c| {
+            (
+                c.name_any(),
+                c.webhooks
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|w| (w.name, w.client_config))
+                    .collect(),
+            )
+        });
+    Ok(validating
+        .chain(mutating)
+        .flat_map(|(cfg, hooks)| {
+            hooks
                 .into_iter()
-                .map(|w| (format!("{cfg}/{}", w.name), w.client_config)),
-        );
-    }
-    Ok(out)
+                .map(move |(name, cc)| (format!("{cfg}/{name}"), cc))
+        })
+        .collect())
 }
 
 /// Imports `archive` into every real node's containerd.

@@ -196,14 +196,35 @@ async fn rolled_to(bed: &TestBed, image: &str, bundles: &[(String, Vec<u8>)], wh
     Ok(())
 }
 
+/// `helm upgrade` of the release with its values and `set` changed, waiting
+/// for the rollout.
+fn upgrade_setting(set: &str) -> Vec<String> {
+    let chart = chart();
+    [
+        "upgrade",
+        RELEASE,
+        &chart,
+        "-n",
+        NS,
+        "--reuse-values",
+        "--set",
+        set,
+        "--wait",
+        "--timeout",
+        "5m",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// `helm upgrade ARGS --wait` while a client re-creates the held name at
 /// ~12 Hz; every one of its Creates must get graceguard's denial.
-async fn upgrade_under_load(
+async fn upgrade_under_load<S: AsRef<str>>(
     bed: &TestBed,
     helm: &Helm,
     ns: &str,
     held: &str,
-    args: &[&str],
+    args: &[S],
 ) -> anyhow::Result<usize> {
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
     let looping = CreateLoop::start(api, held, Expect::GraceguardDenial, LOOP_PERIOD);
@@ -217,7 +238,7 @@ async fn upgrade_under_load(
         "{} of {} Creates during `helm {}` did not get graceguard's denial: {:#?}",
         report.wrong.len(),
         report.sent,
-        args.join(" "),
+        args.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(" "),
         report.wrong
     );
     Ok(report.sent)
@@ -317,19 +338,7 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
         &helm,
         &ns,
         "held",
-        &[
-            "upgrade",
-            RELEASE,
-            &chart(),
-            "-n",
-            NS,
-            "--reuse-values",
-            "--set",
-            "config.livelockThreshold=7",
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
+        &upgrade_setting("config.livelockThreshold=7"),
     )
     .await?;
     assert!(
@@ -350,19 +359,7 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
         &helm,
         &ns,
         "held",
-        &[
-            "upgrade",
-            RELEASE,
-            &chart(),
-            "-n",
-            NS,
-            "--reuse-values",
-            "--set",
-            &format!("image.tag={}", next.tag()),
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
+        &upgrade_setting(&format!("image.tag={}", next.tag())),
     )
     .await?;
     rolled_to(&bed, &next.reference, &bundles, "the image upgrade").await?;
@@ -429,19 +426,9 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
     .await?;
 
     // failurePolicy Fail with every webhook pod gone.
-    helm.ok(&[
-        "upgrade",
-        RELEASE,
-        &chart(),
-        "-n",
-        NS,
-        "--reuse-values",
-        "--set",
+    helm.ok(&upgrade_setting(
         "webhooks.collisionGuard.failurePolicy=Fail",
-        "--wait",
-        "--timeout",
-        "5m",
-    ])?;
+    ))?;
     scale(&bed, 0).await?;
     let all: Api<Pod> = Api::namespaced(bed.client.clone(), NS);
     let lp = ListParams::default().labels(&format!(

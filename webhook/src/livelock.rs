@@ -24,19 +24,18 @@ pub struct Window {
     reported: bool,
     /// Denials since the last pause longer than the window.
     streak: usize,
-    last: Option<Instant>,
 }
 
 impl Window {
     /// Records a denial at `now`; true exactly when this one should be reported.
     pub fn record(&mut self, now: Instant, window: Duration, threshold: usize) -> bool {
-        match self.last {
-            Some(last) if now.saturating_duration_since(last) <= window => {
+        // The newest hit is the previous denial (hits only ever drop older ones).
+        match self.hits.back() {
+            Some(last) if now.saturating_duration_since(*last) <= window => {
                 self.streak = self.streak.saturating_add(1);
             }
             _ => self.streak = 1,
         }
-        self.last = Some(now);
         while self
             .hits
             .front()
