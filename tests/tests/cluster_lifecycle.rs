@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use testbed::binaries::workspace_bin;
-use testbed::node::cleanup::cgroup_hierarchies;
+use testbed::node::cgroups::hierarchies as cgroup_hierarchies;
 use testbed::node::mountns::machine_sysctls;
 
 fn run(cmd: &mut Command) -> Result<String> {

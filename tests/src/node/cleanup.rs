@@ -1,89 +1,17 @@
-//! Removing everything a bed's [`Ledger`] lists: its processes (by mount
-//! namespace and by cgroup, which catches containers and shims that outlived
-//! containerd), its cgroups, kube-proxy's and the kubelet's iptables rules,
+//! Removing everything a bed's [`Ledger`] lists: its processes (by cgroup:
+//! the node daemons' own and the pods', which catches containers and shims
+//! that outlived containerd; see [`cgroups`] for why never by namespace),
+//! its cgroups, kube-proxy's and the kubelet's iptables rules,
 //! its bridges and its addresses. Idempotent: what is already gone is skipped,
 //! so it serves both a bed's own teardown and a sweep after a crash.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use super::cgroups;
 use super::slot::{others_running, Ledger};
-
-/// The cgroup hierarchies mounted on this machine (each v1 controller's
-/// directory, and the unified v2 one).
-pub fn cgroup_hierarchies() -> Vec<PathBuf> {
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
-        return Vec::new();
-    };
-    mounts
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (_, target, fstype) = (f.next()?, f.next()?, f.next()?);
-            matches!(fstype, "cgroup" | "cgroup2").then(|| PathBuf::from(target))
-        })
-        .collect()
-}
-
-/// Every cgroup directory below `dir`, deepest first.
-fn cgroup_tree(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                out.extend(cgroup_tree(&e.path()));
-            }
-        }
-    }
-    if dir.is_dir() {
-        out.push(dir.to_path_buf());
-    }
-    out
-}
-
-/// The processes in the cgroups below `root` (a name such as `/graceguard-bed-3-node-1`).
-fn cgroup_pids(root: &str) -> Vec<i32> {
-    let mut pids = Vec::new();
-    for h in cgroup_hierarchies() {
-        for cg in cgroup_tree(&h.join(root.trim_start_matches('/'))) {
-            if let Ok(procs) = std::fs::read_to_string(cg.join("cgroup.procs")) {
-                pids.extend(procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()));
-            }
-        }
-    }
-    pids.sort_unstable();
-    pids.dedup();
-    pids
-}
-
-/// The mount namespace of a process, as `/proc/PID/ns/mnt` names it.
-pub fn mount_ns_of(pid: &str) -> Option<String> {
-    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
-        .ok()
-        .map(|l| l.to_string_lossy().into_owned())
-}
-
-/// The processes whose mount namespace is one of `namespaces`.
-fn namespace_pids(namespaces: &[String]) -> Vec<i32> {
-    if namespaces.is_empty() {
-        return Vec::new();
-    }
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let pid = name.parse::<i32>().ok()?;
-            let ns = mount_ns_of(&name)?;
-            namespaces.contains(&ns).then_some(pid)
-        })
-        .collect()
-}
 
 fn alive(pid: i32) -> bool {
     // A zombie still has a /proc entry; its state is 'Z'.
@@ -101,9 +29,9 @@ pub fn kill_processes(ledger: &Ledger) -> Result<()> {
     let me = std::process::id() as i32;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let mut pids = namespace_pids(&ledger.mount_namespaces);
+        let mut pids = Vec::new();
         for root in &ledger.cgroup_roots {
-            pids.extend(cgroup_pids(root));
+            pids.extend(cgroups::pids(root));
         }
         pids.retain(|p| *p != me && alive(*p));
         if pids.is_empty() {
@@ -120,34 +48,6 @@ pub fn kill_processes(ledger: &Ledger) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn remove_cgroups(root: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for h in cgroup_hierarchies() {
-        for cg in cgroup_tree(&h.join(root.trim_start_matches('/'))) {
-            loop {
-                match std::fs::remove_dir(&cg) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                    // EBUSY while the kernel finishes the last exits.
-                    Err(e) if Instant::now() < deadline => {
-                        let _ = e;
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    Err(e) => {
-                        return Err(e).with_context(|| {
-                            format!(
-                                "removing cgroup {}: is a process still in it?",
-                                cg.display()
-                            )
-                        })
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Runs `ip ARGS`; "not there" answers count as done.
@@ -200,7 +100,7 @@ fn delete_chain(table: &str, chain: &str) {
 pub fn sweep(ledger: &Ledger) -> Result<()> {
     kill_processes(ledger)?;
     for root in &ledger.cgroup_roots {
-        remove_cgroups(root)?;
+        cgroups::remove(root)?;
     }
     for kp in &ledger.kube_proxies {
         if kp.is_file() {
@@ -232,4 +132,58 @@ pub fn sweep(ledger: &Ledger) -> Result<()> {
         ip(&["addr", "del", a, "dev", "lo"])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sweep kills what runs in the bed's cgroups and nothing else, even a
+    /// process in a mount namespace made just after the bed's died (the
+    /// kernel reuses namespace numbers, which once made a sweep kill another
+    /// bed's pod sandbox).
+    #[test]
+    fn a_sweep_kills_the_beds_cgroup_and_spares_a_new_namespace() -> Result<()> {
+        let root = format!("/graceguard-unit-sweep-{}", std::process::id());
+        cgroups::create(&root)?;
+        let mut inside = cgroups::command_in(&root, std::path::Path::new("sleep"))
+            .arg("600")
+            .spawn()?;
+        let mut outside = Command::new("unshare")
+            .args(["--mount", "--", "sleep", "600"])
+            .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cgroups::pids(&root).contains(&(inside.id() as i32)) {
+            anyhow::ensure!(Instant::now() < deadline, "sleep never joined {root}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ledger = Ledger {
+            cgroup_roots: vec![root.clone()],
+            ..Ledger::default()
+        };
+        let swept = sweep(&ledger);
+        let inside_status = inside.try_wait()?;
+        let outside_status = outside.try_wait()?;
+        let _ = outside.kill();
+        let _ = outside.wait();
+        let _ = inside.kill();
+        let _ = inside.wait();
+        swept?;
+        assert!(
+            inside_status.is_some(),
+            "the bed's process survived the sweep"
+        );
+        assert!(
+            outside_status.is_none(),
+            "the sweep killed a process outside the bed's cgroups"
+        );
+        assert!(cgroups::pids(&root).is_empty());
+        assert!(
+            !cgroups::hierarchies()
+                .iter()
+                .any(|h| h.join(root.trim_start_matches('/')).exists()),
+            "the sweep left cgroup {root}"
+        );
+        Ok(())
+    }
 }

@@ -10,9 +10,11 @@
 //! changed; what they change in the machine's network namespace (the bed's
 //! bridge, node addresses on `lo`, iptables rules) and in `/sys/fs/cgroup`
 //! is written to the slot's [`slot::Ledger`] before it is made, and removed
-//! by [`cleanup::sweep`] at teardown or by the next holder of the slot.
+//! by [`cleanup::sweep`] at teardown or by the next holder of the slot. The
+//! bed finds its processes by cgroup ([`cgroups`]), never by namespace.
 
 pub mod bins;
+pub mod cgroups;
 pub mod cleanup;
 pub mod containerd;
 pub mod kube_proxy;
@@ -69,26 +71,6 @@ pub struct RealNodes {
     pub dir: PathBuf,
 }
 
-/// The cgroup root's directory in every hierarchy, made before the kubelet
-/// starts (it refuses a root that does not exist). cpuset needs its CPUs and
-/// memory nodes copied from the parent before anything can join it.
-fn create_cgroup_root(root: &str) -> Result<()> {
-    for h in cleanup::cgroup_hierarchies() {
-        let dir = h.join(root.trim_start_matches('/'));
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("creating cgroup {}", dir.display()))?;
-        for f in ["cpuset.cpus", "cpuset.mems"] {
-            if let Ok(v) = std::fs::read_to_string(h.join(f)) {
-                if dir.join(f).exists() {
-                    std::fs::write(dir.join(f), v.trim())
-                        .with_context(|| format!("writing {}", dir.join(f).display()))?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 impl RealNodes {
     /// Starts `creds.len()` nodes named `node-1…` in `slot`, with their files
     /// under `dir`, and waits until every one is Ready.
@@ -109,8 +91,10 @@ impl RealNodes {
         }
         std::fs::create_dir_all(dir)?;
         network::create_bridge(&mut slot)?;
-        let ns = MountNs::start(dir)?;
-        slot.record(|l| l.mount_namespaces.push(ns.id.clone()))?;
+        let system = slot.system_cgroup();
+        slot.record(|l| l.cgroup_roots.push(system.clone()))?;
+        cgroups::create(&system)?;
+        let ns = MountNs::start(dir, &system)?;
         let mut me = Self {
             kube_proxy: None,
             proxy_lock: None,
@@ -152,7 +136,7 @@ impl RealNodes {
             l.cgroup_roots.push(root.clone());
             l.kubelet_ran = true;
         })?;
-        create_cgroup_root(&root)?;
+        cgroups::create(&root)?;
         let spec = KubeletSpec {
             name: &name,
             node_ip: ip,

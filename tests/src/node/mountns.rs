@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::cleanup::mount_ns_of;
+use super::cgroups;
 use crate::process::Managed;
 
 /// Directories replaced by the bed's own inside the namespace.
@@ -56,16 +56,26 @@ pub fn machine_sysctls() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The mount namespace of a process, as `/proc/PID/ns/mnt` names it.
+pub fn mount_ns_of(pid: &str) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+        .ok()
+        .map(|l| l.to_string_lossy().into_owned())
+}
+
 /// A process holding the namespace open, and how to start others inside it.
 pub struct MountNs {
     holder: Managed,
+    cgroup: String,
     /// `mnt:[inode]`, as `/proc/PID/ns/mnt` reads.
     pub id: String,
 }
 
 impl MountNs {
-    /// Makes the namespace, with its shadow directories under `dir`.
-    pub fn start(dir: &Path) -> Result<Self> {
+    /// Makes the namespace, with its shadow directories under `dir`; its
+    /// holder and every process started with [`MountNs::command`] run in
+    /// cgroup `cgroup` (made already), by which a sweep finds them.
+    pub fn start(dir: &Path, cgroup: &str) -> Result<Self> {
         let mut script = String::from("set -e\n");
         for d in SHADOWED {
             let own = dir.join(format!("shadow{d}"));
@@ -88,7 +98,7 @@ impl MountNs {
             "touch '{}'\nexec sleep 2147483647\n",
             ready.display()
         ));
-        let mut cmd = Command::new("unshare");
+        let mut cmd = cgroups::command_in(cgroup, Path::new("unshare"));
         cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
             .arg(&script);
         let log = dir.join("mount-ns.log");
@@ -99,12 +109,16 @@ impl MountNs {
         if Some(&id) == mount_ns_of("self").as_ref() {
             bail!("unshare --mount did not make a new mount namespace (the holder shares ours)");
         }
-        Ok(Self { holder, id })
+        Ok(Self {
+            holder,
+            cgroup: cgroup.to_string(),
+            id,
+        })
     }
 
     /// `program` to be started inside the namespace.
     pub fn command(&self, program: &Path) -> Command {
-        let mut cmd = Command::new("nsenter");
+        let mut cmd = cgroups::command_in(&self.cgroup, Path::new("nsenter"));
         cmd.arg(format!("--mount=/proc/{}/ns/mnt", self.holder.pid()))
             .arg("--")
             .arg(program);

@@ -39,11 +39,10 @@ pub struct Ledger {
     pub bridges: Vec<String>,
     /// `ADDR/32` added to `lo`.
     pub addresses: Vec<String>,
-    /// Cgroup names made in every hierarchy (`/graceguard-bed-…`).
+    /// Cgroup names made in every hierarchy (`/graceguard-bed-…`): the node
+    /// daemons' ([`Slot::system_cgroup`]: containerd, its shims, the
+    /// kubelets, kube-proxy) and each kubelet's cgroup root (the pods).
     pub cgroup_roots: Vec<String>,
-    /// Mount namespaces (`mnt:[inode]`) whose processes belong to the bed:
-    /// containerd, its shims, the kubelets.
-    pub mount_namespaces: Vec<String>,
     /// kube-proxy binaries that ran: `kube-proxy --cleanup` removes their rules.
     pub kube_proxies: Vec<PathBuf>,
     /// Whether a kubelet ran (its iptables canary chains are then removed).
@@ -223,6 +222,11 @@ impl Slot {
 
     pub fn service_cidr(&self) -> String {
         format!("198.19.{}.128/25", self.n)
+    }
+
+    /// The cgroup name the bed's node daemons run in.
+    pub fn system_cgroup(&self) -> String {
+        format!("/graceguard-bed-{}-system", self.n)
     }
 
     /// The cgroup name node `k`'s kubelet puts its pods under.
