@@ -10,7 +10,13 @@ pub struct ApiError {
     pub code: u16,
     pub reason: String,
     pub message: String,
+    /// The `reason` of each of the answer's `details.causes`.
+    pub causes: Vec<String>,
 }
+
+/// The cause graceguard's webhook puts on a denial whose holder is
+/// terminating (its `HOLDER_TERMINATING_CAUSE`; a test keeps the two equal).
+pub const HOLDER_TERMINATING_CAUSE: &str = "graceguard.io/HolderTerminating";
 
 /// What to do about a refused Create.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +29,10 @@ pub enum CreateRefusal {
     /// 409 AlreadyExists (from the API server or graceguard's webhook): read
     /// the pod holding the name before deciding anything.
     NameTaken,
+    /// 429 from graceguard's webhook: the name's holder is terminating.
+    /// Waiting for a deletion to finish is no failure: wait the answer's
+    /// Retry-After, spending no attempt and no transient retry.
+    HolderTerminating,
     /// 429, 5xx, timeouts, and a 409 other than AlreadyExists (the
     /// ResourceQuota plugin's "Operation cannot be fulfilled on
     /// resourcequotas": its own write conflicted): retry with backoff; no
@@ -41,6 +51,9 @@ pub fn classify(e: &ApiError) -> CreateRefusal {
             None => CreateRefusal::QuotaFull,
         },
         409 if e.reason == "AlreadyExists" => CreateRefusal::NameTaken,
+        429 if e.causes.iter().any(|c| c == HOLDER_TERMINATING_CAUSE) => {
+            CreateRefusal::HolderTerminating
+        }
         409 | 429 | 500..=599 => CreateRefusal::Transient,
         _ => CreateRefusal::Configuration {
             message: format!("{} {}: {}", e.code, e.reason, e.message),
@@ -124,6 +137,7 @@ mod tests {
             code,
             reason: reason.into(),
             message: message.into(),
+            causes: Vec::new(),
         }
     }
 
@@ -156,6 +170,20 @@ mod tests {
                 CreateRefusal::Transient,
             ),
             (err(429, "TooManyRequests", "slow down"), CreateRefusal::Transient),
+            (
+                ApiError {
+                    causes: vec![HOLDER_TERMINATING_CAUSE.into()],
+                    ..err(429, "TooManyRequests", "admission webhook \"collision-guard.graceguard.io\" denied the request: pods \"t-0\" already exists and is terminating")
+                },
+                CreateRefusal::HolderTerminating,
+            ),
+            (
+                ApiError {
+                    causes: vec![HOLDER_TERMINATING_CAUSE.into()],
+                    ..err(409, "AlreadyExists", "pods \"t-0\" already exists and is terminating")
+                },
+                CreateRefusal::NameTaken,
+            ),
             (err(500, "InternalError", "etcd"), CreateRefusal::Transient),
             (err(503, "ServiceUnavailable", ""), CreateRefusal::Transient),
             (

@@ -962,6 +962,9 @@ impl Loop {
                         .backoffs
                         .refused(&a.key.namespace, Instant::now())
                         .saturating_duration_since(Instant::now()),
+                    CreateRefusal::HolderTerminating => retry_after.unwrap_or(
+                        Duration::from_millis(reconcile::HOLDER_RECHECK_MS.unsigned_abs()),
+                    ),
                     _ => at_least(e.transient.next().unwrap_or(policy.max), retry_after),
                 };
                 Input::Refused {
@@ -1052,6 +1055,11 @@ impl Loop {
                                 code: s.code,
                                 reason: s.reason.clone(),
                                 message: s.message.clone(),
+                                causes: s
+                                    .details
+                                    .iter()
+                                    .flat_map(|d| d.causes.iter().map(|c| c.reason.clone()))
+                                    .collect(),
                             };
                             let refusal = classify(&e);
                             tracing::debug!(pod = %name, ?refusal, message = %e.message, "create refused");
@@ -1081,6 +1089,7 @@ impl Loop {
                         Ok(found) => AnswerKind::Read(found.map(|p| Existing {
                             uid: p.uid().unwrap_or_default(),
                             labels: p.labels().clone(),
+                            deleting: p.metadata.deletion_timestamp.is_some(),
                         })),
                         Err(e) => {
                             tracing::warn!(pod = %name, error = %e, "reading the pod holding the name failed; retrying");

@@ -92,7 +92,14 @@ impl PodView {
 pub struct Existing {
     pub uid: String,
     pub labels: std::collections::BTreeMap<String, String>,
+    /// It has a deletionTimestamp: the name frees itself.
+    pub deleting: bool,
 }
+
+/// How long to wait before creating again when a terminating pod that is
+/// not ours holds the name (graceguard's webhook answered 409, or no webhook
+/// runs): short, as most containers exit long before their grace ends.
+pub const HOLDER_RECHECK_MS: i64 = 2_000;
 
 /// Where the current attempt's pod stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -586,6 +593,12 @@ impl<'a> Task<'a> {
                 let name = self.pod_name();
                 self.d.actions.push(Action::Read { name });
             }
+            CreateRefusal::HolderTerminating => {
+                // The name frees itself: waiting is no failure (no attempt,
+                // no transient retry spent).
+                self.s.not_before_ms = Some(retry_at);
+                self.wake_at(retry_at);
+            }
             CreateRefusal::Transient => {
                 self.s.transient_retries = self.s.transient_retries.saturating_add(1);
                 let max = self.spec.bounds.max_transient_retries;
@@ -623,6 +636,14 @@ impl<'a> Task<'a> {
             // Our own pod (a Create that had in fact succeeded, or one made
             // before a restart): adopt it; the watch reports the rest.
             return self.adopt(e.uid, now);
+        }
+        if e.deleting {
+            // Not ours, but on its way out: wait for the name, then create.
+            self.s.pod = PodTrack::ToCreate;
+            let at = now.saturating_add(HOLDER_RECHECK_MS);
+            self.s.not_before_ms = Some(at);
+            self.wake_at(at);
+            return;
         }
         let name = self.pod_name();
         self.s.system_failures = self.s.system_failures.saturating_add(1);

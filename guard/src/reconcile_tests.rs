@@ -315,6 +315,71 @@ fn a_full_quota_waits_without_spending_attempts() {
 }
 
 #[test]
+fn graceguards_429_for_a_terminating_holder_waits_without_spending_anything() {
+    let mut s = spec(0, 3);
+    s.bounds.max_transient_retries = 1;
+    let mut r = Run::new(s);
+    r.see(&[]);
+    for i in 1..=5 {
+        let d = r
+            .give(Input::Refused {
+                refusal: CreateRefusal::HolderTerminating,
+                retry_at_ms: r.now + 8000,
+            })
+            .clone();
+        assert_eq!(d.wake_at_ms, Some(r.now + 8000));
+        assert!(r.see(&[]).actions.is_empty(), "not before its time");
+        r.now += 8000;
+        r.see(&[]);
+        assert_eq!(
+            r.creates(),
+            ["train-0"],
+            "round {i}: the same name, waited for"
+        );
+    }
+    assert_eq!(
+        (
+            r.state.attempt,
+            r.state.transient_retries,
+            r.state.system_failures
+        ),
+        (0, 0, 0)
+    );
+    r.give(Input::Created { uid: "u0".into() });
+    assert!(
+        r.phases.iter().all(|p| !p.contains("Failed")),
+        "{:?}",
+        r.phases
+    );
+}
+
+#[test]
+fn a_terminating_foreign_holder_is_waited_out_not_a_name_conflict() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    for _ in 0..3 {
+        r.give(Input::Refused {
+            refusal: CreateRefusal::NameTaken,
+            retry_at_ms: r.now,
+        });
+        let d = r
+            .give(Input::Read(Some(Existing {
+                uid: "x".into(),
+                labels: [("app".to_string(), "other".to_string())].into(),
+                deleting: true,
+            })))
+            .clone();
+        assert_eq!(d.wake_at_ms, Some(r.now + HOLDER_RECHECK_MS));
+        assert!(r.see(&[]).actions.is_empty(), "not before the recheck");
+        r.now += HOLDER_RECHECK_MS;
+        r.see(&[]);
+        assert_eq!(r.creates(), ["train-0"]);
+    }
+    assert!(r.state.outcome.is_none(), "{:?}", r.state.outcome);
+    assert_eq!(r.state.system_failures, 0);
+}
+
+#[test]
 fn already_exists_on_a_foreign_pod_is_a_name_conflict_and_on_ours_adoption() {
     let mut r = Run::new(spec(0, 3));
     r.see(&[]);
@@ -334,6 +399,7 @@ fn already_exists_on_a_foreign_pod_is_a_name_conflict_and_on_ours_adoption() {
     r.give(Input::Read(Some(Existing {
         uid: "x".into(),
         labels: [("app".to_string(), "other".to_string())].into(),
+        deleting: false,
     })));
     let o = r.outcome();
     assert!(o.reason.unwrap_or_default().starts_with("NameConflict"));
@@ -349,6 +415,7 @@ fn already_exists_on_a_foreign_pod_is_a_name_conflict_and_on_ours_adoption() {
         Input::Read(Some(Existing {
             uid: "u0".into(),
             labels: labels.into(),
+            deleting: false,
         })),
         &[],
         T0,

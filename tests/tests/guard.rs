@@ -519,3 +519,85 @@ async fn an_unknown_create_outcome_adopts_the_pod_without_a_second_create() -> R
     assert!(reads >= 1, "the name was read after the lost answer");
     Ok(())
 }
+
+/// The guard meets graceguard's adaptive answers for a name a foreign pod
+/// holds while it terminates (its kubelet has not finished, and a finalizer
+/// would keep it past that): two 409s (it reads the holder, sees it
+/// deleting, waits), then 429s (it waits the Retry-After).
+/// It spends nothing while it waits: with one transient retry allowed, a
+/// 429 counted as transient would fail the task. Once the finalizer goes,
+/// one Create makes attempt 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminating_holder_is_waited_out_through_graceguards_409s_and_429s_spending_nothing() -> R
+{
+    use testbed::webhook::{Hook, WebhookProcess};
+    let (bed, ns, alice) = bed().await?;
+    let webhook = WebhookProcess::start(&bed, &["--mode=adaptive"]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let mut holder = pods::task_pod("hold-0", 30);
+    holder.metadata.finalizers = Some(vec!["graceguard.test/hold".into()]);
+    assert_eq!(pods::create(&api, &holder).await?, CreateOutcome::Created);
+    pods::delete_gracefully(&api, "hold-0", Some(30)).await?;
+
+    let mut s = spec("hold", &ns);
+    s.bounds.max_transient_retries = 1;
+    let mut task = RunningTask::start(alice, s, pods::task_pod("template", 30));
+    // Until graceguard has answered 429 three times (waits of 2 s and up).
+    let codes = |w: &WebhookProcess| -> anyhow::Result<Vec<i64>> {
+        Ok(w.records_for("collision_guard", &ns, "hold-0")?
+            .iter()
+            .filter(|r| r["decision"] == "deny")
+            .filter_map(|r| r["code"].as_i64())
+            .collect())
+    };
+    let deadline = Instant::now() + MIN;
+    while codes(&webhook)?.iter().filter(|c| **c == 429).count() < 3 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "graceguard never answered 429 three times: {:?}; the task saw {:?}",
+            codes(&webhook)?,
+            task.seen
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        &codes(&webhook)?[..3],
+        [409, 409, 429],
+        "adaptive's answers"
+    );
+    api.patch(
+        "hold-0",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    // Its container has stopped: the kubelet deletes the pod.
+    kubelet.finish_deletion(&ns, "hold-0").await?;
+    task.wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
+        .await?;
+    assert!(
+        task.seen
+            .iter()
+            .all(|t| t.attempt == 0 && t.phase != "Failed"),
+        "the wait cost an attempt or failed the task: {:?}",
+        summary(&task.seen)
+    );
+    let created = audit_count(&bed, 1, |e| {
+        alice_creates(e, &ns) && e.response_status.as_ref().map(|r| r.code) == Some(201)
+    })
+    .await?;
+    assert_eq!(created, 1, "one Create made attempt 0");
+    task.handle.abort();
+    Ok(())
+}
+
+/// The guard recognises graceguard's denial by the cause the webhook writes.
+#[test]
+fn the_guard_and_the_webhook_agree_on_the_holder_terminating_cause() {
+    assert_eq!(
+        graceguard::classify::HOLDER_TERMINATING_CAUSE,
+        graceguard_webhook::collision::HOLDER_TERMINATING_CAUSE
+    );
+}

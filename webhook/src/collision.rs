@@ -5,7 +5,7 @@
 //! denies, so a stale index never denies a legitimate Create, and a failed read
 //! allows, so graceguard never makes things worse than no webhook.
 
-use kube::core::response::StatusDetails;
+use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::Status;
 
 use crate::mode::Mode;
@@ -115,6 +115,10 @@ impl From<Mode> for How {
     }
 }
 
+/// How many times client-go retries a 429 that carries Retry-After inside
+/// one call (`maxRetries` in `rest.Request`, default 10) before it returns it.
+pub const CLIENT_GO_MAX_RETRIES: usize = 10;
+
 /// 409 AlreadyExists, or 429 with this many seconds to wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phrasing {
@@ -132,7 +136,13 @@ pub enum Phrasing {
 /// before their grace period ends, and every retry is judged against the
 /// holder again, so short waits early find the name free soon after it is;
 /// a holder that takes its whole 30 s grace then costs a client-go caller
-/// about 8 Creates, not one per reconcile.
+/// about 8 Creates, not one per reconcile. After every
+/// [`CLIENT_GO_MAX_RETRIES`] 429s in a row one 409 follows, so a client-go
+/// call, which returns the answer after its retries are spent, returns the
+/// AlreadyExists it would have met without graceguard, never a 429 (Flyte's
+/// executor, for one, counts any other Create error as a system failure and
+/// fails the task after 3: a holder with a long grace would otherwise fail
+/// tasks that mode `conflict` keeps alive).
 pub fn phrasing(holder: &Holder, how: How, now_unix: i64) -> Phrasing {
     let Some(d) = holder.held.deletion else {
         return Phrasing::Conflict;
@@ -145,6 +155,12 @@ pub fn phrasing(holder: &Holder, how: How, now_unix: i64) -> Phrasing {
             after_seconds: seconds(left),
         },
         Mode::Adaptive if how.streak <= how.adaptive.conflicts_first => Phrasing::Conflict,
+        // The 11th answer of each run of 429s: the one a client-go call returns.
+        Mode::Adaptive
+            if (how.streak - how.adaptive.conflicts_first) % (CLIENT_GO_MAX_RETRIES + 1) == 0 =>
+        {
+            Phrasing::Conflict
+        }
         Mode::Adaptive => {
             let a = how.adaptive;
             if left == 0 && !holder.finalizers.is_empty() {
@@ -212,6 +228,11 @@ fn held_by(finalizers: &[String]) -> Option<String> {
     Some(names.join(", "))
 }
 
+/// The `reason` of the cause a denial of a terminating holder carries, in
+/// 409 and 429 alike: clients that act on it (graceguard's own guard) wait
+/// for the name instead of counting a failure, and need not parse messages.
+pub const HOLDER_TERMINATING_CAUSE: &str = "graceguard.io/HolderTerminating";
+
 /// The denial for a Create of `name` of kind `kind`, held by `holder`,
 /// phrased as [`phrasing`] chose: 409 AlreadyExists, as the API server
 /// answers, or 429 TooManyRequests with `retryAfterSeconds`.
@@ -251,6 +272,11 @@ pub fn denial(
                     d.grace_seconds
                 ),
             };
+            details.causes.push(StatusCause {
+                reason: HOLDER_TERMINATING_CAUSE.to_string(),
+                message: format!("{what} \"{name}\" is terminating ({holds})"),
+                field: "metadata.name".to_string(),
+            });
             (
                 format!(
                     "{what} \"{name}\" already exists and is terminating ({holds}); {NO_CHARGE}. Create it again once it is gone, or use a new name"
@@ -489,6 +515,48 @@ mod tests {
             mode: Mode::Adaptive,
             streak,
             adaptive: Adaptive::default(),
+        }
+    }
+
+    #[test]
+    fn adaptive_answers_409_after_every_ten_429s_so_a_client_go_call_never_returns_one() {
+        let held = Confirmation::Held(terminating(28, 600));
+        let codes: Vec<u16> = (1..=26)
+            .map(|streak| {
+                deny(decide(
+                    &GroupResource::pods(),
+                    &held,
+                    "t",
+                    adaptive(streak),
+                    NOW,
+                ))
+                .status
+                .code
+            })
+            .collect();
+        let mut want = vec![409, 409];
+        for _ in 0..2 {
+            want.extend([429; CLIENT_GO_MAX_RETRIES]);
+            want.push(409);
+        }
+        want.extend([429, 429]);
+        assert_eq!(codes, want);
+        // Every denial of a terminating holder names it as a cause, in 409 and 429 alike.
+        for streak in [1, 3] {
+            let d = deny(decide(
+                &GroupResource::pods(),
+                &held,
+                "t",
+                adaptive(streak),
+                NOW,
+            ));
+            let causes = d.status.details.map(|x| x.causes).unwrap_or_default();
+            assert_eq!(
+                causes.iter().map(|c| c.reason.as_str()).collect::<Vec<_>>(),
+                [HOLDER_TERMINATING_CAUSE],
+                "streak {streak}"
+            );
+            assert_eq!(causes[0].field, "metadata.name");
         }
     }
 
