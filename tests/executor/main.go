@@ -1,25 +1,33 @@
 // Command executor is a model of an executor's pod plugin, on client-go, for
-// graceguard's end-to-end tests: it follows the behaviour of Flyte's v2 pod
-// plugin as far as it matters for a name collision, so the tests can compare
-// graceguard's modes against the client library such executors use.
+// graceguard's end-to-end tests and benchmarks: it follows the behaviour of
+// Flyte's v2 executor (flyteorg/flyte v2.0.43, executor/) as far as it
+// matters for a name collision, so the tests can compare graceguard's modes
+// against the client library such executors use.
 //
 //   - Each task attempt's pod has a fixed name; the plugin re-creates that
 //     same name.
-//   - A Create answered AlreadyExists is read as "my pod exists": success.
+//   - A Create answered AlreadyExists is read as "my pod exists": success,
+//     which (like any transition but a system error) resets the task's
+//     system-failure count.
 //   - A pod of its own seen with a deletionTimestamp is a system failure
 //     (UnexpectedObjectDeletion): the plugin deletes it and creates it again.
-//   - A successful Create resets the system-failure count.
-//   - Reconciles run on every watch event of the task's pods (an informer
-//     feeding a work queue), not on a timer.
+//   - Any other Create error but Forbidden is a system error: counted, and
+//     the task requeued after a fixed 10 s; more than 3 system failures in a
+//     row fail the task for good (MaxSystemFailuresExceeded).
+//   - Reconciles run on every watch event of the tasks' pods and status
+//     objects (informers feeding one work queue), by up to 512 workers at
+//     once (MaxConcurrentReconciles), through one shared client.
 //
 // client-go itself retries a 429 that carries Retry-After inside the same
-// call (up to 10 times), so a caller simply waits.
+// call (up to 10 times), so a caller simply waits, and its worker with it.
 //
-// It runs until --run-for has passed, or until the task's pod has run again
-// (Running after a disruption) for --settle, and prints one JSON object:
-// the requests it sent by verb and answer, system failures charged, the
-// longest single Create call, and how long after the first disruption its pod
-// was Running again.
+// It runs --tasks tasks (task-0, task-1, ...). Once the first of them is seen
+// disrupted, it launches --unrelated new tasks (new-0, ...) at that instant,
+// whose latency shows whether workers blocked in colliding Creates starve
+// the rest. It stops after --run-for, or once every task has run again (the
+// disrupted ones on a new pod, the unrelated ones at all) for --settle, and
+// prints one JSON object: requests by verb and answer, per-task figures and
+// their totals.
 package main
 
 import (
@@ -30,6 +38,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,17 +47,22 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/workqueue"
 )
 
-// counter counts the requests the executor's client sends, by verb,
-// resource and answer code, as they leave client-go's transport (each retry
-// of a 429 is one request).
+const (
+	taskLabel     = "graceguard-test/task"
+	executorLabel = "graceguard-test/executor"
+)
+
+// counts are the requests the executor's client sends, by verb, resource
+// and answer code, as they leave client-go's transport (each retry of a 429
+// is one request).
 type counts struct {
 	mu sync.Mutex
 	m  map[string]int
@@ -87,96 +101,163 @@ func resourceOf(path string) string {
 	return path
 }
 
-type result struct {
-	Requests             map[string]int `json:"requests"`
-	PodCreates           int            `json:"pod_creates"`
-	PodDeletes           int            `json:"pod_deletes"`
-	SystemFailures       int            `json:"system_failures"`
-	MaxSystemFailures    int            `json:"max_system_failures_seen"`
-	Attempts             int            `json:"attempts"`
-	LongestCreateCallMS  int64          `json:"longest_create_call_ms"`
-	RunningAgainAfterMS  *int64         `json:"running_again_after_ms"`
-	CreateErrors         map[string]int `json:"create_errors"`
-	FailedPermanently    bool           `json:"failed_permanently"`
-	FailedPermanentlyWhy string         `json:"failed_permanently_why,omitempty"`
+// task is one task's state and figures.
+type task struct {
+	name      string
+	unrelated bool
+
+	podCreates, podDeletes, attempts  int
+	systemFailures, maxSystemFailures int
+	systemFailuresRecorded            int
+	longestCreateMS                   int64
+	createErrors                      map[string]int
+	failed                            bool
+	failedWhy                         string
+
+	firstUID       string
+	launchedAt     time.Time
+	createdAt      time.Time
+	runningAt      time.Time
+	disruptedAt    time.Time
+	runningAgainAt time.Time
 }
 
-type plugin struct {
+// taskReport is what the executor prints per task.
+type taskReport struct {
+	Name                string         `json:"name"`
+	PodCreates          int            `json:"pod_creates"`
+	Attempts            int            `json:"attempts"`
+	MaxSystemFailures   int            `json:"max_system_failures_seen"`
+	LongestCreateCallMS int64          `json:"longest_create_call_ms"`
+	CreateErrors        map[string]int `json:"create_errors"`
+	FailedPermanently   bool           `json:"failed_permanently"`
+	FailedWhy           string         `json:"failed_permanently_why,omitempty"`
+	// Disrupted tasks: from the first sight of the deletion to the new pod Running.
+	RunningAgainAfterMS *int64 `json:"running_again_after_ms,omitempty"`
+	// Unrelated tasks: from launch to the Create that made the pod returning, and to Running.
+	CreatedAfterMS *int64 `json:"created_after_ms,omitempty"`
+	RunningAfterMS *int64 `json:"running_after_ms,omitempty"`
+}
+
+type result struct {
+	Requests map[string]int `json:"requests"`
+	// Totals over the disrupted tasks (--tasks).
+	PodCreates        int `json:"pod_creates"`
+	PodDeletes        int `json:"pod_deletes"`
+	SystemFailures    int `json:"system_failures"`
+	MaxSystemFailures int `json:"max_system_failures_seen"`
+	// Every system failure counted (each a status write and an event in Flyte).
+	SystemFailuresRecorded int            `json:"system_failures_recorded"`
+	Attempts               int            `json:"attempts"`
+	LongestCreateCallMS    int64          `json:"longest_create_call_ms"`
+	RunningAgainAfterMS    *int64         `json:"running_again_after_ms"`
+	CreateErrors           map[string]int `json:"create_errors"`
+	FailedPermanently      bool           `json:"failed_permanently"`
+	FailedPermanentlyWhy   string         `json:"failed_permanently_why,omitempty"`
+	Workers                int            `json:"workers"`
+	Tasks                  []taskReport   `json:"tasks"`
+	Unrelated              []taskReport   `json:"unrelated"`
+}
+
+type executor struct {
 	client      kubernetes.Interface
+	pods        corelisters.PodLister
+	queue       workqueue.TypedDelayingInterface[string]
 	namespace   string
-	name        string
 	image       string
 	grace       int64
 	maxFailures int
+	requeue     time.Duration
+	unrelated   int
 
-	mu             sync.Mutex
-	res            result
-	disruptedAt    time.Time
-	runningAgainAt time.Time
-	firstUID       string
+	mu       sync.Mutex
+	tasks    map[string]*task
+	launched bool
 }
 
 // status is the task's status object (Flyte keeps it in its TaskAction
 // custom resource): every system failure is written to it, and its watch
 // event triggers the next reconcile, which is what keeps Flyte's loop going.
-func (p *plugin) status() string { return p.name + "-status" }
-
-func (p *plugin) writeStatus(ctx context.Context, failures int) {
+func (e *executor) writeStatus(ctx context.Context, name string, failures int) {
 	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: p.status(), Labels: map[string]string{"graceguard-test/task": p.name}},
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-status", Labels: map[string]string{taskLabel: name, executorLabel: "model"}},
 		Data:       map[string]string{"systemFailures": strconv.Itoa(failures), "at": time.Now().Format(time.RFC3339Nano)},
 	}
-	cms := p.client.CoreV1().ConfigMaps(p.namespace)
+	cms := e.client.CoreV1().ConfigMaps(e.namespace)
 	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); apierrors.IsNotFound(err) {
 		_, _ = cms.Create(ctx, cm, metav1.CreateOptions{})
 	}
 }
 
-func (p *plugin) pod() *corev1.Pod {
-	grace := p.grace
+func (e *executor) pod(name string) *corev1.Pod {
+	grace := e.grace
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:   p.name,
-			Labels: map[string]string{"graceguard-test/task": p.name},
+			Name:   name,
+			Labels: map[string]string{taskLabel: name, executorLabel: "model"},
 		},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: &grace,
 			Containers: []corev1.Container{{
 				Name:            "task",
-				Image:           p.image,
+				Image:           e.image,
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				// Runs until SIGTERM, then takes its grace period to exit.
-				Command: []string{"sh", "-c", fmt.Sprintf("trap 'sleep %d; exit 143' TERM; while true; do sleep 1; done", p.grace)},
+				Command: []string{"sh", "-c", fmt.Sprintf("trap 'sleep %d; exit 143' TERM; while true; do sleep 1; done", e.grace)},
 			}},
 		},
 	}
 }
 
-// create sends one Create (client-go may retry a 429 inside it) and reads
-// AlreadyExists as success, as the plugin does.
-func (p *plugin) create(ctx context.Context) {
+// systemFailure counts one for t (the caller holds e.mu); false once the
+// task has failed for good.
+func (e *executor) systemFailure(t *task) bool {
+	t.systemFailures++
+	t.systemFailuresRecorded++
+	if t.systemFailures > t.maxSystemFailures {
+		t.maxSystemFailures = t.systemFailures
+	}
+	if e.maxFailures > 0 && t.systemFailures > e.maxFailures {
+		t.failed = true
+		t.failedWhy = fmt.Sprintf("MaxSystemFailuresExceeded: %d system failures in a row", t.systemFailures)
+		return false
+	}
+	return true
+}
+
+// create sends one Create (client-go may retry a 429 inside it, the worker
+// waiting) and reads its answer as the plugin does.
+func (e *executor) create(ctx context.Context, t *task) {
 	start := time.Now()
-	_, err := p.client.CoreV1().Pods(p.namespace).Create(ctx, p.pod(), metav1.CreateOptions{})
+	_, err := e.client.CoreV1().Pods(e.namespace).Create(ctx, e.pod(t.name), metav1.CreateOptions{})
 	took := time.Since(start).Milliseconds()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.res.PodCreates++
-	if took > p.res.LongestCreateCallMS {
-		p.res.LongestCreateCallMS = took
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t.podCreates++
+	if took > t.longestCreateMS {
+		t.longestCreateMS = took
 	}
 	switch {
 	case err == nil:
-		p.res.Attempts++
-		p.res.SystemFailures = 0
+		t.attempts++
+		t.systemFailures = 0
+		if t.createdAt.IsZero() {
+			t.createdAt = time.Now()
+		}
 	case apierrors.IsAlreadyExists(err):
-		// "my pod exists": the plugin moves on.
+		// "my pod exists": the plugin moves on (Queued), which resets the count.
+		t.systemFailures = 0
+	case apierrors.IsForbidden(err):
+		t.createErrors[reasonOf(err)]++
+		// Flyte reads an exceeded quota as a user error once its retries are spent.
+		t.failed = true
+		t.failedWhy = err.Error()
 	default:
-		p.res.CreateErrors[reasonOf(err)]++
-		if apierrors.IsForbidden(err) {
-			// Flyte reads an exceeded quota as a user error once its retries are spent.
-			p.res.FailedPermanently = true
-			p.res.FailedPermanentlyWhy = err.Error()
+		// "Failed to launch job, system error": counted, requeued after a fixed delay.
+		t.createErrors[reasonOf(err)]++
+		if ctx.Err() == nil && e.systemFailure(t) {
+			e.queue.AddAfter(t.name, e.requeue)
 		}
 	}
 }
@@ -189,63 +270,195 @@ func reasonOf(err error) string {
 	return "transport"
 }
 
-func (p *plugin) reconcile(ctx context.Context, lister func() (*corev1.Pod, bool)) {
-	pod, found := lister()
-	if !found {
-		p.create(ctx)
+func (e *executor) reconcile(ctx context.Context, name string) {
+	e.mu.Lock()
+	t, ok := e.tasks[name]
+	if !ok || t.failed {
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	pod, err := e.pods.Pods(e.namespace).Get(name)
+	if err != nil {
+		e.create(ctx, t)
 		return
 	}
 	if pod.DeletionTimestamp != nil {
-		p.mu.Lock()
-		if p.disruptedAt.IsZero() {
-			p.disruptedAt = time.Now()
+		e.disrupted(name)
+		e.mu.Lock()
+		alive := e.systemFailure(t)
+		failures := t.systemFailures
+		e.mu.Unlock()
+		if !alive {
+			return
 		}
-		p.res.SystemFailures++
-		if p.res.SystemFailures > p.res.MaxSystemFailures {
-			p.res.MaxSystemFailures = p.res.SystemFailures
-		}
-		if p.maxFailures > 0 && p.res.SystemFailures > p.maxFailures {
-			p.res.FailedPermanently = true
-			p.res.FailedPermanentlyWhy = "system failures exceeded"
-		}
-		failures := p.res.SystemFailures
-		p.mu.Unlock()
-		p.writeStatus(ctx, failures)
+		e.writeStatus(ctx, name, failures)
 		// UnexpectedObjectDeletion: delete (already deleting) and create again.
-		err := p.client.CoreV1().Pods(p.namespace).Delete(ctx, p.name, metav1.DeleteOptions{})
-		p.mu.Lock()
-		p.res.PodDeletes++
-		p.mu.Unlock()
+		err := e.client.CoreV1().Pods(e.namespace).Delete(ctx, name, metav1.DeleteOptions{})
+		e.mu.Lock()
+		t.podDeletes++
+		e.mu.Unlock()
 		if err != nil && !apierrors.IsNotFound(err) {
 			return
 		}
-		p.create(ctx)
+		e.create(ctx, t)
 		return
 	}
 	if pod.Status.Phase == corev1.PodRunning {
-		p.mu.Lock()
+		e.mu.Lock()
 		switch {
-		case p.firstUID == "":
-			p.firstUID = string(pod.UID)
-		case string(pod.UID) != p.firstUID && !p.disruptedAt.IsZero() && p.runningAgainAt.IsZero():
-			p.runningAgainAt = time.Now()
+		case t.firstUID == "":
+			t.firstUID = string(pod.UID)
+			t.runningAt = time.Now()
+		case string(pod.UID) != t.firstUID && !t.disruptedAt.IsZero() && t.runningAgainAt.IsZero():
+			t.runningAgainAt = time.Now()
 		}
-		p.mu.Unlock()
+		e.mu.Unlock()
 	}
+}
+
+// disrupted notes the first sight of task name's pod being deleted (by the
+// informer or a reconcile, whichever comes first: with few workers the
+// reconcile may come after the pod is gone), and launches the unrelated
+// tasks at the first disruption of all.
+func (e *executor) disrupted(name string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t, ok := e.tasks[name]; ok && t.disruptedAt.IsZero() && t.firstUID != "" {
+		t.disruptedAt = time.Now()
+	}
+	if e.launched {
+		return
+	}
+	e.launched = true
+	for i := 0; i < e.unrelated; i++ {
+		n := fmt.Sprintf("new-%d", i)
+		e.tasks[n] = &task{name: n, unrelated: true, launchedAt: time.Now(), createErrors: map[string]int{}}
+		e.queue.Add(n)
+	}
+}
+
+// settled: every disrupted task has run again (or failed for good) and every
+// unrelated task runs, since when; zero if not yet.
+func (e *executor) settled() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.launched {
+		return time.Time{}
+	}
+	var last time.Time
+	for _, t := range e.tasks {
+		at := t.runningAgainAt
+		if t.unrelated {
+			at = t.runningAt
+		}
+		switch {
+		case t.failed:
+		case at.IsZero():
+			return time.Time{}
+		case at.After(last):
+			last = at
+		}
+	}
+	return last
+}
+
+// firstRunning: every task of --tasks has its first pod Running.
+func (e *executor) firstRunning() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, t := range e.tasks {
+		if !t.unrelated && t.firstUID == "" {
+			return false
+		}
+	}
+	return true
+}
+
+func ms(from, to time.Time) *int64 {
+	if from.IsZero() || to.IsZero() {
+		return nil
+	}
+	v := to.Sub(from).Milliseconds()
+	return &v
+}
+
+func (e *executor) report(workers int, count *counts) result {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	res := result{CreateErrors: map[string]int{}, Workers: workers, Tasks: []taskReport{}, Unrelated: []taskReport{}}
+	names := make([]string, 0, len(e.tasks))
+	for n := range e.tasks {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	allAgain := true
+	var slowest int64
+	for _, n := range names {
+		t := e.tasks[n]
+		r := taskReport{
+			Name: t.name, PodCreates: t.podCreates, Attempts: t.attempts, MaxSystemFailures: t.maxSystemFailures,
+			LongestCreateCallMS: t.longestCreateMS, CreateErrors: t.createErrors, FailedPermanently: t.failed, FailedWhy: t.failedWhy,
+		}
+		if t.unrelated {
+			r.CreatedAfterMS = ms(t.launchedAt, t.createdAt)
+			r.RunningAfterMS = ms(t.launchedAt, t.runningAt)
+			res.Unrelated = append(res.Unrelated, r)
+			continue
+		}
+		r.RunningAgainAfterMS = ms(t.disruptedAt, t.runningAgainAt)
+		res.Tasks = append(res.Tasks, r)
+		res.PodCreates += t.podCreates
+		res.PodDeletes += t.podDeletes
+		res.SystemFailures += t.systemFailures
+		res.SystemFailuresRecorded += t.systemFailuresRecorded
+		res.Attempts += t.attempts
+		if t.maxSystemFailures > res.MaxSystemFailures {
+			res.MaxSystemFailures = t.maxSystemFailures
+		}
+		if t.longestCreateMS > res.LongestCreateCallMS {
+			res.LongestCreateCallMS = t.longestCreateMS
+		}
+		for k, v := range t.createErrors {
+			res.CreateErrors[k] += v
+		}
+		if t.failed && !res.FailedPermanently {
+			res.FailedPermanently = true
+			res.FailedPermanentlyWhy = t.name + ": " + t.failedWhy
+		}
+		switch again := r.RunningAgainAfterMS; {
+		case again == nil:
+			allAgain = false
+		case *again > slowest:
+			slowest = *again
+		}
+	}
+	if allAgain && len(res.Tasks) > 0 {
+		res.RunningAgainAfterMS = &slowest
+	}
+	count.mu.Lock()
+	res.Requests = count.m
+	count.mu.Unlock()
+	return res
 }
 
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster")
-	namespace := flag.String("namespace", "", "namespace of the task")
-	name := flag.String("name", "task-0", "the task pod's name (re-created under the same name)")
+	namespace := flag.String("namespace", "", "namespace of the tasks")
+	tasks := flag.Int("tasks", 1, "tasks task-0 ... (each re-created under its own fixed name)")
+	unrelated := flag.Int("unrelated", 0, "tasks new-0 ... launched when the first disruption is seen")
+	workers := flag.Int("workers", 512, "reconciles at once (Flyte's executor: MaxConcurrentReconciles 512)")
+	qps := flag.Float64("qps", 1000, "client-side QPS of the shared client (Flyte's manager: 1000)")
+	burst := flag.Int("burst", 2000, "client-side burst of the shared client (Flyte's manager: 2000)")
 	image := flag.String("image", "", "the task container's image")
 	grace := flag.Int64("grace", 30, "terminationGracePeriodSeconds, and how long the task takes to stop")
 	runFor := flag.Duration("run-for", 2*time.Minute, "stop after this long")
-	settle := flag.Duration("settle", 3*time.Second, "once Running again after a disruption, stop after this long")
-	maxFailures := flag.Int("max-system-failures", 0, "fail the task after this many system failures in a row (0: never)")
+	settle := flag.Duration("settle", 3*time.Second, "once every task has run again, stop after this long")
+	maxFailures := flag.Int("max-system-failures", 3, "fail a task after more than this many system failures in a row (Flyte: 3; 0: never)")
+	requeue := flag.Duration("requeue", 10*time.Second, "requeue delay after a system error (Flyte: 10 s)")
 	flag.Parse()
-	if *kubeconfig == "" || *namespace == "" || *image == "" {
-		fmt.Fprintln(os.Stderr, "executor: --kubeconfig, --namespace and --image are required")
+	if *kubeconfig == "" || *namespace == "" || *image == "" || *tasks < 1 || *workers < 1 {
+		fmt.Fprintln(os.Stderr, "executor: --kubeconfig, --namespace and --image are required; --tasks and --workers at least 1")
 		os.Exit(2)
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
@@ -253,10 +466,8 @@ func main() {
 		fmt.Fprintf(os.Stderr, "executor: reading %s: %v\n", *kubeconfig, err)
 		os.Exit(2)
 	}
-	// No client-side throttling: Flyte's own client settings are generous,
-	// and the API server's answers are what is measured here.
-	cfg.QPS = 1000
-	cfg.Burst = 1000
+	cfg.QPS = float32(*qps)
+	cfg.Burst = *burst
 	count := &counts{m: map[string]int{}}
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return &counter{c: count, next: rt} }
 	client, err := kubernetes.NewForConfig(cfg)
@@ -264,81 +475,90 @@ func main() {
 		fmt.Fprintf(os.Stderr, "executor: building a client: %v\n", err)
 		os.Exit(2)
 	}
-	p := &plugin{client: client, namespace: *namespace, name: *name, image: *image, grace: *grace, maxFailures: *maxFailures}
-	p.res.CreateErrors = map[string]int{}
 
 	ctx, cancel := context.WithTimeout(context.Background(), *runFor)
 	defer cancel()
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(*namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "graceguard-test/task=" + *name }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = executorLabel + "=model" }))
 	podInformer := factory.Core().V1().Pods()
-	queue := workqueue.NewTyped[string]()
-	enqueue := func(any) { queue.Add(*name) }
+	queue := workqueue.NewTypedDelayingQueue[string]()
+	e := &executor{
+		client: client, pods: podInformer.Lister(), queue: queue, namespace: *namespace, image: *image,
+		grace: *grace, maxFailures: *maxFailures, requeue: *requeue, unrelated: *unrelated, tasks: map[string]*task{},
+	}
+	enqueue := func(o any) {
+		m, err := meta(o)
+		if err != nil {
+			return
+		}
+		n := m.GetLabels()[taskLabel]
+		if n == "" {
+			return
+		}
+		if _, isPod := o.(*corev1.Pod); isPod && m.GetDeletionTimestamp() != nil {
+			e.disrupted(n)
+		}
+		queue.Add(n)
+	}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,
 	}
 	for _, inf := range []cache.SharedIndexInformer{podInformer.Informer(), factory.Core().V1().ConfigMaps().Informer()} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
-			fmt.Fprintf(os.Stderr, "executor: watching the task: %v\n", err)
+			fmt.Fprintf(os.Stderr, "executor: watching the tasks: %v\n", err)
 			os.Exit(1)
 		}
 	}
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
-	lister := func() (*corev1.Pod, bool) {
-		pods, err := podInformer.Lister().Pods(*namespace).List(labels.Everything())
-		if err != nil {
-			return nil, false
-		}
-		for _, pod := range pods {
-			if pod.Name == *name {
-				return pod, true
-			}
-		}
-		return nil, false
+	// The first reconcile of each task creates its pod.
+	for i := 0; i < *tasks; i++ {
+		n := fmt.Sprintf("task-%d", i)
+		e.tasks[n] = &task{name: n, createErrors: map[string]int{}}
+		queue.Add(n)
 	}
-	// The first reconcile creates the task's pod.
-	queue.Add(*name)
 	go func() {
 		<-ctx.Done()
 		queue.ShutDown()
 	}()
-	go func() {
-		for {
-			key, quit := queue.Get()
-			if quit {
-				return
+	for w := 0; w < *workers; w++ {
+		go func() {
+			for {
+				key, quit := queue.Get()
+				if quit {
+					return
+				}
+				e.reconcile(ctx, key)
+				queue.Done(key)
 			}
-			p.reconcile(ctx, lister)
-			queue.Done(key)
-		}
-	}()
-	// Signal readiness to the test once the first pod runs, and finish once
-	// it runs again after a disruption.
+		}()
+	}
+	// Signal readiness to the test once every first pod runs, and finish
+	// once every task has run again.
 	announced := false
 	for ctx.Err() == nil {
-		p.mu.Lock()
-		again := p.runningAgainAt
-		p.mu.Unlock()
-		if pod, ok := lister(); ok && pod.Status.Phase == corev1.PodRunning && pod.DeletionTimestamp == nil && !announced {
+		if !announced && e.firstRunning() {
 			announced = true
 			fmt.Fprintln(os.Stderr, "executor: task pod Running")
 		}
-		if !again.IsZero() && time.Since(again) > *settle {
+		if at := e.settled(); !at.IsZero() && time.Since(at) > *settle {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	cancel()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.runningAgainAt.IsZero() {
-		ms := p.runningAgainAt.Sub(p.disruptedAt).Milliseconds()
-		p.res.RunningAgainAfterMS = &ms
-	}
-	count.mu.Lock()
-	p.res.Requests = count.m
-	count.mu.Unlock()
-	out, _ := json.Marshal(p.res)
+	out, _ := json.Marshal(e.report(*workers, count))
 	fmt.Println(string(out))
+}
+
+// meta reads an informer event's object, tombstones included.
+func meta(o any) (metav1.Object, error) {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	m, ok := o.(metav1.Object)
+	if !ok {
+		return nil, fmt.Errorf("not an object: %T", o)
+	}
+	return m, nil
 }

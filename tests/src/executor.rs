@@ -22,7 +22,11 @@ pub struct ExecutorReport {
     pub pod_creates: u64,
     pub pod_deletes: u64,
     pub system_failures: u64,
+    /// The most system failures in a row (what Flyte bounds: more than 3
+    /// fail the task); an AlreadyExists or a made pod resets the count.
     pub max_system_failures_seen: u64,
+    /// Every system failure counted (each a status write and an event).
+    pub system_failures_recorded: u64,
     /// Creates that made a pod.
     pub attempts: u64,
     /// The longest single Create call, client-go's waits included.
@@ -33,6 +37,54 @@ pub struct ExecutorReport {
     pub failed_permanently: bool,
     #[serde(default)]
     pub failed_permanently_why: String,
+    /// Reconciles it ran at once.
+    pub workers: u64,
+    /// Each disrupted task (`task-N`).
+    pub tasks: Vec<TaskFigures>,
+    /// Each task launched when the first disruption was seen (`new-N`).
+    pub unrelated: Vec<TaskFigures>,
+}
+
+/// One task's figures.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct TaskFigures {
+    pub name: String,
+    pub pod_creates: u64,
+    pub attempts: u64,
+    pub max_system_failures_seen: u64,
+    pub longest_create_call_ms: u64,
+    pub create_errors: BTreeMap<String, u64>,
+    pub failed_permanently: bool,
+    /// Disrupted tasks: from the first sight of the deletion to the new pod Running.
+    #[serde(default)]
+    pub running_again_after_ms: Option<u64>,
+    /// Unrelated tasks: from launch to their Create returning 201.
+    #[serde(default)]
+    pub created_after_ms: Option<u64>,
+    /// Unrelated tasks: from launch to their pod Running.
+    #[serde(default)]
+    pub running_after_ms: Option<u64>,
+}
+
+/// How many tasks the executor runs, and with what.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Load {
+    /// Tasks `task-0…` whose pods the test disrupts.
+    pub tasks: u32,
+    /// Tasks `new-0…` launched when the first disruption is seen.
+    pub unrelated: u32,
+    /// Reconciles at once (Flyte's executor: 512).
+    pub workers: u32,
+}
+
+impl Default for Load {
+    fn default() -> Self {
+        Self {
+            tasks: 1,
+            unrelated: 0,
+            workers: 512,
+        }
+    }
 }
 
 impl ExecutorReport {
@@ -52,7 +104,7 @@ pub fn binary() -> Result<PathBuf> {
     crate::go_build::cached(&src, "executor", "graceguard-test-executor")
 }
 
-/// A running executor for task pod `name` in `ns`.
+/// A running executor for its tasks in `ns`.
 pub struct Executor {
     child: tokio::process::Child,
     running: tokio::sync::oneshot::Receiver<()>,
@@ -60,13 +112,13 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// Starts it; it creates the task's pod (in `image`, `grace` seconds of
-    /// termination grace, which the task also takes to stop) and runs until
-    /// the pod has run again after a disruption, or `run_for`.
+    /// Starts it; it creates its tasks' pods (in `image`, `grace` seconds of
+    /// termination grace, which a task also takes to stop) and runs until
+    /// every task has run again after a disruption, or `run_for`.
     pub fn start(
         bed: &TestBed,
         ns: &str,
-        name: &str,
+        load: Load,
         image: &str,
         grace: u32,
         run_for: Duration,
@@ -74,7 +126,9 @@ impl Executor {
         let mut child = tokio::process::Command::new(binary()?)
             .arg(format!("--kubeconfig={}", bed.kubeconfig.display()))
             .arg(format!("--namespace={ns}"))
-            .arg(format!("--name={name}"))
+            .arg(format!("--tasks={}", load.tasks))
+            .arg(format!("--unrelated={}", load.unrelated))
+            .arg(format!("--workers={}", load.workers))
             .arg(format!("--image={image}"))
             .arg(format!("--grace={grace}"))
             .arg(format!("--run-for={}s", run_for.as_secs()))

@@ -1,9 +1,10 @@
 //! The storm scenario: the client-go executor (`crate::executor`, a model of
-//! Flyte's v2 pod plugin) runs one task per mode, each in a namespace whose
-//! `graceguard.io/mode` label picks the mode, on a bed with a real node and
-//! graceguard's collision guard registered; each task's pod is then deleted
-//! gracefully and the executor's requests are counted until its task runs
-//! again.
+//! Flyte's v2 pod plugin) runs its tasks once per mode, each mode in a
+//! namespace whose `graceguard.io/mode` label picks it, on a bed with a real
+//! node and graceguard's collision guard registered; every task's pod is then
+//! deleted gracefully at once, the executor launches its unrelated tasks at
+//! the first sight of that, and its requests are counted until every task
+//! runs again.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use kube::api::PostParams;
 use kube::Api;
 use serde::Serialize;
 
-use crate::executor::{Executor, ExecutorReport};
+use crate::executor::{Executor, ExecutorReport, Load};
 use crate::{pods, quota, TestBed};
 
 /// The modes compared, in the order they are reported.
@@ -33,19 +34,30 @@ pub struct StormRow {
     pub pod_creates_sent: u64,
     /// Every request, by "VERB resource code".
     pub requests: BTreeMap<String, u64>,
-    /// The most system failures the executor had charged at once.
+    /// The most system failures in a row (Flyte fails a task past 3).
     pub system_failures_charged: u64,
+    /// Every system failure counted (each a status write and an event).
+    pub system_failures_recorded: u64,
     pub attempts: u64,
     pub running_again_after_ms: Option<u64>,
     pub longest_create_call_ms: u64,
     pub grace_seconds: u32,
+    /// Tasks disrupted at once, unrelated tasks launched then, workers.
+    pub load: Load,
+    /// The unrelated tasks: the slowest and the median from launch to their
+    /// Create returning 201 (what blocked workers would delay), and the
+    /// slowest to Running.
+    pub unrelated_created_ms_max: Option<u64>,
+    pub unrelated_created_ms_median: Option<u64>,
+    pub unrelated_running_ms_max: Option<u64>,
     #[serde(skip)]
     pub report: ExecutorReport,
 }
 
 /// A namespace whose `graceguard.io/mode` label picks the mode, with a pods
-/// quota of 10, once its default ServiceAccount exists.
-async fn namespace(bed: &TestBed, prefix: &str, mode: &str) -> Result<String> {
+/// quota of 10 per task (old and new pod of each, with room to spare), once
+/// its default ServiceAccount exists.
+async fn namespace(bed: &TestBed, prefix: &str, mode: &str, load: Load) -> Result<String> {
     let name = format!("{prefix}-{mode}");
     let ns: Namespace = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": {"graceguard.io/mode": mode}},
@@ -62,18 +74,37 @@ async fn namespace(bed: &TestBed, prefix: &str, mode: &str) -> Result<String> {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    quota::set_pods_quota(bed, &name, 10).await?;
+    quota::set_pods_quota(bed, &name, 10 * (load.tasks + load.unrelated)).await?;
     Ok(name)
 }
 
-/// Runs the three modes at once (namespaces `<prefix>-<mode>`); each task
-/// pod has `grace` seconds of grace, which the task takes in full.
+/// The slowest and the median of `v`, if any.
+fn max_and_median(mut v: Vec<u64>) -> (Option<u64>, Option<u64>) {
+    v.sort_unstable();
+    (v.last().copied(), v.get(v.len() / 2).copied())
+}
+
+/// Runs the three modes at once (namespaces `<prefix>-<mode>`), one task
+/// each; each task pod has `grace` seconds of grace, which the task takes
+/// in full.
 pub async fn run(bed: &TestBed, prefix: &str, grace: u32) -> Result<Vec<StormRow>> {
+    run_with(bed, prefix, grace, Load::default(), &MODES).await
+}
+
+/// [`run`] with `load` (its tasks disrupted at once, its unrelated tasks
+/// launched then), for `modes`.
+pub async fn run_with(
+    bed: &TestBed,
+    prefix: &str,
+    grace: u32,
+    load: Load,
+    modes: &[&'static str],
+) -> Result<Vec<StormRow>> {
     let image = bed.task_image()?;
     let mut runs = Vec::new();
-    for mode in MODES {
-        let ns = namespace(bed, prefix, mode).await?;
-        let ex = Executor::start(bed, &ns, "task-0", &image, grace, Duration::from_secs(150))?;
+    for &mode in modes {
+        let ns = namespace(bed, prefix, mode, load).await?;
+        let ex = Executor::start(bed, &ns, load, &image, grace, Duration::from_secs(150))?;
         runs.push((mode, ns, ex));
     }
     for (_, _, ex) in &mut runs {
@@ -81,12 +112,26 @@ pub async fn run(bed: &TestBed, prefix: &str, grace: u32) -> Result<Vec<StormRow
     }
     for (_, ns, _) in &runs {
         let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-        pods::delete_gracefully(&api, "task-0", None).await?;
+        for k in 0..load.tasks {
+            pods::delete_gracefully(&api, &format!("task-{k}"), None).await?;
+        }
     }
     let mut rows = Vec::new();
     for (mode, ns, ex) in runs {
         let r = ex.finish().await?;
         quota::recalculate(bed, &ns).await?;
+        let (created_max, created_median) = max_and_median(
+            r.unrelated
+                .iter()
+                .filter_map(|t| t.created_after_ms)
+                .collect(),
+        );
+        let (running_max, _) = max_and_median(
+            r.unrelated
+                .iter()
+                .filter_map(|t| t.running_after_ms)
+                .collect(),
+        );
         rows.push(StormRow {
             scenario: "flyte-seed-client-go",
             kube_version: bed.version.as_str(),
@@ -95,10 +140,15 @@ pub async fn run(bed: &TestBed, prefix: &str, grace: u32) -> Result<Vec<StormRow
             pod_creates_sent: r.sent("POST pods"),
             requests: r.requests.clone(),
             system_failures_charged: r.max_system_failures_seen,
+            system_failures_recorded: r.system_failures_recorded,
             attempts: r.attempts,
             running_again_after_ms: r.running_again_after_ms,
             longest_create_call_ms: r.longest_create_call_ms,
             grace_seconds: grace,
+            load,
+            unrelated_created_ms_max: created_max,
+            unrelated_created_ms_median: created_median,
+            unrelated_running_ms_max: running_max,
             report: r,
         });
     }

@@ -196,3 +196,77 @@ async fn adaptive_turns_a_client_go_executors_recreate_loop_into_a_few_waiting_c
     );
     Ok(())
 }
+
+/// Many collisions at once, with waits short enough that a client-go call
+/// would spend its 10 retries of a 429 within the grace period: graceguard
+/// answers one 409 after every 10 429s, so no Create call of the executor
+/// ever returns an error (Flyte's counts any but AlreadyExists as a system
+/// failure and fails the task past 3), and tasks launched meanwhile are not
+/// held up by the workers waiting in their Creates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_tasks_go_on_on_1_37(
+) -> R {
+    use testbed::executor::Load;
+    let bed = TestBed::start_with(TestBedOptions {
+        real_nodes: 1,
+        ..Default::default()
+    })
+    .await?;
+    let webhook = WebhookProcess::start(&bed, &["--mode=adaptive", "--max-retry-after=1s"]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let load = Load {
+        tasks: 3,
+        unrelated: 3,
+        workers: 512,
+    };
+    let rows = storm::run_with(&bed, "many", GRACE, load, &["adaptive"]).await?;
+    let row = &rows[0];
+    let r = &row.report;
+    eprintln!("many collisions: {}", serde_json::to_string(&rows)?);
+    assert_eq!(
+        row.quota_used, 6,
+        "3 new task pods and 3 unrelated ones: {r:?}"
+    );
+    for t in &r.tasks {
+        assert_eq!(t.attempts, 2, "{}: {t:?}", t.name);
+        assert!(
+            t.create_errors.is_empty(),
+            "a Create call returned an error: {t:?}"
+        );
+        assert!(t.max_system_failures_seen <= 1, "{t:?}");
+        assert!(!t.failed_permanently, "{t:?}");
+    }
+    let codes: Vec<i64> = webhook
+        .records_for("collision_guard", "many-adaptive", "task-0")?
+        .iter()
+        .filter(|r| r["reason"] == "terminating")
+        .filter_map(|r| r["code"].as_i64())
+        .collect();
+    assert!(
+        codes.len() >= 13
+            && codes[..2] == [409, 409]
+            && codes[2..12].iter().all(|c| *c == 429)
+            && codes[12] == 409,
+        "adaptive must answer 409 twice, 429 ten times, then 409: {codes:?}"
+    );
+    // The unrelated tasks' Creates returned long before any disrupted task
+    // could run again (each holds its name for its whole grace).
+    let first_again = r
+        .tasks
+        .iter()
+        .filter_map(|t| t.running_again_after_ms)
+        .min()
+        .ok_or_else(|| anyhow::anyhow!("no disrupted task ran again: {r:?}"))?;
+    assert_eq!(r.unrelated.len(), 3, "{r:?}");
+    for u in &r.unrelated {
+        let created = u.created_after_ms.ok_or_else(|| {
+            anyhow::anyhow!("unrelated task {} never created its pod: {u:?}", u.name)
+        })?;
+        assert!(
+            created < first_again,
+            "unrelated task {} waited for the colliding ones: created after {created} ms, first disrupted task ran again after {first_again} ms",
+            u.name
+        );
+    }
+    Ok(())
+}

@@ -281,24 +281,26 @@ async fn run(args: &Args) -> Result<()> {
         if !storm.is_empty() {
             println!("\nflyte seed, client-go executor on a real node (grace {} s taken in full, deleted gracefully):", storm[0].grace_seconds);
             println!(
-                "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>16} {:>20}",
+                "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>10} {:>16} {:>20}",
                 "mode",
                 "pod creates",
                 "409",
                 "429",
                 "quota used",
                 "sys fails",
+                "in a row",
                 "running again s",
                 "longest Create s"
             );
             for r in &storm {
                 println!(
-                    "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>16} {:>20.1}",
+                    "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>10} {:>16} {:>20.1}",
                     r.mode,
                     r.pod_creates_sent,
                     r.report.sent("POST pods 409"),
                     r.report.sent("POST pods 429"),
                     r.quota_used,
+                    r.system_failures_recorded,
                     r.system_failures_charged,
                     r.running_again_after_ms
                         .map_or("-".to_string(), |ms| format!("{:.1}", ms as f64 / 1000.0)),
