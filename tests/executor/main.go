@@ -22,9 +22,9 @@
 // call (up to 10 times), so a caller simply waits, and its worker with it.
 //
 // It runs --tasks tasks (task-0, task-1, ...). Once the first of them is seen
-// disrupted, it launches --unrelated new tasks (new-0, ...) at that instant,
-// whose latency shows whether workers blocked in colliding Creates starve
-// the rest. It stops after --run-for, or once every task has run again (the
+// disrupted, it launches --unrelated new tasks (new-0, ...) a moment later
+// (--unrelated-after, when colliding Creates are waiting), whose latency
+// shows whether workers blocked in colliding Creates starve the rest. It stops after --run-for, or once every task has run again (the
 // disrupted ones on a new pod, the unrelated ones at all) for --settle, and
 // prints one JSON object: requests by verb and answer, per-task figures and
 // their totals.
@@ -170,9 +170,12 @@ type executor struct {
 	requeue     time.Duration
 	unrelated   int
 
-	mu       sync.Mutex
-	tasks    map[string]*task
-	launched bool
+	unrelatedAfter time.Duration
+
+	mu             sync.Mutex
+	tasks          map[string]*task
+	disruptionSeen bool
+	launched       bool
 }
 
 // status is the task's status object (Flyte keeps it in its TaskAction
@@ -320,22 +323,28 @@ func (e *executor) reconcile(ctx context.Context, name string) {
 // disrupted notes the first sight of task name's pod being deleted (by the
 // informer or a reconcile, whichever comes first: with few workers the
 // reconcile may come after the pod is gone), and launches the unrelated
-// tasks at the first disruption of all.
+// tasks --unrelated-after the first disruption of all, once the colliding
+// Creates have begun to wait.
 func (e *executor) disrupted(name string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if t, ok := e.tasks[name]; ok && t.disruptedAt.IsZero() && t.firstUID != "" {
 		t.disruptedAt = time.Now()
 	}
-	if e.launched {
+	if e.disruptionSeen {
 		return
 	}
-	e.launched = true
-	for i := 0; i < e.unrelated; i++ {
-		n := fmt.Sprintf("new-%d", i)
-		e.tasks[n] = &task{name: n, unrelated: true, launchedAt: time.Now(), createErrors: map[string]int{}}
-		e.queue.Add(n)
-	}
+	e.disruptionSeen = true
+	time.AfterFunc(e.unrelatedAfter, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for i := 0; i < e.unrelated; i++ {
+			n := fmt.Sprintf("new-%d", i)
+			e.tasks[n] = &task{name: n, unrelated: true, launchedAt: time.Now(), createErrors: map[string]int{}}
+			e.queue.Add(n)
+		}
+		e.launched = true
+	})
 }
 
 // settled: every disrupted task has run again (or failed for good) and every
@@ -446,7 +455,8 @@ func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster")
 	namespace := flag.String("namespace", "", "namespace of the tasks")
 	tasks := flag.Int("tasks", 1, "tasks task-0 ... (each re-created under its own fixed name)")
-	unrelated := flag.Int("unrelated", 0, "tasks new-0 ... launched when the first disruption is seen")
+	unrelated := flag.Int("unrelated", 0, "tasks new-0 ... launched --unrelated-after the first disruption is seen")
+	unrelatedAfter := flag.Duration("unrelated-after", 3*time.Second, "when the unrelated tasks are launched, after the first disruption")
 	workers := flag.Int("workers", 512, "reconciles at once (Flyte's executor: MaxConcurrentReconciles 512)")
 	qps := flag.Float64("qps", 1000, "client-side QPS of the shared client (Flyte's manager: 1000)")
 	burst := flag.Int("burst", 2000, "client-side burst of the shared client (Flyte's manager: 2000)")
@@ -484,7 +494,7 @@ func main() {
 	queue := workqueue.NewTypedDelayingQueue[string]()
 	e := &executor{
 		client: client, pods: podInformer.Lister(), queue: queue, namespace: *namespace, image: *image,
-		grace: *grace, maxFailures: *maxFailures, requeue: *requeue, unrelated: *unrelated, tasks: map[string]*task{},
+		grace: *grace, maxFailures: *maxFailures, requeue: *requeue, unrelated: *unrelated, unrelatedAfter: *unrelatedAfter, tasks: map[string]*task{},
 	}
 	enqueue := func(o any) {
 		m, err := meta(o)
@@ -495,10 +505,10 @@ func main() {
 		if n == "" {
 			return
 		}
+		queue.Add(n)
 		if _, isPod := o.(*corev1.Pod); isPod && m.GetDeletionTimestamp() != nil {
 			e.disrupted(n)
 		}
-		queue.Add(n)
 	}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,

@@ -41,7 +41,7 @@ pub struct ExecutorReport {
     pub workers: u64,
     /// Each disrupted task (`task-N`).
     pub tasks: Vec<TaskFigures>,
-    /// Each task launched when the first disruption was seen (`new-N`).
+    /// Each task launched 3 s after the first disruption was seen (`new-N`).
     pub unrelated: Vec<TaskFigures>,
 }
 
@@ -71,7 +71,8 @@ pub struct TaskFigures {
 pub struct Load {
     /// Tasks `task-0…` whose pods the test disrupts.
     pub tasks: u32,
-    /// Tasks `new-0…` launched when the first disruption is seen.
+    /// Tasks `new-0…` launched 3 s after the first disruption is seen, when
+    /// the colliding Creates are waiting.
     pub unrelated: u32,
     /// Reconciles at once (Flyte's executor: 512).
     pub workers: u32,

@@ -2,8 +2,8 @@
 //! Flyte's v2 pod plugin) runs its tasks once per mode, each mode in a
 //! namespace whose `graceguard.io/mode` label picks it, on a bed with a real
 //! node and graceguard's collision guard registered; every task's pod is then
-//! deleted gracefully at once, the executor launches its unrelated tasks at
-//! the first sight of that, and its requests are counted until every task
+//! deleted gracefully at once, the executor launches its unrelated tasks 3 s
+//! after the first sight of that, and its requests are counted until every task
 //! runs again.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,8 @@ use kube::Api;
 use serde::Serialize;
 
 use crate::executor::{Executor, ExecutorReport, Load};
-use crate::{pods, quota, TestBed};
+use crate::webhook::{Hook, WebhookProcess};
+use crate::{pods, quota, TestBed, TestBedOptions};
 
 /// The modes compared, in the order they are reported.
 pub const MODES: [&str; 3] = ["conflict", "retry", "adaptive"];
@@ -42,7 +43,7 @@ pub struct StormRow {
     pub running_again_after_ms: Option<u64>,
     pub longest_create_call_ms: u64,
     pub grace_seconds: u32,
-    /// Tasks disrupted at once, unrelated tasks launched then, workers.
+    /// Tasks disrupted at once, unrelated tasks launched 3 s later, workers.
     pub load: Load,
     /// The unrelated tasks: the slowest and the median from launch to their
     /// Create returning 201 (what blocked workers would delay), and the
@@ -78,6 +79,31 @@ async fn namespace(bed: &TestBed, prefix: &str, mode: &str, load: Load) -> Resul
     Ok(name)
 }
 
+/// A bed with one real node and graceguard's collision guard registered,
+/// started with `args` (each namespace's `graceguard.io/mode` label then
+/// picks its own mode; the webhook watches namespaces for it).
+pub async fn bed_with_guard(args: &[&str]) -> Result<(TestBed, WebhookProcess)> {
+    let bed = TestBed::start_with(TestBedOptions {
+        real_nodes: 1,
+        ..Default::default()
+    })
+    .await?;
+    let webhook = WebhookProcess::start(&bed, args).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    Ok((bed, webhook))
+}
+
+/// The codes graceguard answered Creates of `ns/name` with while its holder
+/// terminated, in order.
+pub fn terminating_codes(webhook: &WebhookProcess, ns: &str, name: &str) -> Result<Vec<i64>> {
+    Ok(webhook
+        .records_for("collision_guard", ns, name)?
+        .iter()
+        .filter(|r| r["reason"] == "terminating")
+        .filter_map(|r| r["code"].as_i64())
+        .collect())
+}
+
 /// The slowest and the median of `v`, if any.
 fn max_and_median(mut v: Vec<u64>) -> (Option<u64>, Option<u64>) {
     v.sort_unstable();
@@ -92,7 +118,7 @@ pub async fn run(bed: &TestBed, prefix: &str, grace: u32) -> Result<Vec<StormRow
 }
 
 /// [`run`] with `load` (its tasks disrupted at once, its unrelated tasks
-/// launched then), for `modes`.
+/// launched 3 s later), for `modes`.
 pub async fn run_with(
     bed: &TestBed,
     prefix: &str,

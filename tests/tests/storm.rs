@@ -6,8 +6,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::Api;
-use testbed::webhook::{Hook, WebhookProcess};
-use testbed::{pods, storm, TestBed, TestBedOptions};
+use testbed::{pods, storm};
 
 type R = anyhow::Result<()>;
 
@@ -18,15 +17,9 @@ const GRACE: u32 = 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adaptive_turns_a_client_go_executors_recreate_loop_into_a_few_waiting_creates_on_1_37() -> R
 {
-    let bed = TestBed::start_with(TestBedOptions {
-        real_nodes: 1,
-        ..Default::default()
-    })
-    .await?;
     // The install-wide mode is the chart's default; each namespace's label
-    // picks its own (the webhook watches namespaces for it).
-    let webhook = WebhookProcess::start(&bed, &["--mode=adaptive"]).await?;
-    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    // picks its own.
+    let (bed, webhook) = storm::bed_with_guard(&["--mode=adaptive"]).await?;
     let rows = storm::run(&bed, "storm", GRACE).await?;
     eprintln!("storm: {}", serde_json::to_string(&rows)?);
     let decisions: Vec<String> = webhook
@@ -77,12 +70,7 @@ async fn adaptive_turns_a_client_go_executors_recreate_loop_into_a_few_waiting_c
     // graceguard's answers while the holder terminated: two 409s, then 429s
     // only. (The executor may still send one Create after its pod exists
     // again, before its cache has seen it: that one meets a live pod, 409.)
-    let codes: Vec<i64> = webhook
-        .records_for("collision_guard", "storm-adaptive", "task-0")?
-        .iter()
-        .filter(|r| r["reason"] == "terminating")
-        .filter_map(|r| r["code"].as_i64())
-        .collect();
+    let codes = storm::terminating_codes(&webhook, "storm-adaptive", "task-0")?;
     assert!(
         codes.len() >= 3 && codes[..2] == [409, 409] && codes[2..].iter().all(|c| *c == 429),
         "adaptive must answer 409 twice, then 429: {codes:?} ({decisions:#?})"
@@ -207,13 +195,8 @@ async fn adaptive_turns_a_client_go_executors_recreate_loop_into_a_few_waiting_c
 async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_tasks_go_on_on_1_37(
 ) -> R {
     use testbed::executor::Load;
-    let bed = TestBed::start_with(TestBedOptions {
-        real_nodes: 1,
-        ..Default::default()
-    })
-    .await?;
-    let webhook = WebhookProcess::start(&bed, &["--mode=adaptive", "--max-retry-after=1s"]).await?;
-    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let (bed, webhook) =
+        storm::bed_with_guard(&["--mode=adaptive", "--max-retry-after=1s"]).await?;
     let load = Load {
         tasks: 3,
         unrelated: 3,
@@ -236,12 +219,7 @@ async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_task
         assert!(t.max_system_failures_seen <= 1, "{t:?}");
         assert!(!t.failed_permanently, "{t:?}");
     }
-    let codes: Vec<i64> = webhook
-        .records_for("collision_guard", "many-adaptive", "task-0")?
-        .iter()
-        .filter(|r| r["reason"] == "terminating")
-        .filter_map(|r| r["code"].as_i64())
-        .collect();
+    let codes = storm::terminating_codes(&webhook, "many-adaptive", "task-0")?;
     assert!(
         codes.len() >= 13
             && codes[..2] == [409, 409]

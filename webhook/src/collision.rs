@@ -157,7 +157,10 @@ pub fn phrasing(holder: &Holder, how: How, now_unix: i64) -> Phrasing {
         Mode::Adaptive if how.streak <= how.adaptive.conflicts_first => Phrasing::Conflict,
         // The 11th answer of each run of 429s: the one a client-go call returns.
         Mode::Adaptive
-            if (how.streak - how.adaptive.conflicts_first) % (CLIENT_GO_MAX_RETRIES + 1) == 0 =>
+            if how
+                .streak
+                .saturating_sub(how.adaptive.conflicts_first)
+                .is_multiple_of(CLIENT_GO_MAX_RETRIES + 1) =>
         {
             Phrasing::Conflict
         }
@@ -510,6 +513,17 @@ mod tests {
         assert_eq!(d.reason, "exists");
     }
 
+    /// The denial of `held` to a client on its `streak`th try, in mode adaptive.
+    fn adaptive_denial(held: &Confirmation, streak: usize) -> Denial {
+        deny(decide(
+            &GroupResource::pods(),
+            held,
+            "t",
+            adaptive(streak),
+            NOW,
+        ))
+    }
+
     fn adaptive(streak: usize) -> How {
         How {
             mode: Mode::Adaptive,
@@ -543,13 +557,7 @@ mod tests {
         assert_eq!(codes, want);
         // Every denial of a terminating holder names it as a cause, in 409 and 429 alike.
         for streak in [1, 3] {
-            let d = deny(decide(
-                &GroupResource::pods(),
-                &held,
-                "t",
-                adaptive(streak),
-                NOW,
-            ));
+            let d = adaptive_denial(&held, streak);
             let causes = d.status.details.map(|x| x.causes).unwrap_or_default();
             assert_eq!(
                 causes.iter().map(|c| c.reason.as_str()).collect::<Vec<_>>(),
@@ -564,20 +572,14 @@ mod tests {
     fn adaptive_answers_409_first_then_429_and_never_for_a_live_holder() {
         let held = Confirmation::Held(terminating(28, 30));
         for streak in 1..=2 {
-            let d = deny(decide(
-                &GroupResource::pods(),
-                &held,
-                "t",
-                adaptive(streak),
-                NOW,
-            ));
+            let d = adaptive_denial(&held, streak);
             assert_eq!(
                 (d.status.code, d.status.reason.as_str()),
                 (409, "AlreadyExists"),
                 "streak {streak}"
             );
         }
-        let d = deny(decide(&GroupResource::pods(), &held, "t", adaptive(3), NOW));
+        let d = adaptive_denial(&held, 3);
         assert_eq!(
             (d.status.code, d.status.reason.as_str()),
             (429, "TooManyRequests")

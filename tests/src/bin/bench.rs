@@ -866,22 +866,16 @@ async fn livelock_storm(s: &Sizes, bed: &TestBed, webhook: &WebhookProcess) -> R
 
 /// The client-go executor (`tests/executor`, a model of Flyte's v2 pod
 /// plugin) on a real node: N tasks' pods deleted gracefully at once (each
-/// task takes its whole grace to stop), N unrelated tasks launched at that
-/// instant; each mode side by side, with Flyte's 512 workers and with fewer
+/// task takes its whole grace to stop), N unrelated tasks launched 3 s
+/// later, while the colliding Creates wait; each mode side by side, with Flyte's 512 workers and with fewer
 /// workers than collisions. Mode `conflict` (graceguard before `adaptive`)
 /// is the same-run baseline of the request counts.
 async fn executor_storm(quick: bool) -> Result<()> {
     use testbed::executor::Load;
     use testbed::storm::{self, MODES};
-    let bed = TestBed::start_with(TestBedOptions {
-        real_nodes: 1,
-        ..Default::default()
-    })
-    .await?;
     // The chart's defaults (mode adaptive, waits of at most 8 s); each
     // namespace's label picks its mode.
-    let webhook = WebhookProcess::start(&bed, &["--mode=adaptive"]).await?;
-    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let (bed, _webhook) = storm::bed_with_guard(&["--mode=adaptive"]).await?;
     let (tasks, grace) = if quick { (2, 10) } else { (6, 30) };
     for workers in [512, (tasks / 2).max(1)] {
         let load = Load {
