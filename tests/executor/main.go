@@ -46,6 +46,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -171,6 +172,8 @@ type executor struct {
 	unrelated   int
 
 	unrelatedAfter time.Duration
+	cpuRequest     string
+	priorityClass  string
 
 	mu             sync.Mutex
 	tasks          map[string]*task
@@ -194,6 +197,10 @@ func (e *executor) writeStatus(ctx context.Context, name string, failures int) {
 
 func (e *executor) pod(name string) *corev1.Pod {
 	grace := e.grace
+	var resources corev1.ResourceRequirements
+	if e.cpuRequest != "" {
+		resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(e.cpuRequest)}
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   name,
@@ -202,10 +209,12 @@ func (e *executor) pod(name string) *corev1.Pod {
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: &grace,
+			PriorityClassName:             e.priorityClass,
 			Containers: []corev1.Container{{
 				Name:            "task",
 				Image:           e.image,
 				ImagePullPolicy: corev1.PullIfNotPresent,
+				Resources:       resources,
 				// Runs until SIGTERM, then takes its grace period to exit.
 				Command: []string{"sh", "-c", fmt.Sprintf("trap 'sleep %d; exit 143' TERM; while true; do sleep 1; done", e.grace)},
 			}},
@@ -466,7 +475,15 @@ func main() {
 	settle := flag.Duration("settle", 3*time.Second, "once every task has run again, stop after this long")
 	maxFailures := flag.Int("max-system-failures", 3, "fail a task after more than this many system failures in a row (Flyte: 3; 0: never)")
 	requeue := flag.Duration("requeue", 10*time.Second, "requeue delay after a system error (Flyte: 10 s)")
+	cpuRequest := flag.String("cpu-request", "", "each task container's CPU request (for a node the scheduler can fill)")
+	priorityClass := flag.String("priority-class", "", "each task pod's PriorityClass (for a scheduler that preempts)")
 	flag.Parse()
+	if *cpuRequest != "" {
+		if _, err := resource.ParseQuantity(*cpuRequest); err != nil {
+			fmt.Fprintf(os.Stderr, "executor: --cpu-request %q: %v\n", *cpuRequest, err)
+			os.Exit(2)
+		}
+	}
 	if *kubeconfig == "" || *namespace == "" || *image == "" || *tasks < 1 || *workers < 1 {
 		fmt.Fprintln(os.Stderr, "executor: --kubeconfig, --namespace and --image are required; --tasks and --workers at least 1")
 		os.Exit(2)
@@ -494,7 +511,8 @@ func main() {
 	queue := workqueue.NewTypedDelayingQueue[string]()
 	e := &executor{
 		client: client, pods: podInformer.Lister(), queue: queue, namespace: *namespace, image: *image,
-		grace: *grace, maxFailures: *maxFailures, requeue: *requeue, unrelated: *unrelated, unrelatedAfter: *unrelatedAfter, tasks: map[string]*task{},
+		grace: *grace, maxFailures: *maxFailures, requeue: *requeue, unrelated: *unrelated, unrelatedAfter: *unrelatedAfter, cpuRequest: *cpuRequest, priorityClass: *priorityClass,
+		tasks: map[string]*task{},
 	}
 	enqueue := func(o any) {
 		m, err := meta(o)

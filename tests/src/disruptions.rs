@@ -329,6 +329,11 @@ impl Kubelets<'_> {
 /// Three quarters of `node`'s allocatable CPU, in millicores: two such pods
 /// never fit on it, so a second one at a higher priority preempts the first.
 pub async fn most_of_node_cpu(bed: &TestBed, node: &str) -> Result<String> {
+    Ok(format!("{}m", node_cpu_milli(bed, node).await? * 3 / 4))
+}
+
+/// `node`'s allocatable CPU, in millicores.
+pub async fn node_cpu_milli(bed: &TestBed, node: &str) -> Result<u64> {
     let n = Api::<k8s_openapi::api::core::v1::Node>::all(bed.client.clone())
         .get(node)
         .await
@@ -338,11 +343,10 @@ pub async fn most_of_node_cpu(bed: &TestBed, node: &str) -> Result<String> {
         .and_then(|s| s.allocatable)
         .and_then(|a| a.get("cpu").cloned())
         .with_context(|| format!("Node {node} reports no allocatable CPU"))?;
-    let milli = match cpu.0.strip_suffix('m') {
+    Ok(match cpu.0.strip_suffix('m') {
         Some(m) => m.parse::<u64>()?,
         None => cpu.0.parse::<u64>()? * 1000,
-    };
-    Ok(format!("{}m", milli * 3 / 4))
+    })
 }
 
 /// flyteorg/flyte#8066 with a real preemption: a naive executor runs task pod

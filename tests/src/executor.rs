@@ -76,6 +76,10 @@ pub struct Load {
     pub unrelated: u32,
     /// Reconciles at once (Flyte's executor: 512).
     pub workers: u32,
+    /// Disrupt by a real kube-scheduler preemption (low-priority task pods
+    /// filling the node, one high-priority pod that needs all of it) instead
+    /// of graceful deletes.
+    pub preempt: bool,
 }
 
 impl Default for Load {
@@ -84,6 +88,7 @@ impl Default for Load {
             tasks: 1,
             unrelated: 0,
             workers: 512,
+            preempt: false,
         }
     }
 }
@@ -115,7 +120,8 @@ pub struct Executor {
 impl Executor {
     /// Starts it; it creates its tasks' pods (in `image`, `grace` seconds of
     /// termination grace, which a task also takes to stop) and runs until
-    /// every task has run again after a disruption, or `run_for`.
+    /// every task has run again after a disruption, or `run_for`;
+    /// `extra_args` are more of its flags (`--cpu-request`, `--priority-class`).
     pub fn start(
         bed: &TestBed,
         ns: &str,
@@ -123,8 +129,10 @@ impl Executor {
         image: &str,
         grace: u32,
         run_for: Duration,
+        extra_args: &[String],
     ) -> Result<Self> {
         let mut child = tokio::process::Command::new(binary()?)
+            .args(extra_args)
             .arg(format!("--kubeconfig={}", bed.kubeconfig.display()))
             .arg(format!("--namespace={ns}"))
             .arg(format!("--tasks={}", load.tasks))

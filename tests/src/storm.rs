@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::executor::{Executor, ExecutorReport, Load};
 use crate::webhook::{Hook, WebhookProcess};
-use crate::{pods, quota, TestBed, TestBedOptions};
+use crate::{disruptions, pods, quota, TestBed, TestBedOptions};
 
 /// The modes compared, in the order they are reported.
 pub const MODES: [&str; 3] = ["conflict", "retry", "adaptive"];
@@ -104,6 +104,35 @@ pub fn terminating_codes(webhook: &WebhookProcess, ns: &str, name: &str) -> Resu
         .collect())
 }
 
+/// Waits until kube-scheduler has preempted `ns/name`: deleting, with
+/// DisruptionTarget reason PreemptionByScheduler.
+async fn preempted(bed: &TestBed, ns: &str, name: &str) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(p) = api.get_opt(name).await? {
+            let by_scheduler = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c.type_ == "DisruptionTarget"
+                            && c.reason.as_deref() == Some("PreemptionByScheduler")
+                    })
+                });
+            if p.metadata.deletion_timestamp.is_some() && by_scheduler {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "kube-scheduler did not preempt {ns}/{name} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The slowest and the median of `v`, if any.
 fn max_and_median(mut v: Vec<u64>) -> (Option<u64>, Option<u64>) {
     v.sort_unstable();
@@ -127,19 +156,78 @@ pub async fn run_with(
     modes: &[&'static str],
 ) -> Result<Vec<StormRow>> {
     let image = bed.task_image()?;
+    // For a preemption: the task pods, low priority, share three quarters of
+    // the node's CPU; the preemptor asks for all of it, so every one goes.
+    let (node_cpu, extra) = match load.preempt {
+        false => (String::new(), Vec::new()),
+        true => {
+            disruptions::priority_classes(bed).await?;
+            let milli = disruptions::node_cpu_milli(bed, pods::NODE).await?;
+            let pods_at_once = u64::try_from(modes.len())? * u64::from(load.tasks + load.unrelated);
+            let each = milli * 3 / 4 / pods_at_once.max(1);
+            (
+                format!("{milli}m"),
+                vec![
+                    format!("--cpu-request={each}m"),
+                    format!("--priority-class={}", disruptions::LOW),
+                ],
+            )
+        }
+    };
     let mut runs = Vec::new();
     for &mode in modes {
         let ns = namespace(bed, prefix, mode, load).await?;
-        let ex = Executor::start(bed, &ns, load, &image, grace, Duration::from_secs(150))?;
+        let ex = Executor::start(
+            bed,
+            &ns,
+            load,
+            &image,
+            grace,
+            Duration::from_secs(150),
+            &extra,
+        )?;
         runs.push((mode, ns, ex));
     }
     for (_, _, ex) in &mut runs {
         ex.wait_running(Duration::from_secs(120)).await?;
     }
-    for (_, ns, _) in &runs {
-        let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-        for k in 0..load.tasks {
-            pods::delete_gracefully(&api, &format!("task-{k}"), None).await?;
+    if load.preempt {
+        // kube-scheduler preempts every task pod; the preemptor runs 2 s and
+        // ends, and the new task pods fit again.
+        let ns = bed.namespace(&format!("{prefix}-preemptor")).await?;
+        let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+        let mut p = pods::schedulable_pod("preemptor", 1, disruptions::HIGH, &node_cpu);
+        pods::run_in(&mut p, &image, "sleep 2");
+        api.create(&PostParams::default(), &p).await?;
+        for (_, ns, _) in &runs {
+            preempted(bed, ns, "task-0").await?;
+        }
+        // Once it has ended, delete it: a deleted pod requeues the pending
+        // task pods in the scheduler at once.
+        let client = bed.client.clone();
+        tokio::spawn(async move {
+            let api: Api<Pod> = Api::namespaced(client, &ns);
+            let ended = kube::runtime::wait::await_condition(
+                api.clone(),
+                "preemptor",
+                |p: Option<&Pod>| {
+                    matches!(
+                        p.and_then(|p| p.status.as_ref()?.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+                },
+            );
+            let _ = tokio::time::timeout(Duration::from_secs(120), ended).await;
+            let _ = api
+                .delete("preemptor", &kube::api::DeleteParams::default())
+                .await;
+        });
+    } else {
+        for (_, ns, _) in &runs {
+            let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+            for k in 0..load.tasks {
+                pods::delete_gracefully(&api, &format!("task-{k}"), None).await?;
+            }
         }
     }
     let mut rows = Vec::new();

@@ -201,6 +201,7 @@ async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_task
         tasks: 3,
         unrelated: 3,
         workers: 512,
+        preempt: false,
     };
     let rows = storm::run_with(&bed, "many", GRACE, load, &["adaptive"]).await?;
     let row = &rows[0];
@@ -246,5 +247,39 @@ async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_task
             u.name
         );
     }
+    Ok(())
+}
+
+/// The disruption as the issue names it: kube-scheduler preempts the three
+/// modes' task pods at once (low priority, filling the node) for one pod
+/// that needs the whole node, which runs 2 s and ends. Every mode gets its
+/// task back without leaking quota; conflict storms, adaptive waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_preemption_of_the_three_modes_tasks_storms_only_in_conflict_on_1_37() -> R {
+    use testbed::executor::Load;
+    let (bed, webhook) = storm::bed_with_guard(&["--mode=adaptive"]).await?;
+    let load = Load {
+        preempt: true,
+        ..Load::default()
+    };
+    let rows = storm::run_with(&bed, "preempt", GRACE, load, &storm::MODES).await?;
+    eprintln!("preemption: {}", serde_json::to_string(&rows)?);
+    for row in &rows {
+        let (mode, r) = (row.mode, &row.report);
+        assert_eq!(row.quota_used, 1, "{mode}: quota used: {r:?}");
+        assert_eq!(r.attempts, 2, "{mode}: {r:?}");
+        assert!(!r.failed_permanently, "{mode}: {r:?}");
+        assert!(r.running_again_after_ms.is_some(), "{mode}: {r:?}");
+    }
+    let by = |m: &str| rows.iter().find(|r| r.mode == m).map(|r| &r.report);
+    let conflict = by("conflict").ok_or_else(|| anyhow::anyhow!("no conflict row"))?;
+    assert!(conflict.sent("POST pods 409") >= 20, "{conflict:?}");
+    let adaptive = by("adaptive").ok_or_else(|| anyhow::anyhow!("no adaptive row"))?;
+    assert!(adaptive.sent("POST pods") - 1 <= 10, "{adaptive:?}");
+    let codes = storm::terminating_codes(&webhook, "preempt-adaptive", "task-0")?;
+    assert!(
+        codes.len() >= 3 && codes[..2] == [409, 409] && codes[2] == 429,
+        "adaptive must answer 409 twice, then 429: {codes:?}"
+    );
     Ok(())
 }

@@ -882,6 +882,7 @@ async fn executor_storm(quick: bool) -> Result<()> {
             tasks,
             unrelated: tasks,
             workers,
+            preempt: false,
         };
         let rows = storm::run_with(&bed, &format!("bench-w{workers}"), grace, load, &MODES).await?;
         let total = |r: &storm::StormRow| r.requests.values().sum::<u64>();
