@@ -162,3 +162,84 @@ async fn a_deletion_without_a_disruption_is_audited_as_unexplained() -> R {
     assert_eq!(recs[1]["grace_period_seconds"], 10);
     Ok(())
 }
+
+/// A follow-up tag (graceguard reads the pod, derives its tags, patches
+/// later) keeps the labels another writer added in between, though the pod
+/// had no labels map when graceguard read it: its merge patch sets only
+/// graceguard's keys. And the same patch, sent after the pod was replaced
+/// under its name, is refused (its uid would change): the new pod is never
+/// tagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_tag_keeps_a_concurrent_writers_labels_and_never_tags_a_replaced_pod() -> R {
+    use graceguard_webhook::disruption::Disruption;
+    use graceguard_webhook::review::Meta;
+    use graceguard_webhook::tagger;
+    use kube::api::{Patch, PatchParams};
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("race").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let mut pod = pods::task_pod("racer", 30);
+    pod.metadata.labels = None;
+    pod.metadata.annotations = None;
+    assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+
+    // graceguard's read: no labels, no annotations.
+    let seen = api.get("racer").await?;
+    let meta: Meta = serde_json::from_value(serde_json::to_value(&seen.metadata)?)?;
+    assert!(
+        meta.labels.is_none() && meta.annotations.is_none(),
+        "{meta:?}"
+    );
+    let uid = meta.uid.clone().unwrap_or_default();
+    let d = Disruption {
+        reason: "TerminationByKubelet".into(),
+        message: "the kubelet is terminating it".into(),
+        time: "2026-12-02T00:00:00Z".into(),
+    };
+    let tags = tagger::merge_patch_for(&uid, &meta, &d)
+        .ok_or_else(|| anyhow::anyhow!("no tags for an untagged pod"))?;
+    // Another writer (a ReplicaSet's selector label, a user) before graceguard's patch lands.
+    api.patch(
+        "racer",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"app": "web"}}})),
+    )
+    .await?;
+    api.patch("racer", &PatchParams::default(), &Patch::Merge(&tags))
+        .await?;
+    let labels = api.get("racer").await?.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get("app").map(String::as_str),
+        Some("web"),
+        "the concurrent writer's label was lost: {labels:?}"
+    );
+    assert_eq!(
+        labels.get(tagger::LABEL).map(String::as_str),
+        Some("TerminationByKubelet"),
+        "{labels:?}"
+    );
+
+    // The pod replaced under its name: the old patch must not tag the new one.
+    pods::delete_gracefully(&api, "racer", Some(0)).await?;
+    pods::wait_gone(&api, "racer", &uid).await?;
+    assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+    match api
+        .patch("racer", &PatchParams::default(), &Patch::Merge(&tags))
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert!(
+            s.code == 422 && s.message.contains("metadata.uid"),
+            "the uid guard answered {} {}: {}",
+            s.code,
+            s.reason,
+            s.message
+        ),
+        other => anyhow::bail!("a patch for the old pod's uid was not refused: {other:?}"),
+    }
+    let fresh = api.get("racer").await?.metadata.labels.unwrap_or_default();
+    assert!(
+        !fresh.contains_key(tagger::LABEL),
+        "the replaced pod was tagged: {fresh:?}"
+    );
+    Ok(())
+}

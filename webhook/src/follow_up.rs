@@ -13,8 +13,9 @@
 //!
 //! For both, the admission endpoint asks for a follow-up: a worker reads the
 //! pod shortly after, derives the tags from its condition exactly as the inline
-//! tagger does ([`crate::tagger::patch_for`]), and PATCHes the pod's metadata
-//! with a uid test, so a replaced pod is never tagged. Idempotent, bounded
+//! tagger does ([`crate::tagger::missing_tags`]), and merge-PATCHes only
+//! graceguard's keys with the pod's uid, so a concurrent writer's labels are
+//! kept and a replaced pod is never tagged ([`crate::tagger::merge_patch_for`]). Idempotent, bounded
 //! (a few retries with backoff, then given up and audited as such), never on
 //! an admission request's path: asking never waits, and a full queue drops the
 //! request (counted) rather than slow admission down. Each follow-up writes
@@ -25,8 +26,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{Patch as JsonPatch, PatchOperation, TestOperation};
 use k8s_openapi::api::core::v1::Pod as K8sPod;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
@@ -238,16 +237,6 @@ async fn worker(
     }
 }
 
-/// The JSONPatch that tags a pod: a test of its uid, then the tag operations.
-pub fn guarded_patch(uid: &str, tags: JsonPatch) -> JsonPatch {
-    let mut ops = vec![PatchOperation::Test(TestOperation {
-        path: PointerBuf::from_tokens(["metadata", "uid"]),
-        value: serde_json::Value::String(uid.to_string()),
-    })];
-    ops.extend(tags.0);
-    JsonPatch(ops)
-}
-
 /// The pod as graceguard's decisions read it.
 fn lean(pod: &K8sPod) -> Option<Pod> {
     serde_json::to_value(pod)
@@ -324,14 +313,13 @@ async fn attempt(api: &Api<K8sPod>, job: &Job) -> Result<Step, String> {
     let Some(d) = disruption::of_pod(&lean) else {
         return Ok(Step::NotYet);
     };
-    let Some(tags) = tagger::patch_for(&lean.metadata, &d) else {
+    let Some(tags) = tagger::merge_patch_for(&uid, &lean.metadata, &d) else {
         return Ok(Step::Done(Outcome::AlreadyTagged, Some(d.reason)));
     };
-    let patch: Patch<()> = Patch::Json(guarded_patch(&uid, tags));
-    match api.patch(&job.name, &PatchParams::default(), &patch).await {
+    match api.patch(&job.name, &PatchParams::default(), &Patch::Merge(&tags)).await {
         Ok(_) => Ok(Step::Done(Outcome::Tagged, Some(d.reason))),
-        // The uid test failed: the name now belongs to another pod.
-        Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("test") => {
+        // The uid would change: the name now belongs to another pod.
+        Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("metadata.uid") => {
             Ok(Step::Done(Outcome::Gone, None))
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Step::Done(Outcome::Gone, None)),
@@ -344,23 +332,6 @@ async fn attempt(api: &Api<K8sPod>, job: &Job) -> Result<Step, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn the_patch_tests_the_uid_first() {
-        let tags: JsonPatch = serde_json::from_value(
-            json!([{"op": "add", "path": "/metadata/labels/graceguard.io~1disruption", "value": "TerminationByKubelet"}]),
-        )
-        .expect("patch");
-        let p = serde_json::to_value(guarded_patch("u-1", tags)).expect("json");
-        assert_eq!(
-            p,
-            json!([
-                {"op": "test", "path": "/metadata/uid", "value": "u-1"},
-                {"op": "add", "path": "/metadata/labels/graceguard.io~1disruption", "value": "TerminationByKubelet"},
-            ])
-        );
-    }
 
     #[tokio::test]
     async fn asking_never_waits_and_one_pod_is_pending_once() {

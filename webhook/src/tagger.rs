@@ -56,31 +56,84 @@ fn add(tokens: &[&str], value: Value) -> PatchOperation {
     })
 }
 
-/// The JSONPatch that tags a pod with metadata `meta` for `d`, or `None` when
-/// its tags already say the same.
-pub fn patch_for(meta: &Meta, d: &Disruption) -> Option<Patch> {
+/// Keys and values to set.
+pub type Tags = Vec<(&'static str, String)>;
+
+/// The tags a pod with metadata `meta` lacks for `d`: labels and
+/// annotations to set; both empty when it carries them already.
+pub fn missing_tags(meta: &Meta, d: &Disruption) -> (Tags, Tags) {
     let label = label_value(&d.reason);
-    let wanted_annotations = [
+    let labels = match &meta.labels {
+        Some(l) if l.get(LABEL) == Some(&label) => Vec::new(),
+        _ => vec![(LABEL, label)],
+    };
+    let annotations = [
         (MESSAGE_ANNOTATION, d.message.as_str()),
         (TIME_ANNOTATION, d.time.as_str()),
-    ];
-    let mut ops = Vec::new();
-    match &meta.labels {
-        Some(labels) if labels.get(LABEL) == Some(&label) => {}
-        Some(_) => ops.push(add(&["metadata", "labels", LABEL], json!(label))),
-        None => ops.push(add(&["metadata", "labels"], json!({ LABEL: label }))),
+    ]
+    .into_iter()
+    .filter(|(k, v)| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(*k))
+            .map(String::as_str)
+            != Some(*v)
+    })
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    (labels, annotations)
+}
+
+/// The JSON merge patch a follow-up sends to tag pod `uid` (metadata
+/// `meta`) for `d`, or `None` when its tags already say the same. A merge
+/// patch sets only graceguard's keys, so labels another writer adds between
+/// graceguard's read and its patch are kept (a JSONPatch `add` of a whole
+/// map, needed when the map was absent, would replace them). The `uid`
+/// guards it: the API server refuses to change a uid (422, immutable), so a
+/// pod created under the same name meanwhile is never tagged.
+pub fn merge_patch_for(uid: &str, meta: &Meta, d: &Disruption) -> Option<Value> {
+    let (labels, annotations) = missing_tags(meta, d);
+    if labels.is_empty() && annotations.is_empty() {
+        return None;
     }
-    match &meta.annotations {
-        Some(annotations) => {
-            for (k, v) in wanted_annotations {
-                if annotations.get(k).map(String::as_str) != Some(v) {
-                    ops.push(add(&["metadata", "annotations", k], json!(v)));
-                }
+    let mut m = serde_json::Map::new();
+    m.insert("uid".into(), json!(uid));
+    if !labels.is_empty() {
+        m.insert(
+            "labels".into(),
+            json!(labels.into_iter().collect::<BTreeMap<_, _>>()),
+        );
+    }
+    if !annotations.is_empty() {
+        m.insert(
+            "annotations".into(),
+            json!(annotations.into_iter().collect::<BTreeMap<_, _>>()),
+        );
+    }
+    Some(json!({ "metadata": m }))
+}
+
+/// The JSONPatch that tags a pod with metadata `meta` for `d`, or `None` when
+/// its tags already say the same: the admission answer's patch, applied by
+/// the API server to the object in the request itself (nothing can write
+/// it meanwhile, so adding a whole absent map is safe there).
+pub fn patch_for(meta: &Meta, d: &Disruption) -> Option<Patch> {
+    let (labels, annotations) = missing_tags(meta, d);
+    let mut ops = Vec::new();
+    for (map, present, tags) in [
+        ("labels", meta.labels.is_some(), labels),
+        ("annotations", meta.annotations.is_some(), annotations),
+    ] {
+        match present {
+            true => ops.extend(
+                tags.into_iter()
+                    .map(|(k, v)| add(&["metadata", map, k], json!(v))),
+            ),
+            false if !tags.is_empty() => {
+                let all: BTreeMap<&str, String> = tags.into_iter().collect();
+                ops.push(add(&["metadata", map], json!(all)));
             }
-        }
-        None => {
-            let all: BTreeMap<&str, &str> = wanted_annotations.into_iter().collect();
-            ops.push(add(&["metadata", "annotations"], json!(all)));
+            false => {}
         }
     }
     (!ops.is_empty()).then_some(Patch(ops))
@@ -166,6 +219,31 @@ mod tests {
         for (what, m, reason, want) in cases {
             assert_eq!(ops(&patch_for(&m, &d(reason))), want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_follow_up_merge_patch_sets_only_graceguards_keys_and_the_uid() {
+        let p = merge_patch_for("u-1", &meta(None, None), &d("TerminationByKubelet"));
+        assert_eq!(
+            p,
+            Some(json!({"metadata": {"uid": "u-1",
+                "labels": {LABEL: "TerminationByKubelet"},
+                "annotations": {MESSAGE_ANNOTATION: "Preempted by a pod on node node-1", TIME_ANNOTATION: "2026-11-30T11:30:00Z"}}}))
+        );
+        let p = merge_patch_for(
+            "u-1",
+            &meta(Some(&[("app", "x")]), Some(TAGGED)),
+            &d("TerminationByKubelet"),
+        );
+        assert_eq!(
+            p,
+            Some(json!({"metadata": {"uid": "u-1", "labels": {LABEL: "TerminationByKubelet"}}}))
+        );
+        let tagged = meta(Some(&[(LABEL, "TerminationByKubelet")]), Some(TAGGED));
+        assert_eq!(
+            merge_patch_for("u-1", &tagged, &d("TerminationByKubelet")),
+            None
+        );
     }
 
     #[test]
