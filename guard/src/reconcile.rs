@@ -342,6 +342,12 @@ impl<'a> Task<'a> {
         self.d.wake_at_ms = Some(self.d.wake_at_ms.map_or(at, |w| w.min(at)));
     }
 
+    /// No Create before `at`, and a wake-up then.
+    fn hold_until(&mut self, at: i64) {
+        self.s.not_before_ms = Some(at);
+        self.wake_at(at);
+    }
+
     /// Records `phase` as a transition, even if it equals the current one
     /// (a new attempt's Launching).
     fn record(&mut self, phase: Phase) {
@@ -500,8 +506,7 @@ impl<'a> Task<'a> {
             }
             Input::DeleteFailed { retry_at_ms } => {
                 self.s.delete_on_sight = true;
-                self.s.not_before_ms = Some(retry_at_ms);
-                self.wake_at(retry_at_ms);
+                self.hold_until(retry_at_ms);
             }
             _ => {}
         }
@@ -538,8 +543,7 @@ impl<'a> Task<'a> {
             Input::DeleteFailed { retry_at_ms } => {
                 // The pending-timeout delete is decided again then.
                 self.s.deleting_for = None;
-                self.s.not_before_ms = Some(retry_at_ms);
-                self.wake_at(retry_at_ms);
+                self.hold_until(retry_at_ms);
             }
             Input::Abort => {
                 self.delete_current();
@@ -581,8 +585,7 @@ impl<'a> Task<'a> {
             CreateRefusal::QuotaFull => {
                 // Waiting for room is not a failure: no attempt, no retry spent.
                 self.change(Phase::WaitingForResources);
-                self.s.not_before_ms = Some(retry_at);
-                self.wake_at(retry_at);
+                self.hold_until(retry_at);
             }
             CreateRefusal::ExceedsQuotaLimit { detail } => self.fail(
                 FailureKind::User,
@@ -596,8 +599,7 @@ impl<'a> Task<'a> {
             CreateRefusal::HolderTerminating => {
                 // The name frees itself: waiting is no failure (no attempt,
                 // no transient retry spent).
-                self.s.not_before_ms = Some(retry_at);
-                self.wake_at(retry_at);
+                self.hold_until(retry_at);
             }
             CreateRefusal::Transient => {
                 self.s.transient_retries = self.s.transient_retries.saturating_add(1);
@@ -608,8 +610,7 @@ impl<'a> Task<'a> {
                         "TransientRetriesExhausted: {max} transient Create errors in a row (max_transient_retries)"
                     ));
                 }
-                self.s.not_before_ms = Some(retry_at);
-                self.wake_at(retry_at);
+                self.hold_until(retry_at);
             }
             CreateRefusal::Configuration { message } => self.fail(FailureKind::User, message),
         }
@@ -640,10 +641,7 @@ impl<'a> Task<'a> {
         if e.deleting {
             // Not ours, but on its way out: wait for the name, then create.
             self.s.pod = PodTrack::ToCreate;
-            let at = now.saturating_add(HOLDER_RECHECK_MS);
-            self.s.not_before_ms = Some(at);
-            self.wake_at(at);
-            return;
+            return self.hold_until(now.saturating_add(HOLDER_RECHECK_MS));
         }
         let name = self.pod_name();
         self.s.system_failures = self.s.system_failures.saturating_add(1);

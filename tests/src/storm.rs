@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::PostParams;
 use kube::Api;
@@ -108,29 +108,64 @@ pub fn terminating_codes(webhook: &WebhookProcess, ns: &str, name: &str) -> Resu
 /// DisruptionTarget reason PreemptionByScheduler.
 async fn preempted(bed: &TestBed, ns: &str, name: &str) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(p) = api.get_opt(name).await? {
-            let by_scheduler = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter().any(|c| {
-                        c.type_ == "DisruptionTarget"
-                            && c.reason.as_deref() == Some("PreemptionByScheduler")
+    let by_scheduler = kube::runtime::wait::await_condition(api, name, |p: Option<&Pod>| {
+        p.is_some_and(|p| {
+            p.metadata.deletion_timestamp.is_some()
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            c.type_ == "DisruptionTarget"
+                                && c.reason.as_deref() == Some("PreemptionByScheduler")
+                        })
                     })
-                });
-            if p.metadata.deletion_timestamp.is_some() && by_scheduler {
-                return Ok(());
-            }
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "kube-scheduler did not preempt {ns}/{name} within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        })
+    });
+    match tokio::time::timeout(Duration::from_secs(60), by_scheduler).await {
+        Ok(r) => r
+            .map(|_| ())
+            .with_context(|| format!("watching {ns}/{name}")),
+        Err(_) => anyhow::bail!("kube-scheduler did not preempt {ns}/{name} within 60 s"),
     }
+}
+
+/// kube-scheduler preempts every task pod of `namespaces` (`tasks` each) for
+/// one high-priority pod asking for `node_cpu`, which runs 2 s and ends; it
+/// is deleted then, which requeues the pending new task pods in the
+/// scheduler at once.
+async fn preempt_all(
+    bed: &TestBed,
+    prefix: &str,
+    image: &str,
+    node_cpu: &str,
+    namespaces: &[&str],
+    tasks: u32,
+) -> Result<()> {
+    let ns = bed.namespace(&format!("{prefix}-preemptor")).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let mut p = pods::schedulable_pod("preemptor", 1, disruptions::HIGH, node_cpu);
+    pods::run_in(&mut p, image, "sleep 2");
+    api.create(&PostParams::default(), &p).await?;
+    for victim_ns in namespaces {
+        for k in 0..tasks {
+            preempted(bed, victim_ns, &format!("task-{k}")).await?;
+        }
+    }
+    tokio::spawn(async move {
+        let ended =
+            kube::runtime::wait::await_condition(api.clone(), "preemptor", |p: Option<&Pod>| {
+                matches!(
+                    p.and_then(|p| p.status.as_ref()?.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+            });
+        let _ = tokio::time::timeout(Duration::from_secs(120), ended).await;
+        let _ = api
+            .delete("preemptor", &kube::api::DeleteParams::default())
+            .await;
+    });
+    Ok(())
 }
 
 /// The slowest and the median of `v`, if any.
@@ -192,36 +227,8 @@ pub async fn run_with(
         ex.wait_running(Duration::from_secs(120)).await?;
     }
     if load.preempt {
-        // kube-scheduler preempts every task pod; the preemptor runs 2 s and
-        // ends, and the new task pods fit again.
-        let ns = bed.namespace(&format!("{prefix}-preemptor")).await?;
-        let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-        let mut p = pods::schedulable_pod("preemptor", 1, disruptions::HIGH, &node_cpu);
-        pods::run_in(&mut p, &image, "sleep 2");
-        api.create(&PostParams::default(), &p).await?;
-        for (_, ns, _) in &runs {
-            preempted(bed, ns, "task-0").await?;
-        }
-        // Once it has ended, delete it: a deleted pod requeues the pending
-        // task pods in the scheduler at once.
-        let client = bed.client.clone();
-        tokio::spawn(async move {
-            let api: Api<Pod> = Api::namespaced(client, &ns);
-            let ended = kube::runtime::wait::await_condition(
-                api.clone(),
-                "preemptor",
-                |p: Option<&Pod>| {
-                    matches!(
-                        p.and_then(|p| p.status.as_ref()?.phase.as_deref()),
-                        Some("Succeeded" | "Failed")
-                    )
-                },
-            );
-            let _ = tokio::time::timeout(Duration::from_secs(120), ended).await;
-            let _ = api
-                .delete("preemptor", &kube::api::DeleteParams::default())
-                .await;
-        });
+        let namespaces: Vec<&str> = runs.iter().map(|(_, ns, _)| ns.as_str()).collect();
+        preempt_all(bed, prefix, &image, &node_cpu, &namespaces, load.tasks).await?;
     } else {
         for (_, ns, _) in &runs {
             let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);

@@ -536,17 +536,7 @@ mod tests {
     fn adaptive_answers_409_after_every_ten_429s_so_a_client_go_call_never_returns_one() {
         let held = Confirmation::Held(terminating(28, 600));
         let codes: Vec<u16> = (1..=26)
-            .map(|streak| {
-                deny(decide(
-                    &GroupResource::pods(),
-                    &held,
-                    "t",
-                    adaptive(streak),
-                    NOW,
-                ))
-                .status
-                .code
-            })
+            .map(|streak| adaptive_denial(&held, streak).status.code)
             .collect();
         let mut want = vec![409, 409];
         for _ in 0..2 {

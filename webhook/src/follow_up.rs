@@ -15,7 +15,8 @@
 //! pod shortly after, derives the tags from its condition exactly as the inline
 //! tagger does ([`crate::tagger::missing_tags`]), and merge-PATCHes only
 //! graceguard's keys with the pod's uid, so a concurrent writer's labels are
-//! kept and a replaced pod is never tagged ([`crate::tagger::merge_patch_for`]). Idempotent, bounded
+//! kept and a replaced pod is never tagged ([`crate::tagger::merge_patch_for`]).
+//! Idempotent, bounded
 //! (a few retries with backoff, then given up and audited as such), never on
 //! an admission request's path: asking never waits, and a full queue drops the
 //! request (counted) rather than slow admission down. Each follow-up writes

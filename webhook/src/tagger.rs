@@ -98,17 +98,11 @@ pub fn merge_patch_for(uid: &str, meta: &Meta, d: &Disruption) -> Option<Value> 
     }
     let mut m = serde_json::Map::new();
     m.insert("uid".into(), json!(uid));
-    if !labels.is_empty() {
-        m.insert(
-            "labels".into(),
-            json!(labels.into_iter().collect::<BTreeMap<_, _>>()),
-        );
-    }
-    if !annotations.is_empty() {
-        m.insert(
-            "annotations".into(),
-            json!(annotations.into_iter().collect::<BTreeMap<_, _>>()),
-        );
+    for (map, tags) in [("labels", labels), ("annotations", annotations)] {
+        if !tags.is_empty() {
+            let all: BTreeMap<&str, String> = tags.into_iter().collect();
+            m.insert(map.into(), json!(all));
+        }
     }
     Some(json!({ "metadata": m }))
 }
