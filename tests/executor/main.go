@@ -42,6 +42,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -74,7 +75,15 @@ type counter struct {
 	next http.RoundTripper
 }
 
+// relaunchKey marks the context of a disrupted task's Create calls until
+// its successor pod is made: each request sent under it (client-go's own
+// retries of a 429 included) is counted on the task.
+type relaunchKey struct{}
+
 func (c *counter) RoundTrip(req *http.Request) (*http.Response, error) {
+	if n, ok := req.Context().Value(relaunchKey{}).(*atomic.Int64); ok {
+		n.Add(1)
+	}
 	resp, err := c.next.RoundTrip(req)
 	code := "error"
 	if err == nil {
@@ -110,10 +119,12 @@ type task struct {
 	podCreates, podDeletes, attempts  int
 	systemFailures, maxSystemFailures int
 	systemFailuresRecorded            int
-	longestCreateMS                   int64
-	createErrors                      map[string]int
-	failed                            bool
-	failedWhy                         string
+	// Create requests sent from the disruption to the successor's 201.
+	relaunchRequests atomic.Int64
+	longestCreateMS  int64
+	createErrors     map[string]int
+	failed           bool
+	failedWhy        string
 
 	firstUID       string
 	launchedAt     time.Time
@@ -135,6 +146,10 @@ type taskReport struct {
 	FailedWhy           string         `json:"failed_permanently_why,omitempty"`
 	// Disrupted tasks: from the first sight of the deletion to the new pod Running.
 	RunningAgainAfterMS *int64 `json:"running_again_after_ms,omitempty"`
+	// Disrupted tasks: Create requests from the disruption to the Create
+	// that made the successor pod, that one included; a Create sent after
+	// (the informer not yet showing the new pod) is not one of them.
+	RelaunchPodCreates int64 `json:"relaunch_pod_creates"`
 	// Unrelated tasks: from launch to the Create that made the pod returning, and to Running.
 	CreatedAfterMS *int64 `json:"created_after_ms,omitempty"`
 	RunningAfterMS *int64 `json:"running_after_ms,omitempty"`
@@ -149,6 +164,7 @@ type result struct {
 	MaxSystemFailures int `json:"max_system_failures_seen"`
 	// Every system failure counted (each a status write and an event in Flyte).
 	SystemFailuresRecorded int            `json:"system_failures_recorded"`
+	RelaunchPodCreates     int64          `json:"relaunch_pod_creates"`
 	Attempts               int            `json:"attempts"`
 	LongestCreateCallMS    int64          `json:"longest_create_call_ms"`
 	RunningAgainAfterMS    *int64         `json:"running_again_after_ms"`
@@ -241,6 +257,11 @@ func (e *executor) systemFailure(t *task) bool {
 // create sends one Create (client-go may retry a 429 inside it, the worker
 // waiting) and reads its answer as the plugin does.
 func (e *executor) create(ctx context.Context, t *task) {
+	e.mu.Lock()
+	if !t.disruptedAt.IsZero() && t.attempts < 2 {
+		ctx = context.WithValue(ctx, relaunchKey{}, &t.relaunchRequests)
+	}
+	e.mu.Unlock()
 	start := time.Now()
 	_, err := e.client.CoreV1().Pods(e.namespace).Create(ctx, e.pod(t.name), metav1.CreateOptions{})
 	took := time.Since(start).Milliseconds()
@@ -425,6 +446,8 @@ func (e *executor) report(workers int, count *counts) result {
 			continue
 		}
 		r.RunningAgainAfterMS = ms(t.disruptedAt, t.runningAgainAt)
+		r.RelaunchPodCreates = t.relaunchRequests.Load()
+		res.RelaunchPodCreates += r.RelaunchPodCreates
 		res.Tasks = append(res.Tasks, r)
 		res.PodCreates += t.podCreates
 		res.PodDeletes += t.podDeletes

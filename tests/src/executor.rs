@@ -27,6 +27,10 @@ pub struct ExecutorReport {
     pub max_system_failures_seen: u64,
     /// Every system failure counted (each a status write and an event).
     pub system_failures_recorded: u64,
+    /// Create requests of the disrupted tasks from the disruption to the
+    /// Create that made each successor (that one included); a Create sent
+    /// after it, the informer not yet showing the new pod, is not counted.
+    pub relaunch_pod_creates: u64,
     /// Creates that made a pod.
     pub attempts: u64,
     /// The longest single Create call, client-go's waits included.
@@ -58,6 +62,9 @@ pub struct TaskFigures {
     /// Disrupted tasks: from the first sight of the deletion to the new pod Running.
     #[serde(default)]
     pub running_again_after_ms: Option<u64>,
+    /// Disrupted tasks: see [`ExecutorReport::relaunch_pod_creates`].
+    #[serde(default)]
+    pub relaunch_pod_creates: u64,
     /// Unrelated tasks: from launch to their Create returning 201.
     #[serde(default)]
     pub created_after_ms: Option<u64>,

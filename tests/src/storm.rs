@@ -15,12 +15,23 @@ use kube::api::PostParams;
 use kube::Api;
 use serde::Serialize;
 
+use graceguard_webhook::collision::CLIENT_GO_MAX_RETRIES;
+
 use crate::executor::{Executor, ExecutorReport, Load};
 use crate::webhook::{Hook, WebhookProcess};
 use crate::{disruptions, pods, quota, TestBed, TestBedOptions};
 
 /// The modes compared, in the order they are reported.
 pub const MODES: [&str; 3] = ["conflict", "retry", "adaptive"];
+
+/// The most Create requests mode `adaptive` (default settings) takes to
+/// relaunch a task whose holder is gone within one client-go call of 429s:
+/// the first two answers 409 (each one lap of the executor's loop), then at
+/// most [`CLIENT_GO_MAX_RETRIES`] 429s retried inside one call, then the 201.
+/// How many 429s there are depends on how long the holder outlives its
+/// grace (a loaded node deletes it later), so this is the bound to assert,
+/// not today's usual count (two 409s, six 429s, the 201).
+pub const ADAPTIVE_RELAUNCH_MAX: u64 = 2 + CLIENT_GO_MAX_RETRIES as u64 + 1;
 
 /// One mode's figures.
 #[derive(Clone, Debug, Serialize)]
@@ -33,6 +44,9 @@ pub struct StormRow {
     /// Pod Creates the executor sent (each of client-go's retries counts),
     /// the first, which made the task's first pod, included.
     pub pod_creates_sent: u64,
+    /// Create requests from the disruption to the Create that made the
+    /// successor pod, that one included.
+    pub relaunch_pod_creates: u64,
     /// Every request, by "VERB resource code".
     pub requests: BTreeMap<String, u64>,
     /// The most system failures in a row (Flyte fails a task past 3).
@@ -259,6 +273,7 @@ pub async fn run_with(
             mode,
             quota_used: quota::used_pods(&bed.client, &ns).await?,
             pod_creates_sent: r.sent("POST pods"),
+            relaunch_pod_creates: r.relaunch_pod_creates,
             requests: r.requests.clone(),
             system_failures_charged: r.max_system_failures_seen,
             system_failures_recorded: r.system_failures_recorded,

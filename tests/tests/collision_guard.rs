@@ -53,7 +53,10 @@ async fn colliding_creates_are_already_exists_and_charge_no_quota() -> R {
     let uid = api.get(POD).await?.uid().unwrap_or_default();
     kubelet.finish_deletion(&ns, POD).await?;
     pods::wait_gone(&api, POD, &uid).await?;
-    let again = retry_create(&api, POD).await?;
+    // At once: a terminating holder is never answered from the cache, so the
+    // first Create after the pod is gone is allowed, whether or not the
+    // webhook's watch has seen the deletion yet.
+    let again = pods::create(&api, &pods::task_pod(POD, 60)).await?;
     assert_eq!(again, CreateOutcome::Created);
 
     // Every denial was audited with the fields the README documents.
@@ -75,20 +78,6 @@ async fn colliding_creates_are_already_exists_and_charge_no_quota() -> R {
         Some(50.0)
     );
     Ok(())
-}
-
-/// The index learns of the deletion through its watch; a Create right after
-/// it may still be confirmed against the (already deleted) pod's cache entry
-/// for up to the confirmation TTL, so allow a couple of seconds.
-async fn retry_create(api: &Api<Pod>, name: &str) -> anyhow::Result<CreateOutcome> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let out = pods::create(api, &pods::task_pod(name, 60)).await?;
-        if out == CreateOutcome::Created || Instant::now() > deadline {
-            return Ok(out);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,7 +165,7 @@ async fn a_killed_webhook_fails_open() -> R {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets() -> R {
+async fn a_looping_client_is_named_once_and_a_live_holder_costs_a_handful_of_gets() -> R {
     let (bed, webhook, ns) = bed_with_webhook(&[], true).await?;
     let r = graceful_delete_collision(&bed, &ns, "graceguard", 1, 100).await?;
     assert_eq!(r.already_exists, 1, "{r:?}");
@@ -208,15 +197,45 @@ async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets() -> R {
         Some(1.0)
     );
 
-    // Confirmation GETs, counted by the API server: about one per second (the
-    // cache TTL), not one per denial.
-    let gets = bed.audit_log()?.count(|e| {
-        e.is("get", "pods", &ns) && e.name() == POD && e.user.username == "graceguard"
-    })?;
+    // Confirmation GETs, counted by the API server. The holder terminates,
+    // so every denial rests on a read of its own (its deletion may end at
+    // any moment).
+    let gets = |name: &str| {
+        bed.audit_log().and_then(|log| {
+            log.count(|e| {
+                e.is("get", "pods", &ns) && e.name() == name && e.user.username == "graceguard"
+            })
+        })
+    };
+    let terminating_gets = gets(POD)?;
     assert!(
-        (1..=8).contains(&gets),
-        "{gets} confirmation GETs for {} denials",
+        (sent..=sent + 1).contains(&terminating_gets),
+        "{terminating_gets} confirmation GETs for {} denials of a terminating holder",
         sent + 1
+    );
+    // A live holder: about one GET per second (the cache TTL), not one per denial.
+    let live = "live-holder";
+    let admin: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert_eq!(
+        pods::create(&admin, &pods::task_pod(live, 60)).await?,
+        CreateOutcome::Created
+    );
+    let start = Instant::now();
+    let mut live_sent = 0;
+    while start.elapsed() < Duration::from_secs(5) {
+        let out = pods::create(&api, &pods::task_pod(live, 60)).await?;
+        assert!(out.is_already_exists(), "{out:?}");
+        live_sent += 1;
+        tokio::time::sleep(Duration::from_millis(83)).await;
+    }
+    assert!(live_sent >= 40, "only {live_sent} creates were sent");
+    webhook
+        .wait_records("collision_guard", &ns, live, live_sent + 1)
+        .await?;
+    let live_gets = gets(live)?;
+    assert!(
+        (1..=8).contains(&live_gets),
+        "{live_gets} confirmation GETs for {live_sent} denials of a live holder"
     );
     Ok(())
 }

@@ -1,19 +1,28 @@
-//! The live read that confirms an index hit, cached briefly.
+//! The live read that confirms an index hit, cached briefly for live holders.
 //!
 //! The index can lag the API server, so a held name is confirmed with one
-//! metadata GET before a Create is denied. A client looping on one name would
-//! otherwise cost one GET per request: a confirmed holder is cached for about
-//! a second, and concurrent requests for the same name share one GET. Only
-//! holders are cached: "free" and failed reads are asked again, and a cached
-//! holder whose uid is no longer the one the index has is dropped, so the
-//! cache never outlives a pod the index has seen replaced.
+//! metadata GET before a Create is denied. A client looping on a live pod's
+//! name would otherwise cost one GET per request: a live holder is cached
+//! for about a second, and concurrent requests for the same name share one
+//! GET. A terminating holder is never answered from the cache, since its
+//! deletion may have finished a moment after it was read (containers often
+//! exit long before their grace ends, and finalizers go at any time): every
+//! denial of a terminating holder rests on a read made for it, or shared
+//! with requests that arrived while that read was in flight. "Free" and
+//! failed reads are not cached, and a cached live holder is dropped once the
+//! index has another uid under the name or has seen its deletion begin, and
+//! when the index sees it go (`forget`, from the pod index and from each
+//! kind index).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::PartialObjectMeta;
 use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::watcher::Event;
 use kube::{Api, Client};
 use moka::future::Cache;
 
@@ -82,17 +91,15 @@ impl Confirmer {
     }
 
     /// Who holds `namespace/name`, which the index says `indexed` holds: from
-    /// the cache or one live read. A cached read is dropped when the index has
-    /// since seen the name change hands (another uid) or its holder's deletion
-    /// begin, and when the holder's grace period has run out.
+    /// the cache (a live holder the index agrees on) or one live read.
     pub async fn confirm(&self, namespace: &str, name: &str, indexed: &HeldPod) -> Confirmation {
         let key = (namespace.to_string(), name.to_string());
-        let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        if self.cache.get(&key).await.is_some_and(|h| {
-            h.held.uid != indexed.uid
-                || h.held.deletion.is_some() != indexed.deletion.is_some()
-                || past_grace(&h, now)
-        }) {
+        if self
+            .cache
+            .get(&key)
+            .await
+            .is_some_and(|h| !answers_from_cache(&h, indexed))
+        {
             self.cache.invalidate(&key).await;
         }
         let fetch = Arc::clone(&self.fetch);
@@ -130,16 +137,38 @@ impl Confirmer {
             .invalidate(&(namespace.to_string(), name.to_string()))
             .await;
     }
+
+    /// `events` (the metadata watch feeding an index), forgetting each
+    /// object the watch sees deleted before the index hears of it: a denial
+    /// never outlives its holder by the cache's TTL.
+    pub fn forgetting<K, E>(
+        &self,
+        events: impl Stream<Item = Result<Event<PartialObjectMeta<K>>, E>>,
+    ) -> impl Stream<Item = Result<Event<PartialObjectMeta<K>>, E>> {
+        let confirmer = self.clone();
+        events.then(move |ev| {
+            let confirmer = confirmer.clone();
+            async move {
+                if let Ok(Event::Delete(o)) = &ev {
+                    let m = &o.metadata;
+                    confirmer
+                        .forget(
+                            m.namespace.as_deref().unwrap_or(""),
+                            m.name.as_deref().unwrap_or(""),
+                        )
+                        .await;
+                }
+                ev
+            }
+        })
+    }
 }
 
-/// A cached holder whose graceful deletion should be over by now: the pod is
-/// probably gone or going, so a denial must not rest on the old read. (An
-/// object with no grace period, held by finalizers, stays cached: only its
-/// uid changing, or the TTL, drops it.)
-fn past_grace(h: &Holder, now_unix: i64) -> bool {
-    h.held
-        .deletion
-        .is_some_and(|d| d.grace_seconds > 0 && d.seconds_left(now_unix) == 0)
+/// Whether a cached read `cached` may answer for the holder the index has
+/// (`indexed`): only a live holder, still the one the index has, not yet
+/// seen terminating there.
+fn answers_from_cache(cached: &Holder, indexed: &HeldPod) -> bool {
+    cached.held.deletion.is_none() && indexed.deletion.is_none() && cached.held.uid == indexed.uid
 }
 
 /// A read that found no holder: not cached.
@@ -196,34 +225,63 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_terminating_holder_past_its_grace_is_read_again() {
+    async fn a_terminating_holder_is_read_again_for_every_denial() {
         use crate::pod_index::Deletion;
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        // The index and the read agree on the holder, terminating.
-        let terminating = |at_unix, grace_seconds| HeldPod {
+        // The index and the read agree on the holder, terminating: within its
+        // grace, past it, and held by finalizers with no grace at all.
+        for (at_unix, grace_seconds, finalizers) in [
+            (now + 60, 90, vec![]),
+            (now - 5, 30, vec![]),
+            (now - 5, 0, vec!["f".to_string()]),
+        ] {
+            let held = HeldPod {
+                uid: "u".into(),
+                deletion: Some(Deletion {
+                    at_unix,
+                    grace_seconds,
+                }),
+            };
+            let holder = Holder {
+                finalizers,
+                ..Holder::from(held.clone())
+            };
+            let (f, calls) = counting(Ok(Some(holder)));
+            let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+            for _ in 0..3 {
+                c.confirm("ns", "p", &held).await;
+            }
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                3,
+                "grace {grace_seconds}: a terminating holder answered from the cache"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_denials_of_a_terminating_holder_share_one_read() {
+        use crate::pod_index::Deletion;
+        let held = HeldPod {
             uid: "u".into(),
             deletion: Some(Deletion {
-                at_unix,
-                grace_seconds,
+                at_unix: k8s_openapi::jiff::Timestamp::now().as_second() + 30,
+                grace_seconds: 30,
             }),
         };
-        let over = terminating(now - 5, 30);
-        let (f, calls) = counting(Ok(Some(Holder::from(over.clone()))));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (c2, answer) = (Arc::clone(&calls), Holder::from(held.clone()));
+        let f: Fetch = Arc::new(move |_, _| {
+            c2.fetch_add(1, Ordering::SeqCst);
+            let a = answer.clone();
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(Some(a))
+            })
+        });
         let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
-        c.confirm("ns", "p", &over).await;
-        c.confirm("ns", "p", &over).await;
-        assert_eq!(
-            calls.load(Ordering::SeqCst),
-            2,
-            "not answered from the cache"
-        );
-
-        // Still within its grace: cached.
-        let within = terminating(now + 60, 90);
-        let (f, calls) = counting(Ok(Some(Holder::from(within.clone()))));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
-        c.confirm("ns", "p", &within).await;
-        c.confirm("ns", "p", &within).await;
+        let all = futures::future::join_all((0..8).map(|_| c.confirm("ns", "p", &held))).await;
+        assert!(all.iter().all(|a| matches!(a, Confirmation::Held(_))));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 

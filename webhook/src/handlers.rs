@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -14,7 +14,7 @@ use crate::collision::{self, AllowReason, Verdict};
 use crate::confirm::Confirmer;
 use crate::follow_up::{FollowUp, Source};
 use crate::kind_index::KindIndexes;
-use crate::livelock::LivelockDetector;
+use crate::livelock::{LivelockDetector, Recorded};
 use crate::metrics::{reason_labels, Endpoint, ExplainedLabels, Metrics, ModeLabels};
 use crate::mode::Mode;
 use crate::pod_index::{NamespaceModes, PodIndex};
@@ -270,8 +270,8 @@ fn eviction_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
 
 /// Counts a denial of `name` to the request's user (the livelock detector),
 /// writes the `livelock_suspected` record when it names the client now, and
-/// returns the client's streak.
-fn record_denial(app: &App, req: &Request, rec: &AuditRecord, name: &str) -> usize {
+/// returns what was recorded (the client's streak).
+fn record_denial(app: &App, req: &Request, rec: &AuditRecord, name: &str) -> Recorded {
     let user = req.user_info.username.as_deref().unwrap_or("");
     let looped_on = match &rec.resource {
         Some(resource) => format!("{resource}/{name}"),
@@ -301,7 +301,7 @@ fn record_denial(app: &App, req: &Request, rec: &AuditRecord, name: &str) -> usi
         }
         .emit();
     }
-    recorded.streak
+    recorded
 }
 
 async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
@@ -363,13 +363,13 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     let kind = other_kind.unwrap_or_else(GroupResource::pods);
     // A confirmed holder means a denial: count it first (dry runs are not
     // counted), since `adaptive` phrases it by the client's streak.
-    let streak = match (&confirmation, req.dry_run) {
-        (collision::Confirmation::Held(_), false) => record_denial(app, req, &rec, &name),
-        _ => 1,
+    let recorded = match (&confirmation, req.dry_run) {
+        (collision::Confirmation::Held(_), false) => Some(record_denial(app, req, &rec, &name)),
+        _ => None,
     };
     let how = collision::How {
         mode,
-        streak,
+        streak: recorded.as_ref().map_or(1, |r| r.streak),
         adaptive: app.adaptive,
     };
     let d = match collision::decide(&kind, &confirmation, &name, how, now) {
@@ -379,6 +379,14 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
         }
         Verdict::Deny(d) => d,
     };
+    let told = d
+        .status
+        .details
+        .as_ref()
+        .map_or(0, |details| details.retry_after_seconds);
+    if let Some(r) = &recorded {
+        r.told(Duration::from_secs(u64::from(told)));
+    }
     rec.reason = d.reason.into();
     rec.mode = Some(mode.as_str());
     rec.code = Some(d.status.code);

@@ -255,8 +255,10 @@ impl KindIndexes {
         let idx = Arc::clone(&index);
         let metrics = self.metrics.clone();
         let labels = KindLabels::of(&kind);
+        let forgets = confirmer.clone();
         let task = tokio::spawn(async move {
-            let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+            let stream = forgets
+                .forgetting(watcher::watcher(api, watcher::Config::default()).default_backoff());
             idx.run_stream(
                 stream,
                 |meta| Some(HeldPod::from_meta(meta)),

@@ -8,8 +8,9 @@
 //! quiet (below the threshold) in between.
 //!
 //! The same windows tell mode `adaptive` how long a client has kept at it:
-//! its streak, the denials of the key with no pause longer than the window
-//! between two of them (a client waiting out a 429 retries within it).
+//! its streak, the denials of the key with no pause between two of them
+//! longer than the window plus the wait the previous one told the client (a
+//! client waiting out a 429 retries within it, however slow its way back).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -22,8 +23,10 @@ use moka::sync::Cache;
 pub struct Window {
     hits: VecDeque<Instant>,
     reported: bool,
-    /// Denials since the last pause longer than the window.
+    /// Denials since the last pause longer than the window (plus `told`).
     streak: usize,
+    /// The wait the newest denial told the client (its 429's Retry-After).
+    told: Duration,
 }
 
 impl Window {
@@ -31,7 +34,7 @@ impl Window {
     pub fn record(&mut self, now: Instant, window: Duration, threshold: usize) -> bool {
         // The newest hit is the previous denial (hits only ever drop older ones).
         match self.hits.back() {
-            Some(last) if now.saturating_duration_since(*last) <= window => {
+            Some(last) if now.saturating_duration_since(*last) <= window + self.told => {
                 self.streak = self.streak.saturating_add(1);
             }
             _ => self.streak = 1,
@@ -51,11 +54,17 @@ impl Window {
             self.hits.pop_front();
         }
         self.hits.push_back(now);
+        self.told = Duration::ZERO;
         if self.hits.len() >= threshold && !self.reported {
             self.reported = true;
             return true;
         }
         false
+    }
+
+    /// Notes that the newest denial told its client to wait `wait`.
+    pub fn told(&mut self, wait: Duration) {
+        self.told = wait;
     }
 
     /// Denials in the current streak, this one included.
@@ -76,12 +85,25 @@ impl Window {
 type Key = (String, String, String);
 
 /// What one recorded denial says about its client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Recorded {
     /// `Some(denials in the window)` when the client should be named now.
     pub report: Option<usize>,
     /// Denials of this key in its current streak, this one included.
     pub streak: usize,
+    window: Arc<Mutex<Window>>,
+}
+
+impl Recorded {
+    /// Notes that this denial told its client to wait `wait` (a 429's
+    /// Retry-After): its next try within the window after that wait goes on
+    /// with the streak.
+    pub fn told(&self, wait: Duration) {
+        self.window
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .told(wait);
+    }
 }
 
 /// Per-key windows that expire when a key goes quiet.
@@ -95,8 +117,11 @@ pub struct LivelockDetector {
 impl LivelockDetector {
     pub fn new(window: Duration, threshold: usize) -> Self {
         Self {
+            // A key is kept for two windows: one for its hits, one for the
+            // longest wait a 429 may tell (shorter than the window, checked
+            // by the CLI).
             windows: Cache::builder()
-                .time_to_idle(window)
+                .time_to_idle(window.saturating_mul(2))
                 .max_capacity(100_000)
                 .build(),
             window,
@@ -110,11 +135,14 @@ impl LivelockDetector {
         let w = self
             .windows
             .get_with(key, || Arc::new(Mutex::new(Window::default())));
-        let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-        let report = w.record(Instant::now(), self.window, self.threshold);
+        let mut guard = w.lock().unwrap_or_else(|p| p.into_inner());
+        let report = guard.record(Instant::now(), self.window, self.threshold);
+        let (report, streak) = (report.then(|| guard.len()), guard.streak());
+        drop(guard);
         Recorded {
-            report: report.then(|| w.len()),
-            streak: w.streak(),
+            report,
+            streak,
+            window: w,
         }
     }
 
@@ -184,6 +212,27 @@ mod tests {
         }
         // A pause longer than the window starts a new one.
         w.record(t0 + Duration::from_millis(35_000), win, 5);
+        assert_eq!(w.streak(), 1);
+    }
+
+    #[test]
+    fn a_client_back_late_from_the_wait_it_was_told_keeps_its_streak() {
+        let t0 = Instant::now();
+        let win = Duration::from_secs(10);
+        let mut w = Window::default();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        w.record(at(0), win, 5);
+        // Told to wait 8 s, back 3 s late (a loaded client or API server):
+        // 11 s after, more than the window, still the same streak.
+        w.told(Duration::from_secs(8));
+        w.record(at(11_000), win, 5);
+        assert_eq!(w.streak(), 2);
+        // That denial told no wait (a 409): 11 s later is a new streak.
+        w.record(at(22_000), win, 5);
+        assert_eq!(w.streak(), 1);
+        // Past the wait plus the window, new too.
+        w.told(Duration::from_secs(8));
+        w.record(at(22_000 + 18_001), win, 5);
         assert_eq!(w.streak(), 1);
     }
 }

@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PartialObjectMeta;
 use kube::core::ObjectMeta;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
@@ -114,21 +113,8 @@ pub fn spawn_watchers(
     let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
     let m = metrics.clone();
     tokio::spawn(async move {
-        // A pod the watch sees deleted is forgotten by the confirmation cache
-        // at once, so a denial never outlives the pod by the cache's TTL.
-        let stream = watcher::watcher(pod_api, watcher::Config::default())
-            .default_backoff()
-            .then(move |ev| {
-                let confirmer = confirmer.clone();
-                async move {
-                    if let Ok(Event::Delete(p)) = &ev {
-                        let (ns, name) =
-                            (p.metadata.namespace.as_deref(), p.metadata.name.as_deref());
-                        confirmer.forget(ns.unwrap_or(""), name.unwrap_or("")).await;
-                    }
-                    ev
-                }
-            });
+        let stream = confirmer
+            .forgetting(watcher::watcher(pod_api, watcher::Config::default()).default_backoff());
         pods.run_stream(
             stream,
             |meta| Some(HeldPod::from_meta(meta)),
