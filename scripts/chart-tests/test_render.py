@@ -137,7 +137,10 @@ class PerValuesFile:
             }], name)
             want_policy = wcfg["collisionGuard"]["failurePolicy"] if key == "collisionGuard" else "Ignore"
             self.assertEqual(wh["failurePolicy"], want_policy, name)
-            self.assertEqual(wh["sideEffects"], "None", name)
+            # Only the follow-up writes, afterwards, and never for a dry run.
+            follows_up = wcfg["disruptionTagger"]["enabled"] and wcfg["disruptionTagger"]["followUp"]
+            writes = key in ("disruptionTagger", "evictionAudit") and follows_up
+            self.assertEqual(wh["sideEffects"], "NoneOnDryRun" if writes else "None", name)
             self.assertEqual(wh["matchPolicy"], "Equivalent", name)
             self.assertEqual(wh["timeoutSeconds"], wcfg["timeoutSeconds"], name)
             self.assertEqual(wh["admissionReviewVersions"], ["v1"], name)
@@ -221,7 +224,7 @@ class PerValuesFile:
         else:
             self.fail(f"unknown certs.mode {mode}")
 
-    def test_rbac_reads_what_it_indexes_and_patches_pods_only_for_the_follow_up(self) -> None:
+    def test_rbac_reads_what_it_indexes_and_patches_pod_status_only_for_the_follow_up(self) -> None:
         role = self.r.one("ClusterRole")
         tagger = self.merged["webhooks"]["disruptionTagger"]
         follow_up = tagger["enabled"] and tagger["followUp"]
@@ -231,7 +234,7 @@ class PerValuesFile:
         if others:
             want |= {("", "resourcequotas", read)} | {(g, r, read) for g, r in others}
         if follow_up:
-            want.add(("", "pods", ("patch",)))
+            want.add(("", "pods/status", ("patch",)))
         got = set()
         for rule in role["rules"]:
             self.assertEqual(set(rule), {"apiGroups", "resources", "verbs"})
@@ -304,6 +307,12 @@ class PerValuesFile:
             "GRACEGUARD_MODE": cfg["mode"], "GRACEGUARD_CONFIRM_CACHE_TTL": cfg["confirmCacheTTL"],
             "GRACEGUARD_CONFIRM_TIMEOUT": cfg["confirmTimeout"], "GRACEGUARD_LIVELOCK_THRESHOLD": str(cfg["livelockThreshold"]),
             "GRACEGUARD_LIVELOCK_WINDOW": cfg["livelockWindow"], "GRACEGUARD_MAX_BODY_BYTES": str(cfg["maxBodyBytes"]),
+            "GRACEGUARD_MAX_CONNECTIONS": str(cfg["maxConnections"]),
+            "GRACEGUARD_MAX_CONNECTIONS_PER_CLIENT": str(cfg["maxConnectionsPerClient"]),
+            "GRACEGUARD_MAX_IN_FLIGHT": str(cfg["maxInFlight"]), "GRACEGUARD_MAX_BODY_BYTES_IN_FLIGHT": str(cfg["maxBodyBytesInFlight"]),
+            "GRACEGUARD_BODY_TIMEOUT": cfg["bodyTimeout"],
+            "GRACEGUARD_MAX_IN_FLIGHT_PER_CLIENT": str(cfg["maxInFlightPerClient"]),
+            "GRACEGUARD_MAX_BODY_BYTES_IN_FLIGHT_PER_CLIENT": str(cfg["maxBodyBytesInFlightPerClient"]),
             "GRACEGUARD_CERT_RELOAD_INTERVAL": cfg["certReloadInterval"], "GRACEGUARD_SHUTDOWN_GRACE": cfg["shutdownGrace"],
             "GRACEGUARD_SHUTDOWN_DELAY": cfg["shutdownDelay"],
         }
@@ -600,6 +609,37 @@ class TestOptions(unittest.TestCase):
         role = r.one("ClusterRole")
         self.assertTrue(all(sorted(rule["verbs"]) == ["get", "list", "watch"] for rule in role["rules"]), role)
         self.assertIn("left untagged (disruptionTagger.followUp is false)", r.notes)
+
+    def test_write_policy_where_the_server_serves_it_or_when_asked(self) -> None:
+        vap = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+        kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+        def policy(values: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
+            r = cl.render_objects(values, **kw)
+            return [o for k in kinds for o in r.of_kind(k)]
+
+        served = policy({}, api_versions=[vap])
+        self.assertEqual([o["kind"] for o in served], list(kinds))
+        p, binding = served
+        self.assertEqual(p["apiVersion"], "admissionregistration.k8s.io/v1")
+        self.assertEqual(binding["spec"], {"policyName": p["metadata"]["name"], "validationActions": ["Deny"]})
+        sa = cl.render_objects({}).one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+        self.assertEqual(p["spec"]["matchConditions"][0]["expression"],
+                         f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{sa}"')
+        rules = p["spec"]["matchConstraints"]["resourceRules"]
+        self.assertEqual(rules, [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                                  "resources": ["pods", "pods/status"]}])
+        self.assertEqual(p["spec"]["failurePolicy"], "Fail")
+        # Not served (Helm's offline default, a 1.29 server): none, unless asked for.
+        self.assertEqual(policy({}), [])
+        self.assertEqual(policy({}, kube_version="v1.29.9"), [])
+        self.assertEqual(len(policy({"rbac": {"writePolicy": "true"}})), 2)
+        self.assertEqual(len(policy({"rbac": {"writePolicy": True}})), 2)
+        self.assertEqual(policy({"rbac": {"writePolicy": False}}, api_versions=[vap]), [])
+        # Nothing to confine when graceguard writes nothing.
+        no_writes = {"webhooks": {"disruptionTagger": {"followUp": False}}}
+        self.assertEqual(policy(no_writes, api_versions=[vap]), [])
+        self.assertEqual(policy({"rbac": {"create": False}}, api_versions=[vap]), [])
 
     def test_notes_say_how_each_disruption_source_is_tagged(self) -> None:
         notes = cl.render_objects({}).notes

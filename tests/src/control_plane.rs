@@ -157,7 +157,7 @@ pub use crate::pods::NODE;
 /// user `graceguard` so the bed's webhook runs with exactly that.
 pub const WEBHOOK_RULES: &str = r#"[
   {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-  {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+  {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
   {"apiGroups": [""], "resources": ["resourcequotas", "persistentvolumeclaims", "services", "configmaps"], "verbs": ["get", "list", "watch"]},
   {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},
   {"apiGroups": ["graceguard.test"], "resources": ["widgets"], "verbs": ["get", "list", "watch"]}
@@ -726,6 +726,23 @@ impl TestBed {
     /// A client that authenticates as the identity `key` (see [`IDENTITIES`]).
     pub async fn client_as(&self, key: &str) -> Result<Client> {
         client_from(&self.kubeconfig_for(key)?).await
+    }
+
+    /// A client of the admin impersonating `user` in `groups`, as the API
+    /// server sees a ServiceAccount's token (a service account's identity
+    /// without a token controller: 1.20 runs none here).
+    pub async fn client_impersonating(&self, user: &str, groups: &[&str]) -> Result<Client> {
+        let mut kc = Kubeconfig::read_from(&self.kubeconfig)
+            .with_context(|| format!("reading kubeconfig {}", self.kubeconfig.display()))?;
+        for named in &mut kc.auth_infos {
+            if let Some(auth) = named.auth_info.as_mut() {
+                auth.impersonate = Some(user.to_string());
+                auth.impersonate_groups = Some(groups.iter().map(ToString::to_string).collect());
+            }
+        }
+        let mut cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        cfg.default_retry = false;
+        Ok(Client::try_from(cfg)?)
     }
 
     /// A fresh namespace for one test, `prefix-N`. On 1.37 it returns once the

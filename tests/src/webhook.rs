@@ -74,6 +74,15 @@ impl Hook {
         }
     }
 
+    /// As the chart declares it (follow-up on): the endpoints whose follow-up
+    /// patches afterwards do so never for a dry run.
+    fn side_effects(self) -> &'static str {
+        match self {
+            Hook::DisruptionTagger | Hook::EvictionAudit => "NoneOnDryRun",
+            Hook::CollisionGuard | Hook::DeletionAudit | Hook::CollisionKinds => "None",
+        }
+    }
+
     /// The `endpoint` field of its audit records.
     pub fn endpoint(self) -> &'static str {
         match self {
@@ -173,7 +182,7 @@ fn webhook_spec(h: Hook, base_url: &str, ca_pem: &str, with_conditions: bool) ->
         },
         "rules": [h.rule()],
         "failurePolicy": "Ignore",
-        "sideEffects": "None",
+        "sideEffects": h.side_effects(),
         "admissionReviewVersions": ["v1"],
         "timeoutSeconds": 2,
         "matchPolicy": "Equivalent",

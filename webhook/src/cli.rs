@@ -1,16 +1,17 @@
 //! `graceguard-webhook`: the command line.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use graceguard_certs::{Ca, ReloadingResolver};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::net::TcpListener;
 
+use crate::command::client;
+pub use crate::command::CliError;
 use crate::confirm::Confirmer;
 use crate::follow_up::{self, FollowUp};
 use crate::handlers::App;
@@ -19,7 +20,7 @@ use crate::livelock::LivelockDetector;
 use crate::meta_index::MetaIndex;
 use crate::metrics::Metrics;
 use crate::mode::Mode;
-use crate::{logging, pod_index, server};
+use crate::{limits, logging, server, watchers};
 
 #[derive(Parser)]
 #[command(
@@ -123,11 +124,33 @@ pub struct ServeArgs {
     pub livelock_window: Duration,
     /// Admission connections open at once; at the cap new ones wait in the
     /// kernel's backlog until one closes.
-    #[arg(long, env = "GRACEGUARD_MAX_CONNECTIONS", default_value_t = 1024)]
+    #[arg(long, env = "GRACEGUARD_MAX_CONNECTIONS", default_value_t = limits::Limits::default().max_connections)]
     pub max_connections: usize,
+    /// Admission connections open at once from one client address; one past
+    /// it is closed at once (the API server keeps a few).
+    #[arg(long, env = "GRACEGUARD_MAX_CONNECTIONS_PER_CLIENT", default_value_t = limits::Limits::default().max_connections_per_client)]
+    pub max_connections_per_client: usize,
+    /// Admission requests answered at once; past it, 503 at once (the API
+    /// server then applies the webhook's failurePolicy).
+    #[arg(long, env = "GRACEGUARD_MAX_IN_FLIGHT", default_value_t = limits::Limits::default().max_in_flight)]
+    pub max_in_flight: usize,
+    /// Admission requests answered at once from one client address; past it,
+    /// 503 at once (one flooding address leaves the rest to the API server).
+    #[arg(long, env = "GRACEGUARD_MAX_IN_FLIGHT_PER_CLIENT", default_value_t = limits::Limits::default().max_in_flight_per_client)]
+    pub max_in_flight_per_client: usize,
     /// Largest admission request body accepted.
-    #[arg(long, env = "GRACEGUARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    #[arg(long, env = "GRACEGUARD_MAX_BODY_BYTES", default_value_t = limits::Limits::default().max_body_bytes)]
     pub max_body_bytes: usize,
+    /// Body bytes of all admission requests in flight together; a request
+    /// whose body does not fit in what is left is answered 503 at once.
+    #[arg(long, env = "GRACEGUARD_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = limits::Limits::default().max_body_bytes_in_flight)]
+    pub max_body_bytes_in_flight: usize,
+    /// Body bytes of the admission requests in flight from one client address.
+    #[arg(long, env = "GRACEGUARD_MAX_BODY_BYTES_IN_FLIGHT_PER_CLIENT", default_value_t = limits::Limits::default().max_body_bytes_in_flight_per_client)]
+    pub max_body_bytes_in_flight_per_client: usize,
+    /// How long a client may take to send a request's whole body (408 after).
+    #[arg(long, env = "GRACEGUARD_BODY_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub body_timeout: Duration,
     /// How often the certificate files are checked for changes.
     #[arg(long, env = "GRACEGUARD_CERT_RELOAD_INTERVAL", default_value = "5s", value_parser = duration)]
     pub cert_reload_interval: Duration,
@@ -145,7 +168,7 @@ pub struct ServeArgs {
     /// Tag pods afterwards, under graceguard's own identity, where a tag cannot
     /// go into the request itself: a node's status update (NodeRestriction
     /// refuses changed labels) and an eviction's condition (written outside
-    /// admission). Needs RBAC `patch` on pods; off keeps graceguard read-only.
+    /// admission). Needs RBAC `patch` on pods/status; off keeps graceguard read-only.
     #[arg(long, env = "GRACEGUARD_FOLLOW_UP_TAGGING", default_value_t = true, action = clap::ArgAction::Set)]
     pub follow_up_tagging: bool,
     /// Whether /readyz also fails while a watch is broken (true), or only until
@@ -170,17 +193,6 @@ struct CertsArgs {
     /// IP addresses for the serving certificate (repeatable).
     #[arg(long = "ip")]
     ip: Vec<IpAddr>,
-}
-
-/// A failure that ends the process, with its exit code.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// Bad configuration: exit 2.
-    #[error("{0}")]
-    Config(String),
-    /// Failure while running: exit 1.
-    #[error("{0}")]
-    Runtime(String),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -244,26 +256,6 @@ fn certs(args: CertsArgs) -> Result<(), CliError> {
         args.out.display()
     );
     Ok(())
-}
-
-/// A client from `kubeconfig`, or the in-cluster configuration without one.
-pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, CliError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .map_err(|e| CliError::Config(format!("cannot read kubeconfig {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| CliError::Config(format!("kubeconfig {} is not usable: {e}", path.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            CliError::Config(format!(
-                "no cluster configuration found ({e}); pass --kubeconfig FILE, or run in a pod with a service account"
-            ))
-        })?,
-    };
-    kube::Client::try_from(config)
-        .map_err(|e| CliError::Config(format!("cannot build a Kubernetes client: {e}")))
 }
 
 /// The numbers of mode `adaptive`, checked: waits in whole seconds, at least
@@ -339,6 +331,19 @@ pub async fn serve(
     let client = client(args.kubeconfig.as_deref()).await?;
 
     let adaptive = adaptive_settings(&args)?;
+    let limits = limits::Limits {
+        max_connections: args.max_connections,
+        max_connections_per_client: args.max_connections_per_client,
+        max_in_flight: args.max_in_flight,
+        max_in_flight_per_client: args.max_in_flight_per_client,
+        max_body_bytes: args.max_body_bytes,
+        max_body_bytes_in_flight: args.max_body_bytes_in_flight,
+        max_body_bytes_in_flight_per_client: args.max_body_bytes_in_flight_per_client,
+        body_timeout: args.body_timeout,
+    };
+    limits
+        .check()
+        .map_err(|e| CliError::Config(e.to_string()))?;
     let (metrics, registry) = Metrics::new();
     let app = Arc::new(App {
         pods: Arc::new(MetaIndex::new("pods")),
@@ -368,7 +373,7 @@ pub async fn serve(
         readiness_tracks_watch: args.readiness_tracks_watch,
         shutting_down: AtomicBool::new(false),
     });
-    pod_index::spawn_watchers(
+    watchers::spawn_watchers(
         client,
         app.confirmer.clone(),
         Arc::clone(&app.pods),
@@ -393,13 +398,15 @@ pub async fn serve(
         server::health_router(Arc::clone(&app), registry),
         stop_health_rx,
     ));
+    let per_client = limits::PerClient::new(limits.max_connections_per_client, &app.metrics);
     let admission = tokio::spawn(server::serve_tls(
         tls_listener,
         Arc::new(tls),
-        server::admission_router(Arc::clone(&app), args.max_body_bytes),
+        server::admission_router(Arc::clone(&app), &limits),
         stop_tls_rx,
         args.shutdown_grace,
-        args.max_connections,
+        limits.max_connections,
+        per_client,
     ));
 
     wait_for_signal().await?;

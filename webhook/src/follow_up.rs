@@ -14,7 +14,8 @@
 //! For both, the admission endpoint asks for a follow-up: a worker reads the
 //! pod shortly after, derives the tags from its condition exactly as the inline
 //! tagger does ([`crate::tagger::missing_tags`]), and merge-PATCHes only
-//! graceguard's keys with the pod's uid, so a concurrent writer's labels are
+//! graceguard's keys with the pod's uid, through `pods/status` (whose strategy
+//! keeps metadata and resets the spec: graceguard holds no `patch pods`), so a concurrent writer's labels are
 //! kept and a replaced pod is never tagged ([`crate::tagger::merge_patch_for`]).
 //! Idempotent, bounded
 //! (a few retries with backoff, then given up and audited as such), never on
@@ -317,7 +318,13 @@ async fn attempt(api: &Api<K8sPod>, job: &Job) -> Result<Step, String> {
     let Some(tags) = tagger::merge_patch_for(&uid, &lean.metadata, &d) else {
         return Ok(Step::Done(Outcome::AlreadyTagged, Some(d.reason)));
     };
-    match api.patch(&job.name, &PatchParams::default(), &Patch::Merge(&tags)).await {
+    // Through `pods/status`: the only write graceguard's role grants. Its
+    // strategy keeps labels and annotations and resets the spec, so this
+    // permission cannot change what a pod runs.
+    match api
+        .patch_status(&job.name, &PatchParams::default(), &Patch::Merge(&tags))
+        .await
+    {
         Ok(_) => Ok(Step::Done(Outcome::Tagged, Some(d.reason))),
         // The uid would change: the name now belongs to another pod.
         Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("metadata.uid") => {
@@ -325,7 +332,7 @@ async fn attempt(api: &Api<K8sPod>, job: &Job) -> Result<Step, String> {
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Step::Done(Outcome::Gone, None)),
         Err(e) => Err(format!(
-            "patching {what}'s tags: {e} (graceguard needs RBAC `patch` on pods for follow-up tagging)"
+            "patching {what}'s tags: {e} (graceguard needs RBAC `patch` on pods/status for follow-up tagging: the chart's ClusterRole grants it)"
         )),
     }
 }

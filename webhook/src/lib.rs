@@ -10,7 +10,8 @@
 //!
 //! Where each rule lives:
 //! * [`collision`]: the collision guard's decision, pure.
-//! * [`pod_index`] and [`meta_index`]: the watch-fed index of pod names.
+//! * [`pod_index`] and [`meta_index`]: the watch-fed index of pod names;
+//!   [`watchers`]: the watches that feed it, wired to the confirmation cache.
 //! * [`quota_kinds`] and [`kind_index`]: which other kinds quotas count, and
 //!   their name indexes, started and stopped as quotas come and go.
 //! * [`confirm`]: the live GET that confirms an index hit, cached briefly.
@@ -24,17 +25,24 @@
 //! * [`follow_up`]: tagging afterwards what cannot be tagged in its request
 //!   (a node's status update, an eviction's condition).
 //! * [`self_test`]: the dry-run round trip `helm test` proves.
+//! * [`limits`]: what one client and all of them may hold of the admission
+//!   port (connections per address, requests and body bytes in flight, the
+//!   body-read deadline), refused at once at each.
 //! * [`server`]: HTTPS and health listeners, routing, graceful shutdown.
+//! * [`cli`]: the command line; [`command`]: what its subcommands share (the
+//!   exit error, the API client).
 
 pub mod audit;
 pub mod cli;
 pub mod collision;
+pub mod command;
 pub mod confirm;
 pub mod deletion_audit;
 pub mod disruption;
 pub mod follow_up;
 pub mod handlers;
 pub mod kind_index;
+pub mod limits;
 pub mod livelock;
 pub mod logging;
 pub mod meta_index;
@@ -48,3 +56,4 @@ pub mod review;
 pub mod self_test;
 pub mod server;
 pub mod tagger;
+pub mod watchers;

@@ -84,6 +84,13 @@ pub struct FollowUpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// Which limit: `in_flight`, `body_bytes`, `body_timeout`,
+    /// `connections_per_client`.
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
     pub mode: &'static str,
 }
@@ -116,6 +123,7 @@ pub struct Metrics {
     pub kind_index_ready: Family<KindLabels, Gauge>,
     pub audit_records_dropped: Counter,
     pub certificate_expiry: Gauge,
+    pub limited: Family<LimitLabels, Counter>,
     /// Each endpoint's review series, resolved once: the admission path
     /// increments them without a label hash or the family's lock.
     handles: Arc<[ReviewHandles; 4]>,
@@ -187,6 +195,7 @@ impl Metrics {
             kind_index_ready: Family::default(),
             audit_records_dropped: Counter::default(),
             certificate_expiry: Gauge::default(),
+            limited: Family::default(),
         };
         let mut r = Registry::with_prefix("graceguard");
         r.register(
@@ -198,6 +207,11 @@ impl Metrics {
             "admission_review_seconds",
             "Time to answer an admission review, by endpoint",
             m.review_seconds.clone(),
+        );
+        r.register(
+            "admission_limited",
+            "Admission requests and connections refused at once by a limit of the port (load shed, so the API server applies failurePolicy instead of waiting), by limit",
+            m.limited.clone(),
         );
         r.register(
             "bad_requests",

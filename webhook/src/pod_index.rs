@@ -1,18 +1,9 @@
 //! What the webhook keeps per pod: who holds a name, and whether that pod is
 //! in its graceful deletion. Names and these few fields only, never specs.
 
-use std::sync::Arc;
-
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::PartialObjectMeta;
 use kube::core::ObjectMeta;
-use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
-use kube::{Api, Client};
 
-use crate::confirm::Confirmer;
 use crate::meta_index::MetaIndex;
-use crate::metrics::Metrics;
 use crate::mode::{Mode, MODE_LABEL};
 
 /// A graceful deletion in progress.
@@ -91,7 +82,8 @@ pub type PodIndex = MetaIndex<HeldPod>;
 /// Namespaces that carry a valid `graceguard.io/mode` label.
 pub type NamespaceModes = MetaIndex<Mode>;
 
-fn namespace_mode(m: &ObjectMeta) -> Option<Mode> {
+/// The mode a namespace's `graceguard.io/mode` label names, if valid.
+pub fn namespace_mode(m: &ObjectMeta) -> Option<Mode> {
     let value = m.labels.as_ref()?.get(MODE_LABEL)?;
     match value.parse() {
         Ok(mode) => Some(mode),
@@ -100,31 +92,4 @@ fn namespace_mode(m: &ObjectMeta) -> Option<Mode> {
             None
         }
     }
-}
-
-/// Starts the metadata watches that feed both indexes.
-pub fn spawn_watchers(
-    client: Client,
-    confirmer: Confirmer,
-    pods: Arc<PodIndex>,
-    namespaces: Arc<NamespaceModes>,
-    metrics: Metrics,
-) {
-    let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
-    let m = metrics.clone();
-    tokio::spawn(async move {
-        let stream = confirmer
-            .forgetting(watcher::watcher(pod_api, watcher::Config::default()).default_backoff());
-        pods.run_stream(
-            stream,
-            |meta| Some(HeldPod::from_meta(meta)),
-            |idx| {
-                m.index_pods.set(idx.len() as i64);
-                m.index_ready.set(i64::from(idx.is_ready()));
-            },
-        )
-        .await
-    });
-    let ns_api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
-    tokio::spawn(async move { namespaces.run(ns_api, namespace_mode, |_| {}).await });
 }

@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
-use crate::cli::CliError;
+use crate::command::CliError;
 
 /// GETs `url` (plain http://, the health port) within `timeout`; Ok when 200.
 pub async fn probe(url: &str, timeout: Duration) -> Result<String, CliError> {

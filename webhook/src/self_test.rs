@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::core::Request;
 
-use crate::cli::CliError;
+use crate::command::CliError;
 
 /// Names of the self-test's dry-run pods. Only a dry-run Create with this
 /// prefix gets the warning; a real Create is judged like any other.
@@ -42,7 +42,7 @@ pub async fn run(
     namespace: &str,
     timeout: Duration,
 ) -> Result<String, CliError> {
-    let client = crate::cli::client(kubeconfig).await?;
+    let client = crate::command::client(kubeconfig).await?;
     let suffix: String = format!("{:08x}", rand_suffix());
     let name = format!("{NAME_PREFIX}{suffix}");
     let pod: Pod = serde_json::from_value(serde_json::json!({

@@ -22,6 +22,8 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceBuilder;
 
 use crate::handlers::{self, App};
+use crate::limits::{self, ClientAddr, ClientSlot, Intake, Limits, PerClient};
+use crate::metrics::LimitLabels;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,9 +34,18 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// up after the webhook's timeoutSeconds, at most 30 s).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The admission routes, with a request body limit (pods can be large) and a
+/// The admission routes behind the port's limits ([`crate::limits`]): at
+/// most `max_in_flight` requests answered at once (past it, 503 at once: load
+/// shedding, never a queue), each within the body budget and deadline, and a
 /// time limit, so a slow or silent client cannot hold a connection forever.
-pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
+pub fn admission_router(app: Arc<App>, limits: &Limits) -> Router {
+    let shed = app
+        .metrics
+        .limited
+        .get_or_create(&LimitLabels { limit: "in_flight" })
+        .clone();
+    let max_in_flight = limits.max_in_flight;
+    let intake_state = Intake::new(limits, &app.metrics);
     let router = Router::new()
         .route("/validate/pods", post(handlers::validate_pods))
         .route("/validate/collision", post(handlers::validate_pods))
@@ -47,7 +58,30 @@ pub fn admission_router(app: Arc<App>, max_body_bytes: usize) -> Router {
             "/validate/pods-eviction",
             post(handlers::validate_pods_eviction),
         )
-        .layer(DefaultBodyLimit::max(max_body_bytes));
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            intake_state,
+            limits::intake,
+        ))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(move |_: BoxError| {
+                    let shed = shed.clone();
+                    async move {
+                        shed.inc();
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("graceguard is answering its limit of {max_in_flight} admission requests at once (--max-in-flight); answered at once so the API server applies the webhook's failurePolicy"),
+                        )
+                    }
+                }))
+                .load_shed()
+                // Global: `Router::layer` gives every route its own copy of a
+                // layer, and the cap is for all of them together.
+                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                    max_in_flight,
+                )),
+        );
     with_time_limit(router).with_state(app)
 }
 
@@ -123,18 +157,20 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
 /// Accepts connections on `listener` until `shutdown` turns true, at most
 /// `max_connections` open at once (at the cap it stops accepting until one
 /// closes, so a flood waits in the kernel's backlog instead of exhausting
-/// memory or file descriptors), and hands each to `serve` with its slot, to
-/// hold for the connection's life. Then waits up to `drain` for the
+/// memory or file descriptors) and, with `per_client`, at most its cap from
+/// one address (one past it is closed at once), and hands each to `serve`
+/// with its slots, to hold for the connection's life. Then waits up to `drain` for the
 /// connections `graceful` watches to finish.
 async fn accept_loop<F, Fut>(
     listener: TcpListener,
     mut shutdown: watch::Receiver<bool>,
     max_connections: usize,
+    per_client: Option<Arc<PerClient>>,
     graceful: GracefulShutdown,
     drain: Duration,
     serve: F,
 ) where
-    F: Fn(tokio::net::TcpStream, std::net::SocketAddr, OwnedSemaphorePermit, Watcher) -> Fut,
+    F: Fn(tokio::net::TcpStream, std::net::SocketAddr, Slots, Watcher) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(max_connections.max(1)));
@@ -150,8 +186,16 @@ async fn accept_loop<F, Fut>(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
+                    let client = match &per_client {
+                        None => None,
+                        Some(per) => match per.admit(peer.ip()) {
+                            Some(c) => Some(c),
+                            // Past its address's cap: closed at once.
+                            None => continue,
+                        },
+                    };
                     let _ = tcp.set_nodelay(true);
-                    tokio::spawn(serve(tcp, peer, slot, graceful.watcher()));
+                    tokio::spawn(serve(tcp, peer, Slots { _total: slot, _client: client }, graceful.watcher()));
                 }
                 Err(e) => {
                     // Typically out of file descriptors: back off a little.
@@ -175,10 +219,18 @@ async fn accept_loop<F, Fut>(
     }
 }
 
+/// A connection's places in the overall and the per-address counts, given
+/// back when the connection ends.
+pub struct Slots {
+    _total: OwnedSemaphorePermit,
+    _client: Option<ClientSlot>,
+}
+
 /// Serves `router` over TLS on `listener` until `shutdown` turns true, then
 /// stops accepting and lets in-flight requests finish (at most `drain`), with
-/// at most `max_connections` connections open at once (the API server keeps
-/// few per webhook; many more means something is wrong).
+/// at most `max_connections` connections open at once, and `per_client`'s
+/// cap from one address (the API server keeps few per webhook; many more
+/// means something is wrong).
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -186,6 +238,7 @@ pub async fn serve_tls(
     shutdown: watch::Receiver<bool>,
     drain: Duration,
     max_connections: usize,
+    per_client: Arc<PerClient>,
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
@@ -193,11 +246,16 @@ pub async fn serve_tls(
         listener,
         shutdown,
         max_connections,
+        Some(per_client),
         graceful,
         drain,
         move |tcp, peer, slot, watcher| {
             let acceptor = acceptor.clone();
-            let service = TowerToHyperService::new(router.clone());
+            // Each request carries its connection's address (per-address shares).
+            // (once per connection; connections are long-lived).
+            let service = TowerToHyperService::new(
+                router.clone().layer(axum::Extension(ClientAddr(peer.ip()))),
+            );
             async move {
                 let _slot = slot;
                 let stream =
@@ -265,6 +323,7 @@ pub async fn serve_plain(listener: TcpListener, router: Router, shutdown: watch:
         listener,
         shutdown,
         HEALTH_MAX_CONNECTIONS,
+        None,
         graceful,
         drain,
         move |tcp, peer, slot, watcher| {

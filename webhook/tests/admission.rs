@@ -78,7 +78,13 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: M
         shutting_down: AtomicBool::new(false),
     });
     Harness {
-        router: admission_router(Arc::clone(&app), MAX_BODY),
+        router: admission_router(
+            Arc::clone(&app),
+            &graceguard_webhook::limits::Limits {
+                max_body_bytes: MAX_BODY,
+                ..Default::default()
+            },
+        ),
         gets,
         app,
     }
@@ -304,6 +310,41 @@ async fn a_review_whose_uid_reads_but_whose_object_does_not_is_allowed_with_a_wa
     assert_eq!(status, StatusCode::OK, "{out}");
     assert_eq!(out["response"]["allowed"], true, "{out}");
     assert!(out["response"].get("warnings").is_none(), "{out}");
+}
+
+#[tokio::test]
+async fn past_the_in_flight_cap_a_request_is_answered_503_at_once() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let router = admission_router(
+        Arc::clone(&h.app),
+        &graceguard_webhook::limits::Limits {
+            max_in_flight: 1,
+            ..Default::default()
+        },
+    );
+    // One request whose body never ends holds the only place (on any route).
+    let (_tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let mut rx = rx;
+    let endless = Body::from_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+    let held = tokio::spawn(
+        router.clone().oneshot(
+            Request::post("/mutate/pods-status")
+                .header("content-length", "1000")
+                .body(endless)
+                .expect("request"),
+        ),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let (status, body) = post(&router, "/validate/pods", fixture("01-create-pods.json")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.to_string().contains("--max-in-flight"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    held.abort();
+    let _ = held.await;
+    // Once it is gone, requests are answered again.
+    let (status, _) = post(&router, "/validate/pods", fixture("01-create-pods.json")).await;
+    assert_eq!(status, StatusCode::OK);
 }
 
 #[tokio::test]

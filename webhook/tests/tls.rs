@@ -34,10 +34,10 @@ fn write_pair(ca: &Ca, dir: &std::path::Path) {
 }
 
 async fn start() -> Server {
-    start_capped(1024).await
+    start_capped(1024, 1024).await
 }
 
-async fn start_capped(max_connections: usize) -> Server {
+async fn start_capped(max_connections: usize, per_client: usize) -> Server {
     graceguard_certs::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = Ca::new("tls-test-ca").expect("ca");
@@ -67,6 +67,10 @@ async fn start_capped(max_connections: usize) -> Server {
         rx,
         Duration::from_secs(5),
         max_connections,
+        graceguard_webhook::limits::PerClient::new(
+            per_client,
+            &graceguard_webhook::metrics::Metrics::new().0,
+        ),
     ));
     Server {
         addr,
@@ -171,7 +175,7 @@ async fn rotation_keeps_live_connections_and_serves_the_new_pair_to_new_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_connection_cap_a_new_connection_waits_until_one_closes() {
-    let s = start_capped(2).await;
+    let s = start_capped(2, 2).await;
     let ca = s.ca.cert_pem();
     let (mut a, _, _) = connect(s.addr, &ca, &rustls::version::TLS13).await;
     let (b, _, _) = connect(s.addr, &ca, &rustls::version::TLS13).await;
@@ -195,6 +199,61 @@ async fn at_the_connection_cap_a_new_connection_waits_until_one_closes() {
         .expect("join");
     assert_eq!(get_path(&mut c, "/fast").await.expect("get"), "fast");
     assert_eq!(get_path(&mut a, "/fast").await.expect("get"), "fast");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_past_its_cap_is_closed_at_once_and_others_are_served() {
+    let s = start_capped(16, 2).await;
+    let ca = s.ca.cert_pem();
+    let (mut a, _, _) = connect(s.addr, &ca, &rustls::version::TLS13).await;
+    let (_b, _, _) = connect(s.addr, &ca, &rustls::version::TLS13).await;
+    // A third from 127.0.0.1: closed before its handshake, at once.
+    let started = std::time::Instant::now();
+    let third = async {
+        let tcp = TcpStream::connect(s.addr).await.ok()?;
+        connect_over(tcp, &ca).await
+    };
+    let third = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("answered at once, not left waiting");
+    assert!(
+        third.is_none(),
+        "a third connection from one address was served past its cap of 2"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Another address (all of 127/8 is loopback) is served.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.2:0".parse().expect("addr"))
+        .expect("bind 127.0.0.2");
+    let tcp = socket
+        .connect(s.addr)
+        .await
+        .expect("connect from 127.0.0.2");
+    assert!(connect_over(tcp, &ca).await.is_some(), "127.0.0.2 refused");
+    assert_eq!(get_path(&mut a, "/fast").await.expect("get"), "fast");
+}
+
+/// A TLS handshake over `tcp` trusting `ca_pem`: `None` when the server
+/// closes the connection instead.
+async fn connect_over(tcp: TcpStream, ca_pem: &str) -> Option<()> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).ok()?)
+        .ok()?;
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .ok()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("localhost").ok()?, tcp)
+        .await
+        .ok()
+        .map(|_| ())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -229,3 +229,20 @@ The collision guard's kinds other than pods, as a list of dicts
 {{- end -}}
 {{- toJson $out -}}
 {{- end }}
+
+{{/*
+Whether to install the ValidatingAdmissionPolicy that confines graceguard's
+own writes to graceguard.io/* keys: "true"/"false" as rbac.writePolicy says;
+with "auto", when the server serves admissionregistration.k8s.io/v1
+ValidatingAdmissionPolicy (GA in 1.30; `helm template` needs
+--api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy).
+Only when graceguard writes at all (the tagger's follow-up).
+*/}}
+{{- define "graceguard.writePolicy" -}}
+{{- $writes := and .Values.rbac.create .Values.webhooks.disruptionTagger.enabled .Values.webhooks.disruptionTagger.followUp -}}
+{{- $mode := toString .Values.rbac.writePolicy -}}
+{{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+{{- if and $writes (or (eq $mode "true") (and (eq $mode "auto") $served)) -}}
+true
+{{- end -}}
+{{- end }}

@@ -2,6 +2,7 @@
 //! endpoints, a minimal baseline server, latency statistics, and process
 //! figures read from /proc.
 
+pub mod attack;
 pub mod loadgen;
 pub mod pin;
 pub mod procfs;

@@ -18,8 +18,8 @@ use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
 use testbed::balancer::Balancer;
-use testbed::bench::loadgen;
 use testbed::bench::procfs;
+use testbed::bench::{attack, loadgen};
 use testbed::pods::{self, CreateOutcome};
 use testbed::webhook::{Hook, Registration, WebhookProcess};
 use testbed::{KubeVersion, TestBed};
@@ -40,9 +40,19 @@ struct Args {
     /// Reviews per second of the soak.
     #[arg(long, default_value_t = 1000)]
     rate: u32,
-    /// Groups to run (soak, rotation, apiserver_restart, replica_kill); all by default.
+    /// Groups to run (soak, rotation, apiserver_restart, replica_kill,
+    /// port_attack); all by default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Internal: run as port_attack's attacker against this address (the
+    /// group starts this binary again with it), printing one JSON report.
+    #[arg(long, hide = true)]
+    attack: Option<std::net::SocketAddr>,
+    /// Internal, with --attack: the CA file, and seconds to attack.
+    #[arg(long, hide = true)]
+    attack_ca: Option<std::path::PathBuf>,
+    #[arg(long, hide = true, default_value_t = 10)]
+    attack_seconds: u64,
 }
 
 #[tokio::main]
@@ -70,6 +80,20 @@ fn report(v: Value, line: String) -> bool {
 
 async fn run(args: &Args) -> Result<bool> {
     graceguard_certs::install_crypto_provider();
+    if let Some(target) = args.attack {
+        let ca = args
+            .attack_ca
+            .as_ref()
+            .context("--attack needs --attack-ca")?;
+        let report = attack::run(attacker(
+            target,
+            std::fs::read_to_string(ca)?,
+            args.attack_seconds,
+        ))
+        .await?;
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(true);
+    }
     let wanted = |g: &str| args.only.is_empty() || args.only.iter().any(|o| o == g);
     let q = args.quick;
     let mut pass = true;
@@ -86,7 +110,146 @@ async fn run(args: &Args) -> Result<bool> {
     if wanted("replica_kill") {
         pass &= replica_kill(Duration::from_secs(if q { 9 } else { 30 })).await?;
     }
+    if wanted("port_attack") {
+        pass &= port_attack(Duration::from_secs(if q { 12 } else { 60 })).await?;
+    }
     Ok(pass)
+}
+
+/// The attack port_attack runs: slow clients from four addresses, 100
+/// connections each (past the 64 one address may hold), and a flood of
+/// 1 MiB bodies over 8 connections from a fifth (past one address's 8 MiB
+/// share). Every address is loopback (all of 127/8 is), none the API
+/// server's 127.0.0.1.
+fn attacker(target: std::net::SocketAddr, ca_pem: String, seconds: u64) -> attack::Attack {
+    attack::Attack {
+        target,
+        ca_pem,
+        duration: Duration::from_secs(seconds),
+        slow_from: (2..=5u8)
+            .map(|i| std::net::IpAddr::from([127, 0, 0, i]))
+            .collect(),
+        slow_per_address: 100,
+        flood_from: std::net::IpAddr::from([127, 0, 0, 6]),
+        flood_connections: 8,
+        flood_body_bytes: 1024 * 1024,
+    }
+}
+
+/// The admission port under attack from another process (see [`attacker`])
+/// while four clients create pods through the API server, which calls the
+/// webhook over its own connections (timeoutSeconds 2, failurePolicy
+/// Ignore). Target: every Create succeeds within the webhook's timeout, the
+/// API server never had to fail a call open (its own counter, 1.28+: every
+/// review was answered), and each limit was reached (so the attack did
+/// press on it): connections per address, the body deadline, one address's
+/// share.
+async fn port_attack(duration: Duration) -> Result<bool> {
+    let bed = TestBed::start().await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let ns = bed.namespace("attacked").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    // The API server's connection to the webhook, before the attack.
+    for i in 0..5 {
+        pods::create(&api, &pods::task_pod(&format!("warm-{i}"), 0)).await?;
+    }
+    let fail_open_before = apiserver_fail_open(&bed).await?;
+    let target = webhook.target("/")?.addr;
+    let ca = bed.dir().join("attack-ca.pem");
+    std::fs::write(&ca, &webhook.ca_pem)?;
+    let exe = std::env::current_exe().context("finding this binary to start the attacker")?;
+    let child = tokio::process::Command::new(exe)
+        .arg(format!("--attack={target}"))
+        .arg(format!("--attack-ca={}", ca.display()))
+        .arg(format!("--attack-seconds={}", duration.as_secs()))
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the attacker")?;
+    // Let the attack take hold, then create pods while it lasts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let create_for = duration.saturating_sub(Duration::from_secs(3));
+    let start = Instant::now();
+    let clients = (0..4).map(|c| {
+        let api = api.clone();
+        async move {
+            let (mut ok, mut failed, mut slowest) = (0usize, Vec::new(), Duration::ZERO);
+            let mut k = 0;
+            while start.elapsed() < create_for {
+                let name = format!("a-{c}-{k}");
+                k += 1;
+                let t = Instant::now();
+                let out = pods::create(&api, &pods::task_pod(&name, 0)).await;
+                slowest = slowest.max(t.elapsed());
+                match out {
+                    Ok(CreateOutcome::Created) => ok += 1,
+                    other => failed.push(format!("{name}: {other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (ok, failed, slowest)
+        }
+    });
+    let results = join_all(clients).await;
+    let out = child
+        .wait_with_output()
+        .await
+        .context("waiting for the attacker")?;
+    let seen: attack::AttackReport = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "the attacker's report: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })?;
+    let ok: usize = results.iter().map(|r| r.0).sum();
+    let slowest = results.iter().map(|r| r.2).max().unwrap_or_default();
+    let failed: Vec<String> = results.into_iter().flat_map(|r| r.1).collect();
+    let fail_open = match (apiserver_fail_open(&bed).await?, fail_open_before) {
+        (Some(after), Some(before)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
+    let limited = |limit: &str| -> Result<f64> {
+        Ok(webhook
+            .metric(&format!(
+                "graceguard_admission_limited_total{{limit=\"{limit}\"}}"
+            ))?
+            .unwrap_or(0.0))
+    };
+    let (per_address, body_timeout, share, budget, in_flight) = (
+        limited("connections_per_client")?,
+        limited("body_timeout")?,
+        limited("per_client_share")?,
+        limited("body_bytes")?,
+        limited("in_flight")?,
+    );
+    let timeout = Duration::from_secs(2);
+    let pass = failed.is_empty()
+        && ok > 0
+        && slowest < timeout
+        && fail_open.unwrap_or(0) == 0
+        && per_address > 0.0
+        && body_timeout > 0.0
+        && share > 0.0;
+    Ok(report(
+        json!({"group": "port_attack", "seconds": duration.as_secs(), "creates_ok": ok,
+        "creates_failed": failed.len(), "failures": failed.iter().take(5).collect::<Vec<_>>(),
+        "slowest_create_ms": slowest.as_millis() as u64, "webhook_timeout_ms": timeout.as_millis() as u64,
+        "apiserver_fail_open_calls": fail_open, "attacker": seen,
+        "limited": {"connections_per_client": per_address, "body_timeout": body_timeout,
+            "per_client_share": share, "body_bytes": budget, "in_flight": in_flight},
+        "pass": pass}),
+        format!(
+            "port_attack        {} s: {} slow connections opened ({} closed by graceguard), flood answers {:?}; {ok} pod Creates, {} failed, slowest {} ms (timeout 2000); {} calls failed open at the API server; refused: {per_address} connections past an address's cap, {body_timeout} bodies past the deadline, {share} requests past an address's share",
+            duration.as_secs(),
+            seen.slow_connections_opened,
+            seen.slow_connections_closed_by_server,
+            seen.flood_answers,
+            failed.len(),
+            slowest.as_millis(),
+            fail_open.map(|n| n.to_string()).unwrap_or_else(|| "? (no metric on this version)".into())
+        ),
+    ))
 }
 
 /// The namespace of the load generator's reviews, with `n` real pods whose

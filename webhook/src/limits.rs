@@ -1,0 +1,633 @@
+//! The admission port's limits: what one client, and all of them together,
+//! may hold of graceguard.
+//!
+//! The API server sends its reviews over a few long-lived HTTP/2 connections,
+//! each review a small body sent at once and answered within the webhook's
+//! `timeoutSeconds`. Anything else that reaches the port (any pod, unless a
+//! NetworkPolicy says otherwise) must not be able to make those reviews wait:
+//! at every limit graceguard refuses at once instead of queueing, so a review
+//! caught by one fails fast and the API server applies the webhook's
+//! `failurePolicy` (the chart's `Ignore`: allowed) instead of waiting out its
+//! timeout. The limits, each counted in `graceguard_admission_limited_total`:
+//! * connections per client address ([`PerClient`]): one address cannot take
+//!   the connection slots (the overall cap is in `server`);
+//! * requests in flight: past the cap, 503 at once (tower's load shedding in
+//!   front of its global concurrency limit, see `server::admission_router`),
+//!   and from one address at most its own cap ([`Intake`]);
+//! * body bytes in flight ([`Intake`]): a request is admitted only while its
+//!   body (its Content-Length, or the largest body when it gives none) fits
+//!   in what is left of the budget, overall and of its address's share, else
+//!   503 at once; so one flooding address cannot take what the API server's
+//!   reviews need;
+//! * the body read: the whole body within a few seconds, else 408, so a
+//!   client that sends its body a byte at a time holds nothing for long.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::Semaphore;
+
+use crate::metrics::{LimitLabels, Metrics};
+
+/// The port's numbers (flags `--max-*`, `--body-timeout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once, all clients together.
+    pub max_connections: usize,
+    /// Connections open at once from one client address.
+    pub max_connections_per_client: usize,
+    /// Admission requests being answered at once.
+    pub max_in_flight: usize,
+    /// Admission requests being answered at once from one client address.
+    pub max_in_flight_per_client: usize,
+    /// The largest request body.
+    pub max_body_bytes: usize,
+    /// Body bytes of all requests in flight together.
+    pub max_body_bytes_in_flight: usize,
+    /// Body bytes of the requests in flight from one client address.
+    pub max_body_bytes_in_flight_per_client: usize,
+    /// How long a client may take to send a request's whole body.
+    pub body_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_connections_per_client: 64,
+            max_in_flight: 256,
+            max_in_flight_per_client: 64,
+            max_body_bytes: 4 * 1024 * 1024,
+            max_body_bytes_in_flight: 32 * 1024 * 1024,
+            max_body_bytes_in_flight_per_client: 8 * 1024 * 1024,
+            body_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A limit that does not fit with the others.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LimitError {
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("--max-body-bytes-in-flight ({in_flight}) must be at least --max-body-bytes ({body}): otherwise no request of the largest size could ever be admitted")]
+    BudgetBelowBody { in_flight: usize, body: usize },
+    #[error("{what}-per-client ({per_client}) must not exceed {what} ({total})")]
+    PerClientAboveTotal {
+        what: &'static str,
+        per_client: usize,
+        total: usize,
+    },
+    #[error("--max-body-bytes-in-flight-per-client ({per_client}) must be at least --max-body-bytes ({body}): otherwise no request of the largest size could ever be admitted")]
+    ShareBelowBody { per_client: usize, body: usize },
+    #[error("--max-body-bytes-in-flight ({0}) is too large; use at most 4294967295")]
+    BudgetTooLarge(usize),
+}
+
+impl Limits {
+    /// Checks that the numbers can work together.
+    pub fn check(&self) -> Result<(), LimitError> {
+        for (what, n) in [
+            ("--max-connections", self.max_connections),
+            (
+                "--max-connections-per-client",
+                self.max_connections_per_client,
+            ),
+            ("--max-in-flight", self.max_in_flight),
+            ("--max-in-flight-per-client", self.max_in_flight_per_client),
+            ("--max-body-bytes", self.max_body_bytes),
+        ] {
+            if n == 0 {
+                return Err(LimitError::Zero(what));
+            }
+        }
+        if self.body_timeout.is_zero() {
+            return Err(LimitError::Zero("--body-timeout"));
+        }
+        if self.max_body_bytes_in_flight < self.max_body_bytes {
+            return Err(LimitError::BudgetBelowBody {
+                in_flight: self.max_body_bytes_in_flight,
+                body: self.max_body_bytes,
+            });
+        }
+        if u32::try_from(self.max_body_bytes_in_flight).is_err() {
+            return Err(LimitError::BudgetTooLarge(self.max_body_bytes_in_flight));
+        }
+        if self.max_body_bytes_in_flight_per_client < self.max_body_bytes {
+            return Err(LimitError::ShareBelowBody {
+                per_client: self.max_body_bytes_in_flight_per_client,
+                body: self.max_body_bytes,
+            });
+        }
+        for (what, per_client, total) in [
+            (
+                "--max-connections",
+                self.max_connections_per_client,
+                self.max_connections,
+            ),
+            (
+                "--max-in-flight",
+                self.max_in_flight_per_client,
+                self.max_in_flight,
+            ),
+            (
+                "--max-body-bytes-in-flight",
+                self.max_body_bytes_in_flight_per_client,
+                self.max_body_bytes_in_flight,
+            ),
+        ] {
+            if per_client > total {
+                return Err(LimitError::PerClientAboveTotal {
+                    what,
+                    per_client,
+                    total,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Open connections per client address, at most `cap` each.
+pub struct PerClient {
+    open: Mutex<HashMap<IpAddr, usize>>,
+    cap: usize,
+    refused: Counter,
+}
+
+impl PerClient {
+    pub fn new(cap: usize, metrics: &Metrics) -> Arc<Self> {
+        Arc::new(Self {
+            open: Mutex::new(HashMap::new()),
+            cap: cap.max(1),
+            refused: metrics
+                .limited
+                .get_or_create(&LimitLabels {
+                    limit: "connections_per_client",
+                })
+                .clone(),
+        })
+    }
+
+    /// A slot for one more connection from `ip`, held for the connection's
+    /// life; `None` (counted) when `ip` already holds its cap.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.cap {
+            drop(open);
+            self.refused.inc();
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            owner: Arc::clone(self),
+            ip,
+        })
+    }
+
+    /// Connections open from `ip` now.
+    pub fn open_from(&self, ip: IpAddr) -> usize {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.get(&ip).copied().unwrap_or(0)
+    }
+}
+
+/// One connection's place in its client's count; given back when dropped.
+pub struct ClientSlot {
+    owner: Arc<PerClient>,
+    ip: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.owner.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The client address of a connection, put on each of its requests (by
+/// `server`) for the per-address shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientAddr(pub IpAddr);
+
+/// What one address has in flight.
+#[derive(Default)]
+struct Usage {
+    requests: usize,
+    bytes: usize,
+}
+
+/// The body budget, the per-address shares and the body-read deadline,
+/// applied before a handler sees the request (see the module docs).
+pub struct Intake {
+    bytes: Arc<Semaphore>,
+    clients: Mutex<HashMap<IpAddr, Usage>>,
+    limits: Limits,
+    over_budget: Counter,
+    over_share: Counter,
+    timed_out: Counter,
+}
+
+/// A request's place in the budget and its address's share, given back
+/// when the answer is ready.
+struct Ticket<'a> {
+    intake: &'a Intake,
+    ip: IpAddr,
+    bytes: usize,
+    _budget: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        let mut clients = self
+            .intake
+            .clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(u) = clients.get_mut(&self.ip) {
+            u.requests = u.requests.saturating_sub(1);
+            u.bytes = u.bytes.saturating_sub(self.bytes);
+            if u.requests == 0 {
+                clients.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Why a request was not admitted.
+enum Refusal {
+    Share,
+    Budget,
+}
+
+impl Intake {
+    pub fn new(limits: &Limits, metrics: &Metrics) -> Arc<Self> {
+        let counter = |limit| {
+            metrics
+                .limited
+                .get_or_create(&LimitLabels { limit })
+                .clone()
+        };
+        Arc::new(Self {
+            bytes: Arc::new(Semaphore::new(limits.max_body_bytes_in_flight)),
+            clients: Mutex::new(HashMap::new()),
+            limits: *limits,
+            over_budget: counter("body_bytes"),
+            over_share: counter("per_client_share"),
+            timed_out: counter("body_timeout"),
+        })
+    }
+
+    /// Admits a request of `cost` body bytes from `ip`, or says why not.
+    fn admit(&self, ip: IpAddr, cost: usize) -> Result<Ticket<'_>, Refusal> {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let u = clients.entry(ip).or_default();
+        if u.requests >= self.limits.max_in_flight_per_client
+            || u.bytes.saturating_add(cost) > self.limits.max_body_bytes_in_flight_per_client
+        {
+            if u.requests == 0 {
+                clients.remove(&ip);
+            }
+            return Err(Refusal::Share);
+        }
+        let permits = u32::try_from(cost).unwrap_or(u32::MAX);
+        let Ok(budget) = Arc::clone(&self.bytes).try_acquire_many_owned(permits) else {
+            if u.requests == 0 {
+                clients.remove(&ip);
+            }
+            return Err(Refusal::Budget);
+        };
+        u.requests += 1;
+        u.bytes += cost;
+        Ok(Ticket {
+            intake: self,
+            ip,
+            bytes: cost,
+            _budget: budget,
+        })
+    }
+}
+
+/// What a request's body takes of the budget: its Content-Length, or the
+/// largest body when it declares none (chunked); `None` when it declares more
+/// than the largest body.
+fn body_cost(req: &Request, max_body: usize) -> Option<usize> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    match declared {
+        Some(n) if n > max_body => None,
+        Some(n) => Some(n.max(1)),
+        None => Some(max_body),
+    }
+}
+
+/// The middleware: admits the request within the body budget, reads its
+/// body within the deadline, then hands it on, the budget held until the
+/// answer is ready.
+pub async fn intake(State(intake): State<Arc<Intake>>, req: Request, next: Next) -> Response {
+    let max_body = intake.limits.max_body_bytes;
+    let Some(cost) = body_cost(&req, max_body) else {
+        return too_large(max_body);
+    };
+    let ip = req
+        .extensions()
+        .get::<ClientAddr>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0);
+    let ticket = match intake.admit(ip, cost) {
+        Ok(t) => t,
+        Err(Refusal::Share) => {
+            intake.over_share.inc();
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{ip} is at its share of admission requests in flight (--max-in-flight-per-client, --max-body-bytes-in-flight-per-client); answered at once so the API server applies the webhook's failurePolicy"),
+            )
+                .into_response();
+        }
+        Err(Refusal::Budget) => {
+            intake.over_budget.inc();
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "graceguard is at its budget of admission body bytes in flight (--max-body-bytes-in-flight); answered at once so the API server applies the webhook's failurePolicy",
+            )
+                .into_response();
+        }
+    };
+    let (parts, body) = req.into_parts();
+    let read = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, max_body));
+    let bytes = match tokio::time::timeout(intake.limits.body_timeout, read).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(max_body),
+        Ok(Err(e)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("reading the request body: {e}; send the whole AdmissionReview"),
+            )
+                .into_response()
+        }
+        Err(_) => {
+            intake.timed_out.inc();
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {:?} (--body-timeout)",
+                    intake.limits.body_timeout
+                ),
+            )
+                .into_response();
+        }
+    };
+    let answer = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    drop(ticket);
+    answer
+}
+
+fn too_large(max_body: usize) -> Response {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body is larger than {max_body} bytes (--max-body-bytes)"),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::post;
+    use axum::Router;
+    use tower::ServiceExt;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    #[test]
+    fn one_address_holds_at_most_its_cap_and_gets_slots_back() {
+        let (metrics, _) = Metrics::new();
+        let per = PerClient::new(2, &metrics);
+        let a1 = per.admit(ip(1));
+        let a2 = per.admit(ip(1));
+        assert!(a1.is_some() && a2.is_some());
+        assert!(per.admit(ip(1)).is_none(), "third from one address");
+        assert!(
+            per.admit(ip(2)).is_some(),
+            "another address is counted apart"
+        );
+        drop(a1);
+        assert_eq!(per.open_from(ip(1)), 1);
+        assert!(
+            per.admit(ip(1)).is_some(),
+            "a closed connection frees its slot"
+        );
+        let refused = metrics
+            .limited
+            .get_or_create(&LimitLabels {
+                limit: "connections_per_client",
+            })
+            .get();
+        assert_eq!(refused, 1);
+    }
+
+    #[test]
+    fn limits_that_cannot_work_together_are_refused() {
+        assert_eq!(Limits::default().check(), Ok(()));
+        let small_budget = Limits {
+            max_body_bytes_in_flight: 1024,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            small_budget.check(),
+            Err(LimitError::BudgetBelowBody { .. })
+        ));
+        let per_client = Limits {
+            max_connections: 10,
+            max_connections_per_client: 11,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            per_client.check(),
+            Err(LimitError::PerClientAboveTotal { .. })
+        ));
+        let share = Limits {
+            max_in_flight_per_client: 300,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            share.check(),
+            Err(LimitError::PerClientAboveTotal {
+                what: "--max-in-flight",
+                ..
+            })
+        ));
+        let zero = Limits {
+            max_in_flight: 0,
+            ..Limits::default()
+        };
+        assert_eq!(zero.check(), Err(LimitError::Zero("--max-in-flight")));
+    }
+
+    fn router(limits: Limits) -> (Router, Metrics) {
+        let (metrics, _) = Metrics::new();
+        let intake_state = Intake::new(&limits, &metrics);
+        let router = Router::new()
+            .route(
+                "/",
+                post(|body: axum::body::Bytes| async move { body.len().to_string() }),
+            )
+            .layer(axum::middleware::from_fn_with_state(intake_state, intake));
+        (router, metrics)
+    }
+
+    /// A POST of `body` from 127.0.0.`from`.
+    fn post_from(from: u8, body: Body, len: Option<usize>) -> Request {
+        let mut b = axum::http::Request::post("/").extension(ClientAddr(ip(from)));
+        if let Some(n) = len {
+            b = b.header(header::CONTENT_LENGTH, n);
+        }
+        b.body(body).unwrap_or_default()
+    }
+
+    fn post_body(body: Body, len: Option<usize>) -> Request {
+        post_from(1, body, len)
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_and_a_slow_one_is_cut_off() {
+        let limits = Limits {
+            body_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (r, metrics) = router(limits);
+        let ok = r
+            .clone()
+            .oneshot(post_body(Body::from("hello"), Some(5)))
+            .await
+            .map_err(|e| e.to_string());
+        assert_eq!(ok.map(|a| a.status()), Ok(StatusCode::OK));
+        // A body that never finishes: 408 after the deadline, counted.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        let stream = tokio_stream_of(rx);
+        let slow = r
+            .oneshot(post_body(Body::from_stream(stream), Some(100)))
+            .await;
+        drop(tx);
+        assert_eq!(
+            slow.map(|a| a.status()).map_err(|e| e.to_string()),
+            Ok(StatusCode::REQUEST_TIMEOUT)
+        );
+        let timed_out = metrics
+            .limited
+            .get_or_create(&LimitLabels {
+                limit: "body_timeout",
+            })
+            .get();
+        assert_eq!(timed_out, 1);
+    }
+
+    /// A body stream fed by a channel (never fed here: it stays pending).
+    fn tokio_stream_of(
+        mut rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
+    ) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+    }
+
+    #[tokio::test]
+    async fn one_address_holds_at_most_its_share_and_leaves_the_rest_to_others() {
+        let limits = Limits {
+            max_body_bytes: 100,
+            max_body_bytes_in_flight: 300,
+            max_body_bytes_in_flight_per_client: 150,
+            max_in_flight_per_client: 2,
+            ..Limits::default()
+        };
+        let (metrics, _) = Metrics::new();
+        let intake = Intake::new(&limits, &metrics);
+        let (a, b) = (ip(2), ip(3));
+        let t1 = intake.admit(a, 100).ok();
+        assert!(t1.is_some());
+        // 60 more from a: past its 150-byte share, though the budget has 200.
+        assert!(matches!(intake.admit(a, 60), Err(Refusal::Share)));
+        // The other address gets its own share.
+        let t2 = intake.admit(b, 100).ok();
+        assert!(t2.is_some());
+        // Requests: a holds 1 of 2; a small second fits, a third does not.
+        let t3 = intake.admit(a, 10).ok();
+        assert!(t3.is_some());
+        assert!(matches!(intake.admit(a, 1), Err(Refusal::Share)));
+        drop((t1, t3));
+        // Given back: a may send again.
+        assert!(intake.admit(a, 100).is_ok());
+        drop(t2);
+    }
+
+    #[tokio::test]
+    async fn bodies_past_the_budget_are_refused_at_once_and_too_large_ones_always() {
+        let limits = Limits {
+            max_body_bytes: 100,
+            max_body_bytes_in_flight: 150,
+            max_body_bytes_in_flight_per_client: 100,
+            body_timeout: Duration::from_secs(5),
+            ..Limits::default()
+        };
+        let (r, metrics) = router(limits);
+        // A request holding 100 bytes of the budget (its body never ends).
+        let (_tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        let holder = tokio::spawn(r.clone().oneshot(post_from(
+            1,
+            Body::from_stream(tokio_stream_of(rx)),
+            Some(100),
+        )));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // 60 more, from another address, do not fit in the 50 left: 503 at once.
+        let started = std::time::Instant::now();
+        let shed = r
+            .clone()
+            .oneshot(post_from(2, Body::from(vec![b'x'; 60]), Some(60)))
+            .await
+            .map(|a| a.status())
+            .map_err(|e| e.to_string());
+        assert_eq!(shed, Ok(StatusCode::SERVICE_UNAVAILABLE));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // 40 fit.
+        let fits = r
+            .clone()
+            .oneshot(post_from(3, Body::from(vec![b'x'; 40]), Some(40)))
+            .await
+            .map(|a| a.status())
+            .map_err(|e| e.to_string());
+        assert_eq!(fits, Ok(StatusCode::OK));
+        // Declared larger than the largest body: 413, whatever is left.
+        let big = r
+            .oneshot(post_body(Body::from(vec![b'x'; 101]), Some(101)))
+            .await
+            .map(|a| a.status())
+            .map_err(|e| e.to_string());
+        assert_eq!(big, Ok(StatusCode::PAYLOAD_TOO_LARGE));
+        let over = metrics
+            .limited
+            .get_or_create(&LimitLabels {
+                limit: "body_bytes",
+            })
+            .get();
+        assert_eq!(over, 1);
+        holder.abort();
+    }
+}
