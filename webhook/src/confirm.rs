@@ -30,6 +30,10 @@ use crate::collision::Confirmation;
 use crate::metrics::Metrics;
 use crate::pod_index::{HeldPod, Holder};
 
+/// Confirmation reads in flight at once, per kind; past it the Create is
+/// allowed (fail open), counted as a failed confirmation.
+pub const MAX_READS_IN_FLIGHT: usize = 64;
+
 /// Reads who holds `namespace/name` now: `Ok(None)` when nobody does.
 pub type Fetch =
     Arc<dyn Fn(String, String) -> BoxFuture<'static, Result<Option<Holder>, String>> + Send + Sync>;
@@ -74,10 +78,20 @@ impl Confirmer {
         ttl: Duration,
         metrics: Metrics,
     ) -> Self {
+        // At most this many reads at once: past it a Create is allowed at
+        // once (as for a failed read) rather than queued behind a stalled
+        // API server connection.
+        let reads = Arc::new(tokio::sync::Semaphore::new(MAX_READS_IN_FLIGHT));
         let fetch: Fetch = Arc::new(move |ns: String, name: String| {
             let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
             let what = ar.plural.clone();
+            let slot = Arc::clone(&reads).try_acquire_owned();
             Box::pin(async move {
+                let Ok(_slot) = slot else {
+                    return Err(format!(
+                        "GET {what} {ns}/{name}: {MAX_READS_IN_FLIGHT} confirmation reads already in flight"
+                    ));
+                };
                 match tokio::time::timeout(timeout, api.get_metadata_opt(&name)).await {
                     Ok(Ok(found)) => Ok(found.map(|p| Holder::from_meta(&p.metadata))),
                     Ok(Err(e)) => Err(format!("GET {what} {ns}/{name}: {e}")),
@@ -321,6 +335,47 @@ mod tests {
             2,
             "the deletion began: read again"
         );
+    }
+
+    #[tokio::test]
+    async fn reads_of_a_stalled_api_server_are_bounded_in_time_and_in_number() {
+        let (client, stalled) = crate::follow_up::tests::stalled_client().await;
+        let (metrics, _) = Metrics::new();
+        let c = Confirmer::live(
+            client,
+            Duration::from_millis(300),
+            Duration::from_secs(1),
+            metrics.clone(),
+        );
+        // More names at once than reads may be in flight: the ones past the
+        // bound fail at once, every other one when its read times out; all
+        // allow (Failed), none waits for the stalled connection.
+        let started = std::time::Instant::now();
+        let names: Vec<String> = (0..MAX_READS_IN_FLIGHT + 8)
+            .map(|i| format!("p-{i}"))
+            .collect();
+        let held_by = indexed("u");
+        let all =
+            futures::future::join_all(names.iter().map(|n| c.confirm("ns", n, &held_by))).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        let bounded = all
+            .iter()
+            .filter(|a| matches!(a, Confirmation::Failed(m) if m.contains("already in flight")))
+            .count();
+        let timed_out = all
+            .iter()
+            .filter(|a| matches!(a, Confirmation::Failed(m) if m.contains("no answer within")))
+            .count();
+        assert_eq!((bounded, timed_out), (8, MAX_READS_IN_FLIGHT), "{all:?}");
+        assert_eq!(
+            metrics.confirmation_errors.get(),
+            (MAX_READS_IN_FLIGHT + 8) as u64
+        );
+        stalled.abort();
     }
 
     #[tokio::test]

@@ -69,6 +69,12 @@ pub struct Settings {
     /// Follow-ups running at once (each a GET and a PATCH, with retries), so
     /// a drain of many nodes does not turn into a burst on the API server.
     pub concurrency: usize,
+    /// How long one read or patch may take. kube-rs's client has no read
+    /// timeout short enough for this (its default fits watches), so a
+    /// stalled connection would otherwise hold a follow-up slot for minutes;
+    /// past it the attempt fails, its connection is dropped, and the next
+    /// attempt (after the backoff) opens a new one.
+    pub call_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -82,6 +88,7 @@ impl Default for Settings {
             max_delay: Duration::from_secs(2),
             queue: 4096,
             concurrency: 16,
+            call_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -268,7 +275,7 @@ async fn run(client: &Client, job: &Job, settings: Settings) -> (Outcome, AuditR
     let mut last_error = None;
     let outcome = loop {
         attempts += 1;
-        match attempt(&api, job).await {
+        match attempt(&api, job, settings.call_timeout).await {
             Ok(Step::Done(outcome, d)) => {
                 rec.disruption_reason = d;
                 break outcome;
@@ -296,13 +303,12 @@ enum Step {
     NotYet,
 }
 
-async fn attempt(api: &Api<K8sPod>, job: &Job) -> Result<Step, String> {
+async fn attempt(api: &Api<K8sPod>, job: &Job, call_timeout: Duration) -> Result<Step, String> {
     let what = format!("pod {}/{}", job.namespace, job.name);
-    let Some(pod) = api
-        .get_opt(&job.name)
+    let read = tokio::time::timeout(call_timeout, api.get_opt(&job.name))
         .await
-        .map_err(|e| format!("reading {what}: {e}"))?
-    else {
+        .map_err(|_| format!("reading {what}: no answer within {call_timeout:?}"))?;
+    let Some(pod) = read.map_err(|e| format!("reading {what}: {e}"))? else {
         return Ok(Step::Done(Outcome::Gone, None));
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -321,10 +327,13 @@ async fn attempt(api: &Api<K8sPod>, job: &Job) -> Result<Step, String> {
     // Through `pods/status`: the only write graceguard's role grants. Its
     // strategy keeps labels and annotations and resets the spec, so this
     // permission cannot change what a pod runs.
-    match api
-        .patch_status(&job.name, &PatchParams::default(), &Patch::Merge(&tags))
-        .await
-    {
+    let patched = tokio::time::timeout(
+        call_timeout,
+        api.patch_status(&job.name, &PatchParams::default(), &Patch::Merge(&tags)),
+    )
+    .await
+    .map_err(|_| format!("patching {what}'s tags: no answer within {call_timeout:?}"))?;
+    match patched {
         Ok(_) => Ok(Step::Done(Outcome::Tagged, Some(d.reason))),
         // The uid would change: the name now belongs to another pod.
         Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("metadata.uid") => {
@@ -338,8 +347,66 @@ async fn attempt(api: &Api<K8sPod>, job: &Job) -> Result<Step, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A client of an API server that accepts connections and never answers.
+    pub(crate) async fn stalled_client() -> (Client, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("addr: {e}"));
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                open.push(tcp);
+            }
+        });
+        let url: http::Uri = format!("http://{addr}")
+            .parse()
+            .unwrap_or_else(|e| panic!("uri: {e}"));
+        let client =
+            Client::try_from(kube::Config::new(url)).unwrap_or_else(|e| panic!("client: {e}"));
+        (client, held)
+    }
+
+    #[tokio::test]
+    async fn a_stalled_api_server_ends_a_follow_up_after_its_attempts_not_minutes_later() {
+        let (client, held) = stalled_client().await;
+        let job = Job {
+            namespace: "ns".into(),
+            name: "p".into(),
+            uid: None,
+            source: Source::Eviction,
+            asked: Instant::now(),
+        };
+        let settings = Settings {
+            attempts: 3,
+            min_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(20),
+            call_timeout: Duration::from_millis(200),
+            ..Settings::default()
+        };
+        let started = Instant::now();
+        let (outcome, rec) = run(&client, &job, settings).await;
+        assert_eq!(outcome, Outcome::GaveUp);
+        assert_eq!(rec.attempts, Some(3));
+        assert!(
+            rec.detail
+                .as_deref()
+                .is_some_and(|d| d.contains("no answer within")),
+            "{:?}",
+            rec.detail
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        held.abort();
+    }
 
     #[tokio::test]
     async fn asking_never_waits_and_one_pod_is_pending_once() {

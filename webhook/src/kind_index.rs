@@ -223,9 +223,21 @@ impl KindIndexes {
 
     /// The served, namespaced resource `kind` is, by discovery.
     async fn resolve(&self, kind: &GroupResource) -> Result<ApiResource, String> {
-        let group = kube::discovery::group(&self.client, &kind.group)
-            .await
-            .map_err(|e| format!("discovering API group {:?}: {e}", kind.group))?;
+        // Bounded: a stalled connection must not keep a kind unindexed for
+        // minutes (the next quota event, or the watch's re-list, tries again).
+        const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+        let group = tokio::time::timeout(
+            DISCOVERY_TIMEOUT,
+            kube::discovery::group(&self.client, &kind.group),
+        )
+        .await
+        .map_err(|_| {
+            format!(
+                "discovering API group {:?}: no answer within {DISCOVERY_TIMEOUT:?}",
+                kind.group
+            )
+        })?
+        .map_err(|e| format!("discovering API group {:?}: {e}", kind.group))?;
         let (ar, caps) = group
             .recommended_resources()
             .into_iter()
