@@ -164,6 +164,22 @@ async fn a_killed_webhook_fails_open() -> R {
     Ok(())
 }
 
+/// Create -> AlreadyExists -> Create ... of `name` at ~12/s for 5 s, as
+/// flyteorg/flyte#8066 does; every answer must be AlreadyExists. Returns the
+/// Creates sent (at least 40).
+async fn recreate_loop(api: &Api<Pod>, name: &str) -> anyhow::Result<usize> {
+    let start = Instant::now();
+    let mut sent = 0;
+    while start.elapsed() < Duration::from_secs(5) {
+        let out = pods::create(api, &pods::task_pod(name, 60)).await?;
+        assert!(out.is_already_exists(), "{out:?}");
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(83)).await;
+    }
+    assert!(sent >= 40, "only {sent} creates were sent");
+    Ok(sent)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_looping_client_is_named_once_and_a_live_holder_costs_a_handful_of_gets() -> R {
     let (bed, webhook, ns) = bed_with_webhook(&[], true).await?;
@@ -171,16 +187,7 @@ async fn a_looping_client_is_named_once_and_a_live_holder_costs_a_handful_of_get
     assert_eq!(r.already_exists, 1, "{r:?}");
     let alice = bed.client_as("alice").await?;
     let api: Api<Pod> = Api::namespaced(alice, &ns);
-    // Create -> AlreadyExists -> Create ... at ~12/s for 5 s, as flyteorg/flyte#8066 does.
-    let start = Instant::now();
-    let mut sent = 0;
-    while start.elapsed() < Duration::from_secs(5) {
-        let out = pods::create(&api, &pods::task_pod(POD, 60)).await?;
-        assert!(out.is_already_exists(), "{out:?}");
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(83)).await;
-    }
-    assert!(sent >= 40, "only {sent} creates were sent");
+    let sent = recreate_loop(&api, POD).await?;
     webhook
         .wait_records("collision_guard", &ns, POD, sent + 1)
         .await?;
@@ -220,15 +227,7 @@ async fn a_looping_client_is_named_once_and_a_live_holder_costs_a_handful_of_get
         pods::create(&admin, &pods::task_pod(live, 60)).await?,
         CreateOutcome::Created
     );
-    let start = Instant::now();
-    let mut live_sent = 0;
-    while start.elapsed() < Duration::from_secs(5) {
-        let out = pods::create(&api, &pods::task_pod(live, 60)).await?;
-        assert!(out.is_already_exists(), "{out:?}");
-        live_sent += 1;
-        tokio::time::sleep(Duration::from_millis(83)).await;
-    }
-    assert!(live_sent >= 40, "only {live_sent} creates were sent");
+    let live_sent = recreate_loop(&api, live).await?;
     webhook
         .wait_records("collision_guard", &ns, live, live_sent + 1)
         .await?;

@@ -419,6 +419,11 @@ mod tests {
         IpAddr::from([127, 0, 0, last])
     }
 
+    /// `graceguard_admission_limited_total{limit}` now.
+    fn limited(metrics: &Metrics, limit: &'static str) -> u64 {
+        metrics.limited.get_or_create(&LimitLabels { limit }).get()
+    }
+
     #[test]
     fn one_address_holds_at_most_its_cap_and_gets_slots_back() {
         let (metrics, _) = Metrics::new();
@@ -437,12 +442,7 @@ mod tests {
             per.admit(ip(1)).is_some(),
             "a closed connection frees its slot"
         );
-        let refused = metrics
-            .limited
-            .get_or_create(&LimitLabels {
-                limit: "connections_per_client",
-            })
-            .get();
+        let refused = limited(&metrics, "connections_per_client");
         assert_eq!(refused, 1);
     }
 
@@ -533,12 +533,7 @@ mod tests {
             slow.map(|a| a.status()).map_err(|e| e.to_string()),
             Ok(StatusCode::REQUEST_TIMEOUT)
         );
-        let timed_out = metrics
-            .limited
-            .get_or_create(&LimitLabels {
-                limit: "body_timeout",
-            })
-            .get();
+        let timed_out = limited(&metrics, "body_timeout");
         assert_eq!(timed_out, 1);
     }
 
@@ -621,12 +616,7 @@ mod tests {
             .map(|a| a.status())
             .map_err(|e| e.to_string());
         assert_eq!(big, Ok(StatusCode::PAYLOAD_TOO_LARGE));
-        let over = metrics
-            .limited
-            .get_or_create(&LimitLabels {
-                limit: "body_bytes",
-            })
-            .get();
+        let over = limited(&metrics, "body_bytes");
         assert_eq!(over, 1);
         holder.abort();
     }
