@@ -312,6 +312,8 @@ class PerValuesFile:
             "GRACEGUARD_MAX_IN_FLIGHT": str(cfg["maxInFlight"]), "GRACEGUARD_MAX_BODY_BYTES_IN_FLIGHT": str(cfg["maxBodyBytesInFlight"]),
             "GRACEGUARD_BODY_TIMEOUT": cfg["bodyTimeout"],
             "GRACEGUARD_MAX_IN_FLIGHT_PER_CLIENT": str(cfg["maxInFlightPerClient"]),
+            "GRACEGUARD_KIND_PAGE_SIZE": str(cfg["kindPageSize"]),
+            "GRACEGUARD_KIND_INDEX_MAX_OBJECTS": str(cfg["kindIndexMaxObjects"]),
             "GRACEGUARD_MAX_BODY_BYTES_IN_FLIGHT_PER_CLIENT": str(cfg["maxBodyBytesInFlightPerClient"]),
             "GRACEGUARD_CERT_RELOAD_INTERVAL": cfg["certReloadInterval"], "GRACEGUARD_SHUTDOWN_GRACE": cfg["shutdownGrace"],
             "GRACEGUARD_SHUTDOWN_DELAY": cfg["shutdownDelay"],

@@ -15,7 +15,7 @@ pub use crate::command::CliError;
 use crate::confirm::Confirmer;
 use crate::follow_up::{self, FollowUp};
 use crate::handlers::App;
-use crate::kind_index::{Allowed, ConfirmSettings, KindIndexes};
+use crate::kind_index::{Allowed, ConfirmSettings, IndexBounds, KindIndexes};
 use crate::livelock::LivelockDetector;
 use crate::meta_index::MetaIndex;
 use crate::metrics::Metrics;
@@ -165,6 +165,15 @@ pub struct ServeArgs {
     /// resourcequotas.
     #[arg(long, env = "GRACEGUARD_COLLISION_KINDS", default_value = "", value_parser = collision_kinds)]
     pub collision_kinds: Allowed,
+    /// Objects per page when a kind's index lists (metadata lists still
+    /// carry annotations and managedFields: small pages keep the peak small).
+    #[arg(long, env = "GRACEGUARD_KIND_PAGE_SIZE", default_value_t = IndexBounds::default().page_size)]
+    pub kind_page_size: u32,
+    /// Objects one kind's index may hold; past it the index is dropped and
+    /// that kind's Creates are allowed unchecked (metric
+    /// graceguard_kind_index_over_cap, a log line) until a re-list fits.
+    #[arg(long, env = "GRACEGUARD_KIND_INDEX_MAX_OBJECTS", default_value_t = IndexBounds::default().max_objects)]
+    pub kind_index_max_objects: usize,
     /// Tag pods afterwards, under graceguard's own identity, where a tag cannot
     /// go into the request itself: a node's status update (NodeRestriction
     /// refuses changed labels) and an eviction's condition (written outside
@@ -309,6 +318,10 @@ fn kind_indexes(
         ConfirmSettings {
             timeout: args.confirm_timeout,
             ttl: args.confirm_cache_ttl,
+        },
+        IndexBounds {
+            page_size: args.kind_page_size,
+            max_objects: args.kind_index_max_objects,
         },
         metrics.clone(),
     ));

@@ -28,6 +28,8 @@ pub enum AllowReason {
     NotPodCreate,
     /// A Create of a kind no quota counts, or not served by this endpoint: not indexed.
     KindNotIndexed,
+    /// The kind has more objects than its index may hold: not checked (fail open).
+    KindIndexOverCap,
     /// No name to collide on yet.
     NoName,
     NameFree,
@@ -44,6 +46,7 @@ impl AllowReason {
         match self {
             AllowReason::NotPodCreate => "not_a_pod_create",
             AllowReason::KindNotIndexed => "kind_not_indexed",
+            AllowReason::KindIndexOverCap => "kind_index_over_cap",
             AllowReason::NoName => "no_name",
             AllowReason::NameFree => "name_free",
             AllowReason::StaleIndex => "stale_index",

@@ -344,6 +344,10 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
                 rec.reason = AllowReason::KindNotIndexed.as_str().into();
                 return (Answer::allow(), rec);
             };
+            if idx.index.is_over_cap() {
+                rec.reason = AllowReason::KindIndexOverCap.as_str().into();
+                return (Answer::allow(), rec);
+            }
             kind_index = idx;
             (
                 kind_index.index.get(&namespace, &name),

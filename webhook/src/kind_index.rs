@@ -82,11 +82,35 @@ pub struct ConfirmSettings {
     pub ttl: Duration,
 }
 
+/// How much one kind's index may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexBounds {
+    /// Objects per page of the initial (and any re-)list. A metadata list
+    /// still carries every annotation (`last-applied-configuration` holds a
+    /// ConfigMap's whole data) and `managedFields`, and every replica lists
+    /// at once: small pages keep the peak small.
+    pub page_size: u32,
+    /// Objects one kind's index may hold; past it the index is dropped and
+    /// that kind's Creates are allowed unchecked (fail open), with a metric
+    /// and a log line.
+    pub max_objects: usize,
+}
+
+impl Default for IndexBounds {
+    fn default() -> Self {
+        Self {
+            page_size: 100,
+            max_objects: 100_000,
+        }
+    }
+}
+
 /// The running kind indexes. Cheap to share.
 pub struct KindIndexes {
     client: Client,
     allowed: Allowed,
     confirm: ConfirmSettings,
+    bounds: IndexBounds,
     metrics: Metrics,
     running: RwLock<HashMap<GroupResource, Arc<KindIndex>>>,
 }
@@ -96,12 +120,14 @@ impl KindIndexes {
         client: Client,
         allowed: Allowed,
         confirm: ConfirmSettings,
+        bounds: IndexBounds,
         metrics: Metrics,
     ) -> Self {
         Self {
             client,
             allowed,
             confirm,
+            bounds,
             metrics,
             running: RwLock::new(HashMap::new()),
         }
@@ -254,7 +280,7 @@ impl KindIndexes {
     }
 
     fn start(&self, kind: GroupResource, ar: ApiResource) -> KindIndex {
-        let index = Arc::new(MetaIndex::new("kind"));
+        let index = Arc::new(MetaIndex::with_cap("kind", self.bounds.max_objects));
         let confirmer = Confirmer::live_for(
             self.client.clone(),
             ar.clone(),
@@ -268,9 +294,10 @@ impl KindIndexes {
         let metrics = self.metrics.clone();
         let labels = KindLabels::of(&kind);
         let forgets = confirmer.clone();
+        let page_size = self.bounds.page_size.max(1);
         let task = tokio::spawn(async move {
-            let stream = forgets
-                .forgetting(watcher::watcher(api, watcher::Config::default()).default_backoff());
+            let config = watcher::Config::default().page_size(page_size);
+            let stream = forgets.forgetting(watcher::watcher(api, config).default_backoff());
             idx.run_stream(
                 stream,
                 |meta| Some(HeldPod::from_meta(meta)),
@@ -283,6 +310,10 @@ impl KindIndexes {
                         .kind_index_ready
                         .get_or_create(&labels)
                         .set(i64::from(i.is_ready()));
+                    metrics
+                        .kind_index_over_cap
+                        .get_or_create(&labels)
+                        .set(i64::from(i.is_over_cap()));
                 },
             )
             .await

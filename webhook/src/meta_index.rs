@@ -47,6 +47,10 @@ pub struct MetaIndex<V> {
     what: &'static str,
     state: RwLock<State<V>>,
     synced: AtomicBool,
+    /// At most this many objects are kept; one more and the index empties
+    /// itself and answers nothing (`over_cap`) until the next (re-)list.
+    cap: usize,
+    over_cap: AtomicBool,
     /// Milliseconds since `epoch` until which the index is not ready (0: none).
     broken_until_ms: AtomicU64,
     epoch: Instant,
@@ -77,9 +81,22 @@ impl<V: Clone> MetaIndex<V> {
         Self::with_recovery(what, RECOVERY)
     }
 
+    /// [`MetaIndex::new`] holding at most `cap` objects: past it the index
+    /// drops everything and answers nothing (callers fail open) until a
+    /// re-list finds the objects within the cap again, so a kind with more
+    /// objects than expected cannot take the replica's memory.
+    pub fn with_cap(what: &'static str, cap: usize) -> Self {
+        Self {
+            cap: cap.max(1),
+            ..Self::with_recovery(what, RECOVERY)
+        }
+    }
+
     /// [`MetaIndex::new`] with another recovery period (for tests).
     pub fn with_recovery(what: &'static str, recovery: Duration) -> Self {
         Self {
+            cap: usize::MAX,
+            over_cap: AtomicBool::new(false),
             what,
             state: RwLock::new(State {
                 live: HashMap::new(),
@@ -110,6 +127,26 @@ impl<V: Clone> MetaIndex<V> {
     /// The entry for `namespace/name` (cluster-scoped objects: namespace "").
     pub fn get(&self, namespace: &str, name: &str) -> Option<V> {
         self.read().live.get(namespace)?.get(name).cloned()
+    }
+
+    /// Whether the index went past its cap and holds nothing until the next list.
+    pub fn is_over_cap(&self) -> bool {
+        self.over_cap.load(Ordering::Acquire)
+    }
+
+    /// Past the cap: empties the index (the memory is what the cap is for)
+    /// and says so once per (re-)list.
+    fn overflow(&self, st: &mut State<V>) {
+        if !self.over_cap.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                index = self.what,
+                cap = self.cap,
+                "more objects than the index may hold; it now holds none and every lookup misses (Creates of this kind are allowed) until a re-list finds fewer; raise --kind-index-max-objects, or stop counting this kind in a ResourceQuota"
+            );
+        }
+        st.live = HashMap::new();
+        st.len = 0;
+        st.building = None;
     }
 
     /// Objects indexed now.
@@ -143,12 +180,19 @@ impl<V: Clone> MetaIndex<V> {
         };
         let mut st = self.write();
         match event {
-            Event::Init => st.building = Some((HashMap::new(), 0)),
+            Event::Init => {
+                // A new list: try again within the cap.
+                self.over_cap.store(false, Ordering::Release);
+                st.building = Some((HashMap::new(), 0));
+            }
             Event::InitApply(m) => {
                 let (ns, name) = key(m);
                 if let (Some(v), Some((map, len))) = (project(m), st.building.as_mut()) {
                     if insert(map, &ns, &name, v) {
                         *len += 1;
+                    }
+                    if *len > self.cap {
+                        self.overflow(&mut st);
                     }
                 }
             }
@@ -164,12 +208,16 @@ impl<V: Clone> MetaIndex<V> {
                 drop(st);
                 drop(replaced);
             }
+            Event::Apply(_) if self.is_over_cap() => {}
             Event::Apply(m) => {
                 let (ns, name) = key(m);
                 match project(m) {
                     Some(v) => {
                         if insert(&mut st.live, &ns, &name, v) {
                             st.len += 1;
+                        }
+                        if st.len > self.cap {
+                            self.overflow(&mut st);
                         }
                     }
                     None => {
@@ -274,6 +322,35 @@ mod tests {
 
     fn uid(m: &ObjectMeta) -> Option<String> {
         m.uid.clone()
+    }
+
+    #[test]
+    fn past_its_cap_an_index_holds_nothing_until_a_list_fits_again() {
+        let idx: MetaIndex<String> = MetaIndex::with_cap("kind", 3);
+        idx.apply(Event::Init, uid);
+        for i in 0..4 {
+            idx.apply(Event::InitApply(&meta("ns", &format!("o-{i}"))), uid);
+        }
+        idx.apply(Event::InitDone, uid);
+        assert!(idx.is_over_cap());
+        assert_eq!((idx.len(), idx.get("ns", "o-0")), (0, None));
+        // Later events are ignored while over the cap.
+        idx.apply(Event::Apply(&meta("ns", "late")), uid);
+        assert_eq!(idx.get("ns", "late"), None);
+        // A re-list within the cap: indexed again.
+        idx.apply(Event::Init, uid);
+        for i in 0..2 {
+            idx.apply(Event::InitApply(&meta("ns", &format!("o-{i}"))), uid);
+        }
+        idx.apply(Event::InitDone, uid);
+        assert!(!idx.is_over_cap());
+        assert_eq!(idx.get("ns", "o-1").as_deref(), Some("uid-o-1"));
+        // Growing past it through watch events empties it again.
+        for i in 2..4 {
+            idx.apply(Event::Apply(&meta("ns", &format!("o-{i}"))), uid);
+        }
+        assert!(idx.is_over_cap());
+        assert_eq!(idx.len(), 0);
     }
 
     /// A value that counts the times it was dropped while the index's lock was held.

@@ -121,6 +121,7 @@ pub struct Metrics {
     pub follow_ups_dropped: Counter,
     pub kind_index_objects: Family<KindLabels, Gauge>,
     pub kind_index_ready: Family<KindLabels, Gauge>,
+    pub kind_index_over_cap: Family<KindLabels, Gauge>,
     pub audit_records_dropped: Counter,
     pub certificate_expiry: Gauge,
     pub limited: Family<LimitLabels, Counter>,
@@ -193,6 +194,7 @@ impl Metrics {
             follow_ups_dropped: Counter::default(),
             kind_index_objects: Family::default(),
             kind_index_ready: Family::default(),
+            kind_index_over_cap: Family::default(),
             audit_records_dropped: Counter::default(),
             certificate_expiry: Gauge::default(),
             limited: Family::default(),
@@ -298,6 +300,11 @@ impl Metrics {
             "kind_index_ready",
             "1 when that kind's index is synced and its watch healthy",
             m.kind_index_ready.clone(),
+        );
+        r.register(
+            "kind_index_over_cap",
+            "1 while that kind has more objects than --kind-index-max-objects: its index holds none and its Creates are allowed unchecked",
+            m.kind_index_over_cap.clone(),
         );
         (m, Arc::new(r))
     }

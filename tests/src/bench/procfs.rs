@@ -4,15 +4,23 @@ use anyhow::{Context, Result};
 
 /// Resident set size in bytes (`VmRSS`).
 pub fn rss_bytes(pid: u32) -> Result<u64> {
+    status_kb(pid, "VmRSS:").map(|kb| kb * 1024)
+}
+
+/// The most resident memory the process ever had, in bytes (`VmHWM`).
+pub fn peak_rss_bytes(pid: u32) -> Result<u64> {
+    status_kb(pid, "VmHWM:").map(|kb| kb * 1024)
+}
+
+fn status_kb(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
-    let kb: u64 = status
+    status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))?;
-    Ok(kb * 1024)
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
 }
 
 /// User + system CPU seconds consumed so far.
