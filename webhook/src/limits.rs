@@ -14,11 +14,11 @@
 //! * requests in flight: past the cap, 503 at once (tower's load shedding in
 //!   front of its global concurrency limit, see `server::admission_router`),
 //!   and from one address at most its own cap ([`Intake`]);
-//! * body bytes in flight ([`Intake`]): a request is admitted only while its
-//!   body (its Content-Length, or the largest body when it gives none) fits
-//!   in what is left of the budget, overall and of its address's share, else
-//!   503 at once; so one flooding address cannot take what the API server's
-//!   reviews need;
+//! * body bytes in flight ([`Intake`]): each chunk of a body is charged as
+//!   it arrives, overall and to its address's share; one that does not fit
+//!   ends the request with 503 at once, so one flooding address cannot take
+//!   what the API server's reviews need, and a client that announces a large
+//!   body and sends it slowly holds only what it has sent;
 //! * the body read: the whole body within a few seconds, else 408, so a
 //!   client that sends its body a byte at a time holds nothing for long.
 
@@ -27,11 +27,12 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Semaphore;
 
@@ -63,8 +64,10 @@ impl Default for Limits {
         Self {
             max_connections: 1024,
             max_connections_per_client: 64,
-            max_in_flight: 256,
-            max_in_flight_per_client: 64,
+            // An attacker needs 16 addresses holding their whole share to
+            // take every place; the API server's reviews need a few at once.
+            max_in_flight: 512,
+            max_in_flight_per_client: 32,
             max_body_bytes: 4 * 1024 * 1024,
             max_body_bytes_in_flight: 32 * 1024 * 1024,
             max_body_bytes_in_flight_per_client: 8 * 1024 * 1024,
@@ -242,13 +245,39 @@ pub struct Intake {
     timed_out: Counter,
 }
 
-/// A request's place in the budget and its address's share, given back
-/// when the answer is ready.
+/// A request's place in its address's share and the bytes of its body
+/// received so far, given back when the answer is ready.
 struct Ticket<'a> {
     intake: &'a Intake,
     ip: IpAddr,
     bytes: usize,
-    _budget: tokio::sync::OwnedSemaphorePermit,
+    budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Ticket<'_> {
+    /// Charges `n` more received body bytes, or says why they do not fit.
+    fn reserve(&mut self, n: usize) -> Result<(), Refusal> {
+        if n == 0 {
+            return Ok(());
+        }
+        let intake = self.intake;
+        let mut clients = intake.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let u = clients.entry(self.ip).or_default();
+        if u.bytes.saturating_add(n) > intake.limits.max_body_bytes_in_flight_per_client {
+            return Err(Refusal::Share);
+        }
+        let permits = u32::try_from(n).map_err(|_| Refusal::Budget)?;
+        let more = Arc::clone(&intake.bytes)
+            .try_acquire_many_owned(permits)
+            .map_err(|_| Refusal::Budget)?;
+        match &mut self.budget {
+            Some(held) => held.merge(more),
+            None => self.budget = Some(more),
+        }
+        u.bytes += n;
+        self.bytes += n;
+        Ok(())
+    }
 }
 
 impl Drop for Ticket<'_> {
@@ -268,7 +297,8 @@ impl Drop for Ticket<'_> {
     }
 }
 
-/// Why a request was not admitted.
+/// Why a request was not admitted, or its body not taken.
+#[derive(Debug, PartialEq, Eq)]
 enum Refusal {
     Share,
     Budget,
@@ -292,89 +322,103 @@ impl Intake {
         })
     }
 
-    /// Admits a request of `cost` body bytes from `ip`, or says why not.
-    fn admit(&self, ip: IpAddr, cost: usize) -> Result<Ticket<'_>, Refusal> {
+    /// Admits one more request from `ip` (its body is charged as it
+    /// arrives), or says why not.
+    fn admit(&self, ip: IpAddr) -> Result<Ticket<'_>, Refusal> {
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         let u = clients.entry(ip).or_default();
-        if u.requests >= self.limits.max_in_flight_per_client
-            || u.bytes.saturating_add(cost) > self.limits.max_body_bytes_in_flight_per_client
-        {
-            if u.requests == 0 {
-                clients.remove(&ip);
-            }
+        if u.requests >= self.limits.max_in_flight_per_client {
             return Err(Refusal::Share);
         }
-        let permits = u32::try_from(cost).unwrap_or(u32::MAX);
-        let Ok(budget) = Arc::clone(&self.bytes).try_acquire_many_owned(permits) else {
-            if u.requests == 0 {
-                clients.remove(&ip);
-            }
-            return Err(Refusal::Budget);
-        };
         u.requests += 1;
-        u.bytes += cost;
         Ok(Ticket {
             intake: self,
             ip,
-            bytes: cost,
-            _budget: budget,
+            bytes: 0,
+            budget: None,
         })
     }
-}
 
-/// What a request's body takes of the budget: its Content-Length, or the
-/// largest body when it declares none (chunked); `None` when it declares more
-/// than the largest body.
-fn body_cost(req: &Request, max_body: usize) -> Option<usize> {
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    match declared {
-        Some(n) if n > max_body => None,
-        Some(n) => Some(n.max(1)),
-        None => Some(max_body),
+    fn refused(&self, ip: IpAddr, why: &Refusal) -> Response {
+        let message = match why {
+            Refusal::Share => {
+                self.over_share.inc();
+                format!("{ip} is at its share of admission requests or body bytes in flight (--max-in-flight-per-client, --max-body-bytes-in-flight-per-client); answered at once so the API server applies the webhook's failurePolicy")
+            }
+            Refusal::Budget => {
+                self.over_budget.inc();
+                "graceguard is at its budget of admission body bytes in flight (--max-body-bytes-in-flight); answered at once so the API server applies the webhook's failurePolicy".to_string()
+            }
+        };
+        (StatusCode::SERVICE_UNAVAILABLE, message).into_response()
     }
 }
 
-/// The middleware: admits the request within the body budget, reads its
-/// body within the deadline, then hands it on, the budget held until the
-/// answer is ready.
+/// Whether a request declares a body larger than the largest allowed.
+fn declares_too_much(req: &Request, max_body: usize) -> bool {
+    req.headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|n| n > max_body)
+}
+
+/// Why a body could not be read whole.
+enum ReadError {
+    TooLarge,
+    Refused(Refusal),
+    Body(String),
+}
+
+/// Reads `body` whole, charging each chunk to `ticket` as it arrives: a
+/// client that announces a large body and sends it slowly holds only what
+/// it has sent.
+async fn read_charged(
+    body: Body,
+    max_body: usize,
+    ticket: &mut Ticket<'_>,
+) -> Result<Bytes, ReadError> {
+    let mut body = http_body_util::Limited::new(body, max_body);
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ReadError::TooLarge
+            } else {
+                ReadError::Body(e.to_string())
+            }
+        })?;
+        if let Some(data) = frame.data_ref() {
+            ticket.reserve(data.len()).map_err(ReadError::Refused)?;
+            buf.extend_from_slice(data);
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// The middleware: admits the request within its address's share, reads
+/// its body within the deadline and the byte budgets, then hands it on, the
+/// budget held until the answer is ready.
 pub async fn intake(State(intake): State<Arc<Intake>>, req: Request, next: Next) -> Response {
     let max_body = intake.limits.max_body_bytes;
-    let Some(cost) = body_cost(&req, max_body) else {
+    if declares_too_much(&req, max_body) {
         return too_large(max_body);
-    };
+    }
     let ip = req
         .extensions()
         .get::<ClientAddr>()
         .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0);
-    let ticket = match intake.admit(ip, cost) {
+    let mut ticket = match intake.admit(ip) {
         Ok(t) => t,
-        Err(Refusal::Share) => {
-            intake.over_share.inc();
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("{ip} is at its share of admission requests in flight (--max-in-flight-per-client, --max-body-bytes-in-flight-per-client); answered at once so the API server applies the webhook's failurePolicy"),
-            )
-                .into_response();
-        }
-        Err(Refusal::Budget) => {
-            intake.over_budget.inc();
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "graceguard is at its budget of admission body bytes in flight (--max-body-bytes-in-flight); answered at once so the API server applies the webhook's failurePolicy",
-            )
-                .into_response();
-        }
+        Err(why) => return intake.refused(ip, &why),
     };
     let (parts, body) = req.into_parts();
-    let read = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, max_body));
+    let read = read_charged(body, max_body, &mut ticket);
     let bytes = match tokio::time::timeout(intake.limits.body_timeout, read).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(max_body),
-        Ok(Err(e)) => {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(ReadError::TooLarge)) => return too_large(max_body),
+        Ok(Err(ReadError::Refused(why))) => return intake.refused(ip, &why),
+        Ok(Err(ReadError::Body(e))) => {
             return (
                 StatusCode::BAD_REQUEST,
                 format!("reading the request body: {e}; send the whole AdmissionReview"),
@@ -556,21 +600,23 @@ mod tests {
         let (metrics, _) = Metrics::new();
         let intake = Intake::new(&limits, &metrics);
         let (a, b) = (ip(2), ip(3));
-        let t1 = intake.admit(a, 100).ok();
-        assert!(t1.is_some());
-        // 60 more from a: past its 150-byte share, though the budget has 200.
-        assert!(matches!(intake.admit(a, 60), Err(Refusal::Share)));
-        // The other address gets its own share.
-        let t2 = intake.admit(b, 100).ok();
-        assert!(t2.is_some());
-        // Requests: a holds 1 of 2; a small second fits, a third does not.
-        let t3 = intake.admit(a, 10).ok();
-        assert!(t3.is_some());
-        assert!(matches!(intake.admit(a, 1), Err(Refusal::Share)));
-        drop((t1, t3));
-        // Given back: a may send again.
-        assert!(intake.admit(a, 100).is_ok());
-        drop(t2);
+        let mut t1 = intake.admit(a).map_err(|e| format!("{e:?}"));
+        assert_eq!(t1.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
+        // 60 more bytes from a (a second request): past its 150-byte share,
+        // though the budget has 200 left.
+        let mut t2 = intake.admit(a).map_err(|e| format!("{e:?}"));
+        assert_eq!(t2.as_mut().map(|t| t.reserve(60)), Ok(Err(Refusal::Share)));
+        // A third request from a: past its 2 in flight.
+        assert!(matches!(intake.admit(a), Err(Refusal::Share)));
+        // The other address has its own share.
+        let mut t3 = intake.admit(b).map_err(|e| format!("{e:?}"));
+        assert_eq!(t3.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
+        // Given back when done: a may send again.
+        drop((t1, t2));
+        let mut t4 = intake.admit(a).map_err(|e| format!("{e:?}"));
+        assert_eq!(t4.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
+        drop((t3, t4));
+        assert_eq!(intake.bytes.available_permits(), 300);
     }
 
     #[tokio::test]
@@ -583,13 +629,29 @@ mod tests {
             ..Limits::default()
         };
         let (r, metrics) = router(limits);
-        // A request holding 100 bytes of the budget (its body never ends).
-        let (_tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        // A request that announces 100 bytes and has sent 10 holds 10, not
+        // 100: another address's 60 fit.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
         let holder = tokio::spawn(r.clone().oneshot(post_from(
             1,
             Body::from_stream(tokio_stream_of(rx)),
             Some(100),
         )));
+        let send = |n: usize| {
+            let tx = tx.clone();
+            async move { tx.send(Ok(vec![b'x'; n])).await.map_err(|e| e.to_string()) }
+        };
+        assert_eq!(send(10).await, Ok(()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let fits_beside = r
+            .clone()
+            .oneshot(post_from(2, Body::from(vec![b'x'; 60]), Some(60)))
+            .await
+            .map(|a| a.status())
+            .map_err(|e| e.to_string());
+        assert_eq!(fits_beside, Ok(StatusCode::OK));
+        // Now it has sent 90 more (100 held, of its 100-byte share).
+        assert_eq!(send(90).await, Ok(()));
         tokio::time::sleep(Duration::from_millis(50)).await;
         // 60 more, from another address, do not fit in the 50 left: 503 at once.
         let started = std::time::Instant::now();

@@ -117,9 +117,9 @@ async fn run(args: &Args) -> Result<bool> {
 }
 
 /// The attack port_attack runs: slow clients from four addresses, 100
-/// connections each (past the 64 one address may hold), and a flood of
-/// 1 MiB bodies over 8 connections from a fifth (past one address's 8 MiB
-/// share). Every address is loopback (all of 127/8 is), none the API
+/// connections each (past the 64 one address may hold, and its 32 requests
+/// in flight), and a flood of 256 KiB bodies over 16 connections from a
+/// fifth, as fast as they are answered. Every address is loopback (all of 127/8 is), none the API
 /// server's 127.0.0.1.
 fn attacker(target: std::net::SocketAddr, ca_pem: String, seconds: u64) -> attack::Attack {
     attack::Attack {
@@ -131,8 +131,8 @@ fn attacker(target: std::net::SocketAddr, ca_pem: String, seconds: u64) -> attac
             .collect(),
         slow_per_address: 100,
         flood_from: std::net::IpAddr::from([127, 0, 0, 6]),
-        flood_connections: 8,
-        flood_body_bytes: 1024 * 1024,
+        flood_connections: 16,
+        flood_body_bytes: 256 * 1024,
     }
 }
 
