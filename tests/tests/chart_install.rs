@@ -43,7 +43,7 @@ async fn certificate_material(bed: &TestBed) -> anyhow::Result<Vec<(String, Vec<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_only_patches_pods(
+async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_only_patches_pod_status(
 ) -> R {
     let bed = TestBed::start().await?;
     let helm = Helm::for_bed(&bed)?;
@@ -81,11 +81,11 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
     let who = format!("--as=system:serviceaccount:{sa_ns}:{sa_name}");
 
     // Exactly get/list/watch on pods and namespaces and on the collision
-    // guard's default kinds and resourcequotas, and patch on pods for the
-    // tagger's follow-up (on by default); nothing else.
+    // guard's default kinds and resourcequotas, and patch on pods/status for
+    // the tagger's follow-up (on by default); nothing else.
     let allowed = [
-        ("patch", "pods"),
-        ("list", "configmaps"),
+        ("patch", "pods --subresource=status"),
+        ("watch", "persistentvolumeclaims"),
         ("watch", "persistentvolumeclaims"),
         ("get", "services"),
         ("list", "jobs.batch"),
@@ -100,7 +100,8 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
     let denied = [
         ("create", "pods"),
         ("update", "pods"),
-        ("patch", "pods --subresource=status"),
+        ("patch", "pods"),
+        ("list", "configmaps"),
         ("delete", "pods"),
         ("deletecollection", "pods"),
         ("create", "namespaces"),
