@@ -511,7 +511,7 @@ mod tests {
             Err(LimitError::PerClientAboveTotal { .. })
         ));
         let share = Limits {
-            max_in_flight_per_client: 300,
+            max_in_flight_per_client: Limits::default().max_in_flight + 1,
             ..Limits::default()
         };
         assert!(matches!(
