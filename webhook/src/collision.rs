@@ -11,14 +11,15 @@ use kube::core::Status;
 use crate::mode::Mode;
 use crate::pod_index::Holder;
 use crate::quota_kinds::GroupResource;
+use crate::read_error::ReadError;
 
 /// What the live read said about the name.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Confirmation {
     Held(Holder),
     Free,
-    /// The read failed; the text says why.
-    Failed(String),
+    /// The read failed (the Create is allowed).
+    Failed(ReadError),
 }
 
 /// Why a Create was allowed (the audit record's `reason`).
@@ -368,7 +369,12 @@ mod tests {
             ),
             (
                 "GET error",
-                Confirmation::Failed("timeout".into()),
+                Confirmation::Failed(ReadError {
+                    resource: "pods".into(),
+                    namespace: "ml".into(),
+                    name: "train-0".into(),
+                    cause: crate::read_error::Cause::TimedOut(std::time::Duration::from_secs(1)),
+                }),
                 Mode::Conflict,
                 Ok(AllowReason::ConfirmFailed),
             ),

@@ -281,7 +281,7 @@ async fn run(client: &Client, job: &Job, settings: Settings) -> (Outcome, AuditR
                 break outcome;
             }
             Ok(Step::NotYet) => last_error = None,
-            Err(e) => last_error = Some(e),
+            Err(e) => last_error = Some(e.to_string()),
         }
         match delays.next() {
             Some(d) => tokio::time::sleep(d).await,
@@ -303,12 +303,57 @@ enum Step {
     NotYet,
 }
 
-async fn attempt(api: &Api<K8sPod>, job: &Job, call_timeout: Duration) -> Result<Step, String> {
-    let what = format!("pod {}/{}", job.namespace, job.name);
+/// Why one follow-up attempt failed (it is retried, then given up and audited).
+#[derive(Debug, thiserror::Error)]
+enum AttemptError {
+    #[error("{step} pod {namespace}/{name}: no answer within {timeout:?} (the API server is slow or unreachable)")]
+    TimedOut {
+        step: &'static str,
+        namespace: String,
+        name: String,
+        timeout: Duration,
+    },
+    #[error("reading pod {namespace}/{name}: {source}")]
+    Read {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "pod {namespace}/{name} could not be read as a pod (its status or metadata did not parse)"
+    )]
+    NotAPod { namespace: String, name: String },
+    #[error("patching pod {namespace}/{name}'s tags: {source} (graceguard needs RBAC `patch` on pods/status for follow-up tagging: the chart's ClusterRole grants it)")]
+    Patch {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+async fn attempt(
+    api: &Api<K8sPod>,
+    job: &Job,
+    call_timeout: Duration,
+) -> Result<Step, AttemptError> {
+    let (namespace, name) = (job.namespace.clone(), job.name.clone());
+    let timed_out = |step| AttemptError::TimedOut {
+        step,
+        namespace: namespace.clone(),
+        name: name.clone(),
+        timeout: call_timeout,
+    };
     let read = tokio::time::timeout(call_timeout, api.get_opt(&job.name))
         .await
-        .map_err(|_| format!("reading {what}: no answer within {call_timeout:?}"))?;
-    let Some(pod) = read.map_err(|e| format!("reading {what}: {e}"))? else {
+        .map_err(|_| timed_out("reading"))?;
+    let read = read.map_err(|source| AttemptError::Read {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source,
+    })?;
+    let Some(pod) = read else {
         return Ok(Step::Done(Outcome::Gone, None));
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -316,7 +361,7 @@ async fn attempt(api: &Api<K8sPod>, job: &Job, call_timeout: Duration) -> Result
         return Ok(Step::Done(Outcome::Gone, None));
     }
     let Some(lean) = lean(&pod) else {
-        return Err(format!("{what} could not be read as a pod"));
+        return Err(AttemptError::NotAPod { namespace, name });
     };
     let Some(d) = disruption::of_pod(&lean) else {
         return Ok(Step::NotYet);
@@ -332,7 +377,7 @@ async fn attempt(api: &Api<K8sPod>, job: &Job, call_timeout: Duration) -> Result
         api.patch_status(&job.name, &PatchParams::default(), &Patch::Merge(&tags)),
     )
     .await
-    .map_err(|_| format!("patching {what}'s tags: no answer within {call_timeout:?}"))?;
+    .map_err(|_| timed_out("patching the tags of"))?;
     match patched {
         Ok(_) => Ok(Step::Done(Outcome::Tagged, Some(d.reason))),
         // The uid would change: the name now belongs to another pod.
@@ -340,9 +385,11 @@ async fn attempt(api: &Api<K8sPod>, job: &Job, call_timeout: Duration) -> Result
             Ok(Step::Done(Outcome::Gone, None))
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Step::Done(Outcome::Gone, None)),
-        Err(e) => Err(format!(
-            "patching {what}'s tags: {e} (graceguard needs RBAC `patch` on pods/status for follow-up tagging: the chart's ClusterRole grants it)"
-        )),
+        Err(source) => Err(AttemptError::Patch {
+            namespace,
+            name,
+            source,
+        }),
     }
 }
 

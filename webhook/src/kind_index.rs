@@ -248,7 +248,7 @@ impl KindIndexes {
     }
 
     /// The served, namespaced resource `kind` is, by discovery.
-    async fn resolve(&self, kind: &GroupResource) -> Result<ApiResource, String> {
+    async fn resolve(&self, kind: &GroupResource) -> Result<ApiResource, ResolveError> {
         // Bounded: a stalled connection must not keep a kind unindexed for
         // minutes (the next quota event, or the watch's re-list, tries again).
         const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -257,24 +257,21 @@ impl KindIndexes {
             kube::discovery::group(&self.client, &kind.group),
         )
         .await
-        .map_err(|_| {
-            format!(
-                "discovering API group {:?}: no answer within {DISCOVERY_TIMEOUT:?}",
-                kind.group
-            )
+        .map_err(|_| ResolveError::TimedOut {
+            group: kind.group.clone(),
+            timeout: DISCOVERY_TIMEOUT,
         })?
-        .map_err(|e| format!("discovering API group {:?}: {e}", kind.group))?;
+        .map_err(|source| ResolveError::Discovery {
+            group: kind.group.clone(),
+            source,
+        })?;
         let (ar, caps) = group
             .recommended_resources()
             .into_iter()
             .find(|(ar, _)| ar.plural == kind.resource)
-            .ok_or_else(|| {
-                format!("the API server serves no {kind}; check the quota's resource name")
-            })?;
+            .ok_or_else(|| ResolveError::NotServed(kind.clone()))?;
         if caps.scope != Scope::Namespaced {
-            return Err(format!(
-                "{kind} is cluster-scoped; quotas and the collision guard are per namespace"
-            ));
+            return Err(ResolveError::ClusterScoped(kind.clone()));
         }
         Ok(ar)
     }
@@ -325,6 +322,24 @@ impl KindIndexes {
             task,
         }
     }
+}
+
+/// Why a kind a quota counts cannot be indexed (its Creates are then
+/// allowed unchecked until quotas change).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("discovering API group {group:?}: no answer within {timeout:?} (the API server is slow or unreachable)")]
+    TimedOut { group: String, timeout: Duration },
+    #[error("discovering API group {group:?}: {source}")]
+    Discovery {
+        group: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the API server serves no {0}; check the quota's resource name")]
+    NotServed(GroupResource),
+    #[error("{0} is cluster-scoped; quotas and the collision guard are per namespace")]
+    ClusterScoped(GroupResource),
 }
 
 #[cfg(test)]

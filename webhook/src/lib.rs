@@ -14,7 +14,8 @@
 //!   [`watchers`]: the watches that feed it, wired to the confirmation cache.
 //! * [`quota_kinds`] and [`kind_index`]: which other kinds quotas count, and
 //!   their name indexes, started and stopped as quotas come and go.
-//! * [`confirm`]: the live GET that confirms an index hit, cached briefly.
+//! * [`confirm`]: the live GET that confirms an index hit, cached briefly;
+//!   [`read_error`]: why such a read failed.
 //! * [`mode`]: conflict or retry, install-wide and per namespace.
 //! * [`livelock`]: naming a client that loops on a taken name.
 //! * [`review`]: AdmissionReview parsing and the error answers.
@@ -52,6 +53,7 @@ pub mod offline;
 pub mod pod_index;
 pub mod probe;
 pub mod quota_kinds;
+pub mod read_error;
 pub mod review;
 pub mod self_test;
 pub mod server;

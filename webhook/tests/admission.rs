@@ -15,6 +15,7 @@ use graceguard_webhook::meta_index::MetaIndex;
 use graceguard_webhook::metrics::Metrics;
 use graceguard_webhook::mode::Mode;
 use graceguard_webhook::pod_index::{Deletion, HeldPod, Holder};
+use graceguard_webhook::read_error::{Cause, ReadError};
 use graceguard_webhook::server::admission_router;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -38,7 +39,7 @@ struct Harness {
 
 /// An app whose index holds `held` (namespace, name) and whose live read
 /// answers `live` for every name.
-fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, String>, mode: Mode) -> Harness {
+fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, ReadError>, mode: Mode) -> Harness {
     let pods = Arc::new(MetaIndex::new("pods"));
     pods.apply(Event::Init, |_| None);
     for (ns, name) in held {
@@ -185,7 +186,12 @@ async fn a_stale_index_never_denies() {
 async fn a_failed_confirmation_allows() {
     let h = harness(
         &[("team-a", "train-a0-0")],
-        Err("connection refused".into()),
+        Err(ReadError {
+            resource: "pods".into(),
+            namespace: "team-a".into(),
+            name: "train-a0-0".into(),
+            cause: Cause::TimedOut(Duration::from_secs(1)),
+        }),
         Mode::Conflict,
     );
     let (_, v) = post(&h.router, "/validate/pods", fixture("04-create-pods.json")).await;
