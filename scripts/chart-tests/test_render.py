@@ -28,6 +28,12 @@ WEBHOOKS = {
 MATCH_CONDITIONS = cl.yaml_file(cl.CHART_DIR / "files" / "match-conditions.yaml")
 
 
+def enabled(wcfg: dict[str, Any], key: str) -> bool:
+    """Whether webhook `key` is registered in a render at Helm's default
+    Kubernetes version (>= 1.28, so "auto" means on)."""
+    return str(wcfg[key]["enabled"]).lower() in ("true", "auto")
+
+
 def other_kinds(values: dict[str, Any]) -> list[tuple[str, str]]:
     """The collision guard's kinds besides pods, as (group, resource)."""
     cg = values["webhooks"]["collisionGuard"]
@@ -126,7 +132,7 @@ class PerValuesFile:
         https_port = next(p for p in service["spec"]["ports"] if p["name"] == "https")
         excluded = set(wcfg["excludeNamespaces"]) | {NAMESPACE, "kube-system"}
         for key, (name, kind, path, op, resource) in WEBHOOKS.items():
-            if not wcfg[key]["enabled"]:
+            if not enabled(wcfg, key):
                 continue
             cfg, wh = self.r.webhook(name)
             self.assertEqual(cfg["kind"], kind, name)
@@ -138,11 +144,12 @@ class PerValuesFile:
             want_policy = wcfg["collisionGuard"]["failurePolicy"] if key == "collisionGuard" else "Ignore"
             self.assertEqual(wh["failurePolicy"], want_policy, name)
             # Only the follow-up writes, afterwards, and never for a dry run.
-            follows_up = wcfg["disruptionTagger"]["enabled"] and wcfg["disruptionTagger"]["followUp"]
+            follows_up = enabled(wcfg, "disruptionTagger") and wcfg["disruptionTagger"]["followUp"]
             writes = key in ("disruptionTagger", "evictionAudit") and follows_up
             self.assertEqual(wh["sideEffects"], "NoneOnDryRun" if writes else "None", name)
             self.assertEqual(wh["matchPolicy"], "Equivalent", name)
-            self.assertEqual(wh["timeoutSeconds"], wcfg["timeoutSeconds"], name)
+            want_timeout = wcfg[key]["timeoutSeconds"] if key == "disruptionTagger" else wcfg["timeoutSeconds"]
+            self.assertEqual(wh["timeoutSeconds"], want_timeout, name)
             self.assertEqual(wh["admissionReviewVersions"], ["v1"], name)
             if kind == "MutatingWebhookConfiguration":
                 self.assertEqual(wh["reinvocationPolicy"], "Never", name)
@@ -227,7 +234,7 @@ class PerValuesFile:
     def test_rbac_reads_what_it_indexes_and_patches_pod_status_only_for_the_follow_up(self) -> None:
         role = self.r.one("ClusterRole")
         tagger = self.merged["webhooks"]["disruptionTagger"]
-        follow_up = tagger["enabled"] and tagger["followUp"]
+        follow_up = enabled(self.merged["webhooks"], "disruptionTagger") and tagger["followUp"]
         read = ("get", "list", "watch")
         want = {("", "pods", read), ("", "namespaces", read)}
         others = other_kinds(self.merged)
@@ -409,7 +416,9 @@ class TestDefaults(unittest.TestCase):
         for cfg in r.webhook_configurations():
             for wh in cfg["webhooks"]:
                 self.assertEqual(wh["failurePolicy"], "Ignore", wh["name"])
-                self.assertEqual(wh["timeoutSeconds"], 2, wh["name"])
+                # The tagger only labels: 1 s, it is on the status updates' path.
+                want = 1 if wh["name"] == "disruption-tagger.graceguard.io" else 2
+                self.assertEqual(wh["timeoutSeconds"], want, wh["name"])
                 self.assertIn("kube-system", wh["namespaceSelector"]["matchExpressions"][0]["values"])
                 self.assertTrue(wh["clientConfig"]["caBundle"], wh["name"])
         self.assertEqual(r.one("Secret")["type"], "kubernetes.io/tls")
@@ -442,7 +451,8 @@ class TestOptions(unittest.TestCase):
 
     def test_kubernetes_1_20_render(self) -> None:
         r = cl.render_objects({}, kube_version="v1.20.2")
-        self.assertEqual(len(r.webhook_configurations()), 4)
+        # No matchConditions below 1.28, so no tagger by default.
+        self.assertEqual(len(r.webhook_configurations()), 3)
         # 1.20 namespaces lack kubernetes.io/metadata.name: NOTES tells how to exclude them.
         self.assertIn("kubectl label namespace kube-system graceguard graceguard.io/ignore=true", r.notes)
         self.assertNotIn("kubectl label namespace kube-system", cl.render_objects({}).notes)
@@ -591,20 +601,56 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(r.webhook_configurations(), [])
         self.assertEqual(r.one("Deployment")["spec"]["replicas"], 2)
 
-    def test_match_conditions_only_where_the_server_has_them(self) -> None:
+    def test_match_conditions_from_1_28_or_when_asked(self) -> None:
         def conditions(r: cl.Rendered) -> dict[str, Any]:
             return {wh["name"]: wh.get("matchConditions") for cfg in r.webhook_configurations() for wh in cfg["webhooks"]}
 
-        new = conditions(cl.render_objects({}, kube_version="v1.37.2"))
-        self.assertEqual(new["collision-guard.graceguard.io"], MATCH_CONDITIONS["collisionGuard"])
-        self.assertEqual(new["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"])
-        # The audits see every deletion and eviction.
-        self.assertIsNone(new["deletion-audit.graceguard.io"])
-        self.assertIsNone(new["eviction-audit.graceguard.io"])
-        for version in ("v1.29.9", "v1.20.2"):
-            self.assertEqual(set(conditions(cl.render_objects({}, kube_version=version)).values()), {None}, version)
+        for version in ("v1.37.2", "v1.28.0"):
+            on = conditions(cl.render_objects({}, kube_version=version))
+            self.assertEqual(on["collision-guard.graceguard.io"], MATCH_CONDITIONS["collisionGuard"], version)
+            self.assertEqual(on["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"], version)
+            # A node's final grace-0 delete completes a deletion already audited.
+            self.assertEqual(on["deletion-audit.graceguard.io"], MATCH_CONDITIONS["deletionAudit"], version)
+            # Every eviction request is audited.
+            self.assertIsNone(on["eviction-audit.graceguard.io"], version)
+        for version in ("v1.27.9", "v1.20.2"):
+            off = conditions(cl.render_objects({}, kube_version=version))
+            self.assertEqual(set(off.values()), {None}, version)
+            self.assertNotIn("disruption-tagger.graceguard.io", off, version)
         off = conditions(cl.render_objects({"webhooks": {"matchConditions": False}}, kube_version="v1.37.2"))
         self.assertEqual(set(off.values()), {None})
+        self.assertNotIn("disruption-tagger.graceguard.io", off)
+        # A GitOps render for a server Helm cannot see: asked for explicitly.
+        for asked in (True, "true"):
+            forced = conditions(cl.render_objects({"webhooks": {"matchConditions": asked}}, kube_version="v1.20.2"))
+            self.assertEqual(forced["deletion-audit.graceguard.io"], MATCH_CONDITIONS["deletionAudit"])
+            self.assertEqual(forced["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"])
+
+    def test_tagger_below_1_28_only_when_asked_with_a_short_timeout(self) -> None:
+        def tagger_and_follow_up(values: dict[str, Any], version: str) -> tuple[Any, str, bool]:
+            r = cl.render_objects(values, kube_version=version)
+            hooks = [wh for cfg in r.webhook_configurations() for wh in cfg["webhooks"]
+                     if wh["name"] == "disruption-tagger.graceguard.io"]
+            env = {e["name"]: e.get("value") for e in
+                   r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+            patches = any("pods/status" in rule["resources"] and "patch" in rule["verbs"]
+                          for rule in r.one("ClusterRole")["rules"])
+            return (hooks[0] if hooks else None), env["GRACEGUARD_FOLLOW_UP_TAGGING"], patches
+
+        hook, follow_up, patches = tagger_and_follow_up({}, "v1.20.2")
+        self.assertEqual((hook, follow_up, patches), (None, "false", False))
+        self.assertIn("The disruption tagger is off", cl.render_objects({}, kube_version="v1.20.2").notes)
+        hook, follow_up, patches = tagger_and_follow_up(
+            {"webhooks": {"disruptionTagger": {"enabled": True}}}, "v1.20.2")
+        self.assertIsNotNone(hook)
+        self.assertEqual(hook["timeoutSeconds"], 1)
+        self.assertNotIn("matchConditions", hook)
+        self.assertEqual((follow_up, patches), ("true", True))
+        hook, follow_up, patches = tagger_and_follow_up({}, "v1.37.2")
+        self.assertEqual((hook["timeoutSeconds"], follow_up, patches), (1, "true", True))
+        hook, follow_up, patches = tagger_and_follow_up(
+            {"webhooks": {"disruptionTagger": {"enabled": False}}}, "v1.37.2")
+        self.assertEqual((hook, follow_up, patches), (None, "false", False))
 
     def test_follow_up_off_keeps_rbac_read_only(self) -> None:
         r = cl.render_objects({"webhooks": {"disruptionTagger": {"enabled": True, "followUp": False}}})

@@ -140,7 +140,8 @@ fn match_conditions(hook: Hook) -> Result<Value> {
         Hook::CollisionGuard => "collisionGuard",
         Hook::DisruptionTagger => "disruptionTagger",
         Hook::CollisionKinds => "collisionGuard",
-        _ => return Ok(Value::Array(Vec::new())),
+        Hook::DeletionAudit => "deletionAudit",
+        Hook::EvictionAudit => return Ok(Value::Array(Vec::new())),
     };
     Ok(all[key].clone())
 }
@@ -148,7 +149,7 @@ fn match_conditions(hook: Hook) -> Result<Value> {
 /// How [`WebhookProcess::register_with`] registers the endpoints.
 #[derive(Clone, Debug, Default)]
 pub struct Registration {
-    /// Add the chart's `matchConditions` (Kubernetes >= 1.30), so the API server
+    /// Add the chart's `matchConditions` (Kubernetes >= 1.28), so the API server
     /// calls graceguard only for the requests that matter.
     pub match_conditions: bool,
     /// The `https://HOST:PORT` the API server calls instead of this process's

@@ -82,10 +82,12 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
 
     // Exactly get/list/watch on pods and namespaces and on the collision
     // guard's default kinds and resourcequotas, and patch on pods/status for
-    // the tagger's follow-up (on by default); nothing else.
-    let allowed = [
-        ("patch", "pods --subresource=status"),
-        ("watch", "persistentvolumeclaims"),
+    // the tagger's follow-up; nothing else. The tagger (and so the follow-up)
+    // is on by default only where matchConditions are (1.28+): on 1.20 the
+    // service account only reads.
+    let modern = bed.version >= testbed::KubeVersion::V1_37;
+    let follow_up = [("patch", "pods --subresource=status")];
+    let reads = [
         ("watch", "persistentvolumeclaims"),
         ("get", "services"),
         ("list", "jobs.batch"),
@@ -97,7 +99,12 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         ("list", "namespaces"),
         ("watch", "namespaces"),
     ];
-    let denied = [
+    let allowed: Vec<_> = reads
+        .iter()
+        .chain(follow_up.iter().filter(|_| modern))
+        .copied()
+        .collect();
+    let denied: Vec<_> = [
         ("create", "pods"),
         ("update", "pods"),
         ("patch", "pods"),
@@ -114,7 +121,10 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         ("list", "nodes"),
         ("create", "pods --subresource=eviction"),
         ("update", "validatingwebhookconfigurations"),
-    ];
+    ]
+    .into_iter()
+    .chain(follow_up.iter().copied().filter(|_| !modern))
+    .collect();
     for (verb, resource) in allowed.iter().chain(denied.iter()) {
         let want = allowed.contains(&(*verb, *resource));
         let mut args = vec!["auth", "can-i", verb];
@@ -129,9 +139,10 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         );
     }
 
-    // The four webhooks are registered, fail open, and skip their own namespace;
+    // The webhooks are registered, fail open, and skip their own namespace;
     // on 1.37 the API server accepted the chart's matchConditions (it compiles
-    // the CEL when the configuration is created).
+    // the CEL when the configuration is created); on 1.20 there are none, and
+    // so no tagger.
     let sel = ListParams::default().labels("app.kubernetes.io/instance=graceguard");
     let v = Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
         .list(&sel)
@@ -159,16 +170,24 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
             ));
         }
     }
-    // Four configurations; the collision guard's holds pods and the other kinds.
-    assert_eq!(hooks.len(), 5, "{hooks:?}");
+    // The collision guard's configuration holds pods and the other kinds.
+    assert_eq!(hooks.len(), if modern { 5 } else { 4 }, "{hooks:?}");
+    assert_eq!(
+        hooks
+            .iter()
+            .any(|(name, ..)| name == "disruption-tagger.graceguard.io"),
+        modern,
+        "the tagger is registered only with matchConditions: {hooks:?}"
+    );
     for (name, policy, selector, ca, conditions) in &hooks {
         let filtered = matches!(
             name.as_str(),
             "collision-guard.graceguard.io"
                 | "collision-guard-kinds.graceguard.io"
                 | "disruption-tagger.graceguard.io"
+                | "deletion-audit.graceguard.io"
         );
-        let want = usize::from(filtered && bed.version >= testbed::KubeVersion::V1_37);
+        let want = usize::from(filtered && modern);
         assert_eq!(
             *conditions,
             want,

@@ -21,19 +21,25 @@ const RELEASE_NS: &str = "graceguard-system";
 const POLICY_MESSAGE: &str = "graceguard may change only graceguard.io/";
 
 /// The chart's identity objects, rendered by `helm` for the bed's server.
+/// Below 1.28 the tagger (and so its write) is off by default: the test turns
+/// it on, as a user who wants tagging there would.
 fn rendered_identity(bed: &TestBed) -> anyhow::Result<Vec<Value>> {
     let helm = Helm::for_bed(bed)?;
-    let chart = chart_dir();
-    let out = helm.ok(&[
+    let chart = chart_dir().display().to_string();
+    let mut args = vec![
         "install",
         "graceguard",
-        &chart.display().to_string(),
+        &chart,
         "--namespace",
         RELEASE_NS,
         "--dry-run=server",
         "--output",
         "json",
-    ])?;
+    ];
+    if bed.version < KubeVersion::V1_37 {
+        args.extend(["--set", "webhooks.disruptionTagger.enabled=true"]);
+    }
+    let out = helm.ok(&args)?;
     let release: Value = serde_json::from_str(&out)?;
     let manifest = release["manifest"].as_str().unwrap_or_default();
     let mut objects = Vec::new();

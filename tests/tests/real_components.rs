@@ -232,7 +232,7 @@ async fn pods_of_real_controllers_are_never_denied_and_a_statefulset_pod_returns
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_match_conditions_ordinary_status_updates_and_generated_names_never_call_graceguard_on_1_37(
+async fn with_match_conditions_ordinary_status_updates_generated_names_and_final_deletes_never_call_graceguard_on_1_37(
 ) -> R {
     let (bed, ns) = bed_1_37("match").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
@@ -302,6 +302,22 @@ async fn with_match_conditions_ordinary_status_updates_and_generated_names_never
         1,
         "only the DisruptionTarget update: {recs:?}"
     );
+
+    // A user's graceful delete is audited; the kubelet's final delete (grace
+    // 0, as system:node:node-1) completes it and never calls graceguard.
+    let uid = api.get("named-1").await?.uid().unwrap_or_default();
+    api.delete("named-1", &DeleteParams::default()).await?;
+    kubelet.finish_deletion(&ns, "named-1").await?;
+    pods::wait_gone(&api, "named-1", &uid).await?;
+    // The audit log is written in order: a later record means named-1's are in.
+    api.delete("named-2", &DeleteParams::default()).await?;
+    webhook
+        .wait_records("deletion_audit", &ns, "named-2", 1)
+        .await?;
+    let deletes = webhook.records_for("deletion_audit", &ns, "named-1")?;
+    assert_eq!(deletes.len(), 1, "only the user's delete: {deletes:?}");
+    assert_eq!(deletes[0]["already_terminating"], false, "{deletes:?}");
+    assert_ne!(deletes[0]["user"], "system:node:node-1", "{deletes:?}");
     Ok(())
 }
 

@@ -202,13 +202,49 @@ objectSelector:
 {{- end }}
 
 {{/*
-matchConditions of one webhook, from files/match-conditions.yaml, on clusters
-that have them (Kubernetes >= 1.30) and unless webhooks.matchConditions is
-false. Call with (dict "root" $ "hook" "collisionGuard").
+Whether the webhook configurations carry matchConditions: "true" or empty.
+webhooks.matchConditions "auto": when Helm sees a server >= 1.28 (beta and on
+by default from 1.28, GA in 1.30); "true": always (a GitOps render for a
+server Helm cannot see; a server without the field drops it); "false": never.
+*/}}
+{{- define "graceguard.matchConditionsOn" -}}
+{{- $mode := toString .Values.webhooks.matchConditions -}}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version)) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+Whether the disruption tagger is registered: "true" or empty. "auto": only
+with matchConditions, since without them every kubelet status update in the
+cluster would call it (and DisruptionTarget exists only from 1.26).
+*/}}
+{{- define "graceguard.taggerOn" -}}
+{{- $mode := toString .Values.webhooks.disruptionTagger.enabled -}}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (include "graceguard.matchConditionsOn" .)) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+Whether graceguard tags afterwards under its own identity (the follow-up,
+which needs RBAC patch on pods/status): "true" or empty. Both the node's and
+the Eviction API's follow-ups tag from a DisruptionTarget, so the tagger must
+be on.
+*/}}
+{{- define "graceguard.followUpOn" -}}
+{{- if and (include "graceguard.taggerOn" .) .Values.webhooks.disruptionTagger.followUp -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/*
+matchConditions of one webhook, from files/match-conditions.yaml, when
+graceguard.matchConditionsOn. Call with (dict "root" $ "hook" "collisionGuard").
 */}}
 {{- define "graceguard.matchConditions" -}}
 {{- $root := .root -}}
-{{- if and $root.Values.webhooks.matchConditions (semverCompare ">=1.30.0-0" $root.Capabilities.KubeVersion.Version) -}}
+{{- if include "graceguard.matchConditionsOn" $root -}}
 {{- $all := $root.Files.Get "files/match-conditions.yaml" | fromYaml -}}
 matchConditions:
   {{- toYaml (get $all .hook) | nindent 2 }}
@@ -239,7 +275,7 @@ ValidatingAdmissionPolicy (GA in 1.30; `helm template` needs
 Only when graceguard writes at all (the tagger's follow-up).
 */}}
 {{- define "graceguard.writePolicy" -}}
-{{- $writes := and .Values.rbac.create .Values.webhooks.disruptionTagger.enabled .Values.webhooks.disruptionTagger.followUp -}}
+{{- $writes := and .Values.rbac.create (include "graceguard.followUpOn" .) -}}
 {{- $mode := toString .Values.rbac.writePolicy -}}
 {{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
 {{- if and $writes (or (eq $mode "true") (and (eq $mode "auto") $served)) -}}
