@@ -244,6 +244,75 @@ async fn upgrade_under_load<S: AsRef<str>>(
     Ok(report.sent)
 }
 
+/// The self-signed pair replaced by an upgrade (renewBeforeDays raised to
+/// the pair's whole validity, as a pair near its end would be) while a client
+/// loops on a held name: every webhook pod serves the old pair until the
+/// kubelet syncs the new Secret into it and the webhook reloads it, so the
+/// caBundle must trust the old CA and the new one throughout. Not one Create
+/// may miss graceguard's denial, from the upgrade until every pod has
+/// reloaded.
+async fn rotation_under_load(bed: &TestBed, helm: &Helm, users: &Api<Pod>) -> R {
+    let secrets: Api<Secret> = Api::namespaced(bed.client.clone(), NS);
+    let secret_name = format!("{FULLNAME}-tls");
+    let ca_of = |s: &Secret, key: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+            .unwrap_or_default()
+    };
+    let old_ca = ca_of(&secrets.get(&secret_name).await?, "ca.crt");
+    anyhow::ensure!(!old_ca.is_empty(), "Secret {secret_name} has no ca.crt");
+    let looping = CreateLoop::start(users.clone(), "held", Expect::GraceguardDenial, LOOP_PERIOD);
+    let res = helm.ok(&upgrade_setting(
+        "certs.selfSigned.validityDays=3651,certs.selfSigned.renewBeforeDays=3650",
+    ));
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), NS);
+    let reloaded = wait_for(
+        "every webhook pod serving the new pair",
+        Duration::from_secs(180),
+        || async {
+            let ready = ready_webhook_pods(bed).await?;
+            let mut all = !ready.is_empty();
+            for p in &ready {
+                let logs = pods.logs(&p.name_any(), &Default::default()).await?;
+                all &= logs.contains("serving certificate reloaded");
+            }
+            Ok(all)
+        },
+    )
+    .await;
+    // A few more Creates against the new pair alone.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = looping.finish().await?;
+    res?;
+    reloaded?;
+    assert!(
+        report.wrong.is_empty(),
+        "{} of {} Creates during the certificate rotation did not get graceguard's denial: {:#?}",
+        report.wrong.len(),
+        report.sent,
+        report.wrong
+    );
+    let secret = secrets.get(&secret_name).await?;
+    let new_ca = ca_of(&secret, "ca.crt");
+    assert_ne!(new_ca, old_ca, "the upgrade did not replace the CA");
+    assert_eq!(
+        ca_of(&secret, "ca-previous.crt"),
+        old_ca,
+        "the Secret does not keep the CA it replaced"
+    );
+    for (name, bundle) in ca_bundles(bed).await? {
+        let bundle = String::from_utf8_lossy(&bundle).to_string();
+        assert_eq!(
+            bundle.trim(),
+            format!("{new_ca}\n{old_ca}"),
+            "{name}: the caBundle is not the new CA then the old one"
+        );
+    }
+    Ok(())
+}
+
 async fn wait_for<F, Fut>(what: &str, limit: Duration, mut f: F) -> R
 where
     F: FnMut() -> Fut,
@@ -381,6 +450,9 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
     )
     .await?;
     rolled_to(&bed, &image.reference, &bundles, "the rollback").await?;
+    assert_denied_without_charge(&bed, &ns, "held").await?;
+
+    rotation_under_load(&bed, &helm, &users).await?;
     assert_denied_without_charge(&bed, &ns, "held").await?;
 
     // A wrong caBundle: the API server's call fails, Ignore lets the dry run

@@ -81,13 +81,17 @@ app.kubernetes.io/component: webhook
 {{- end }}
 
 {{/*
-The self-signed CA and serving pair, as JSON {"ca.crt","tls.crt","tls.key"
-(base64), "notAfter", "dnsNames"}. The Secret and the webhook configurations
-both need the same pair, so it is computed once per render and kept on the
-root context. An existing Secret (found with lookup) is reused as long as it
-was made for the same DNS names and does not expire within
-certs.selfSigned.renewBeforeDays: upgrades do not rotate the CA by surprise.
-Offline renders (helm template, lint) cannot look up and always generate.
+The self-signed CA and serving pair, as JSON {"ca.crt","tls.crt","tls.key",
+"ca-previous.crt" (base64; empty when there is none), "notAfter",
+"dnsNames"}. The Secret and the webhook configurations both need the same
+pair, so it is computed once per render and kept on the root context. An
+existing Secret (found with lookup) is reused as long as it was made for the
+same DNS names and does not expire within certs.selfSigned.renewBeforeDays:
+upgrades do not rotate the CA by surprise. When it is replaced, its CA is kept
+as ca-previous.crt (until the next rotation) and stays in the caBundle: the
+webhook pods serve the old pair until the kubelet has synced the new Secret
+into them, and the API server must trust both meanwhile. Offline renders
+(helm template, lint) cannot look up and always generate.
 */}}
 {{- define "graceguard.selfSignedTLS" -}}
 {{- if not (hasKey . "graceguardSelfSignedTLS") }}
@@ -95,7 +99,11 @@ Offline renders (helm template, lint) cannot look up and always generate.
 {{- $dnsNames := include "graceguard.serviceDNSNames" . | fromJsonArray }}
 {{- $dnsJoined := join "," $dnsNames }}
 {{- $tls := dict }}
+{{- $previous := "" }}
 {{- $existing := lookup "v1" "Secret" .Release.Namespace (include "graceguard.tlsSecretName" .) }}
+{{- if and $existing $existing.data }}
+{{- $previous = get $existing.data "ca.crt" }}
+{{- end }}
 {{- if and $existing $existing.data $existing.metadata.annotations }}
 {{- $data := $existing.data }}
 {{- $ann := $existing.metadata.annotations }}
@@ -104,7 +112,7 @@ Offline renders (helm template, lint) cannot look up and always generate.
 {{- $expires := toDate "2006-01-02T15:04:05Z07:00" $notAfter | unixEpoch | atoi }}
 {{- $renewAt := sub $expires (mul (int $cfg.renewBeforeDays) 86400) }}
 {{- if lt (now | unixEpoch | atoi) $renewAt }}
-{{- $tls = dict "ca.crt" (get $data "ca.crt") "tls.crt" (get $data "tls.crt") "tls.key" (get $data "tls.key") "notAfter" $notAfter }}
+{{- $tls = dict "ca.crt" (get $data "ca.crt") "tls.crt" (get $data "tls.crt") "tls.key" (get $data "tls.key") "notAfter" $notAfter "ca-previous.crt" (get $data "ca-previous.crt" | default "") }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -113,7 +121,7 @@ Offline renders (helm template, lint) cannot look up and always generate.
 {{- $ca := genCA (printf "%s-ca" (include "graceguard.fullname" .)) $days }}
 {{- $cert := genSignedCert (first $dnsNames) nil $dnsNames $days $ca }}
 {{- $notAfter := dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify (printf "+%dh" (mul $days 24))) "UTC" }}
-{{- $tls = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "notAfter" $notAfter }}
+{{- $tls = dict "ca.crt" ($ca.Cert | b64enc) "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "notAfter" $notAfter "ca-previous.crt" $previous }}
 {{- end }}
 {{- $_ := set $tls "dnsNames" $dnsJoined }}
 {{- $_ := set . "graceguardSelfSignedTLS" $tls }}
@@ -124,7 +132,13 @@ Offline renders (helm template, lint) cannot look up and always generate.
 {{/* caBundle for the webhook configurations; empty in certManager mode (injected). */}}
 {{- define "graceguard.caBundle" -}}
 {{- if eq .Values.certs.mode "selfSigned" }}
-{{- get (include "graceguard.selfSignedTLS" . | fromJson) "ca.crt" }}
+{{- $tls := include "graceguard.selfSignedTLS" . | fromJson }}
+{{- $previous := get $tls "ca-previous.crt" }}
+{{- if $previous }}
+{{- printf "%s\n%s\n" (get $tls "ca.crt" | b64dec | trim) ($previous | b64dec | trim) | b64enc }}
+{{- else }}
+{{- get $tls "ca.crt" }}
+{{- end }}
 {{- else if eq .Values.certs.mode "existingSecret" }}
 {{- if .Values.certs.existingSecret.caBundle }}
 {{- .Values.certs.existingSecret.caBundle }}
