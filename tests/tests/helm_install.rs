@@ -546,7 +546,9 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
         RELEASE,
         "-n",
         NS,
-        "--wait",
+        // Helm 4's default `--wait` (the kstatus watcher) can end early or
+        // hang during a foreground cascade (helm/helm#31766); `legacy` polls.
+        "--wait=legacy",
         "--cascade",
         "foreground",
         "--timeout",
@@ -699,7 +701,9 @@ async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same_on_1_37() 
         RELEASE,
         "-n",
         NS,
-        "--wait",
+        // Helm 4's default `--wait` (the kstatus watcher) can end early or
+        // hang during a foreground cascade (helm/helm#31766); `legacy` polls.
+        "--wait=legacy",
         "--cascade",
         "foreground",
         "--timeout",
