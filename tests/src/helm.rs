@@ -216,11 +216,36 @@ pub enum Expect {
     Admitted,
 }
 
+impl Expect {
+    fn what(self) -> &'static str {
+        match self {
+            Expect::GraceguardDenial => "graceguard's denial",
+            Expect::Admitted => "admitted",
+        }
+    }
+}
+
 /// Every answer of a [`CreateLoop`] that differed from what was expected.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LoopReport {
     pub sent: usize,
     pub wrong: Vec<String>,
+    expect: Expect,
+}
+
+impl LoopReport {
+    /// Panics, listing them, if any Create sent `during` something got
+    /// another answer than expected.
+    pub fn assert_all_right(&self, during: &str) {
+        assert!(
+            self.wrong.is_empty(),
+            "{} of {} Creates during {during} were not {}: {:#?}",
+            self.wrong.len(),
+            self.sent,
+            self.expect.what(),
+            self.wrong
+        );
+    }
 }
 
 /// Sends one pod Create every `period` until stopped.
@@ -238,7 +263,11 @@ impl CreateLoop {
         let flag = stop.clone();
         let name = name.to_string();
         let task = tokio::spawn(async move {
-            let mut report = LoopReport::default();
+            let mut report = LoopReport {
+                sent: 0,
+                wrong: Vec::new(),
+                expect,
+            };
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !flag.load(Ordering::Relaxed) {

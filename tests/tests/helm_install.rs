@@ -233,14 +233,10 @@ async fn upgrade_under_load<S: AsRef<str>>(
     tokio::time::sleep(Duration::from_secs(8)).await;
     let report = looping.finish().await?;
     res?;
-    assert!(
-        report.wrong.is_empty(),
-        "{} of {} Creates during `helm {}` did not get graceguard's denial: {:#?}",
-        report.wrong.len(),
-        report.sent,
-        args.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(" "),
-        report.wrong
-    );
+    report.assert_all_right(&format!(
+        "`helm {}`",
+        args.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(" ")
+    ));
     Ok(report.sent)
 }
 
@@ -287,13 +283,7 @@ async fn rotation_under_load(bed: &TestBed, helm: &Helm, users: &Api<Pod>) -> R 
     let report = looping.finish().await?;
     res?;
     reloaded?;
-    assert!(
-        report.wrong.is_empty(),
-        "{} of {} Creates during the certificate rotation did not get graceguard's denial: {:#?}",
-        report.wrong.len(),
-        report.sent,
-        report.wrong
-    );
+    report.assert_all_right("the certificate rotation");
     let secret = secrets.get(&secret_name).await?;
     let new_ca = ca_of(&secret, "ca.crt");
     assert_ne!(new_ca, old_ca, "the upgrade did not replace the CA");
@@ -557,13 +547,7 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
     tokio::time::sleep(Duration::from_secs(5)).await;
     let report = looping.finish().await?;
     res?;
-    assert!(
-        report.wrong.is_empty(),
-        "{} of {} Creates during helm uninstall were refused: {:#?}",
-        report.wrong.len(),
-        report.sent,
-        report.wrong
-    );
+    report.assert_all_right("helm uninstall");
     assert_nothing_left(&bed).await?;
     Ok(())
 }

@@ -303,34 +303,27 @@ enum Step {
     NotYet,
 }
 
-/// Why one follow-up attempt failed (it is retried, then given up and audited).
+/// Why one follow-up attempt on pod `namespace/name` failed (it is retried,
+/// then given up and audited).
 #[derive(Debug, thiserror::Error)]
-enum AttemptError {
-    #[error("{step} pod {namespace}/{name}: no answer within {timeout:?} (the API server is slow or unreachable)")]
-    TimedOut {
-        step: &'static str,
-        namespace: String,
-        name: String,
-        timeout: Duration,
-    },
-    #[error("reading pod {namespace}/{name}: {source}")]
-    Read {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error(
-        "pod {namespace}/{name} could not be read as a pod (its status or metadata did not parse)"
-    )]
-    NotAPod { namespace: String, name: String },
-    #[error("patching pod {namespace}/{name}'s tags: {source} (graceguard needs RBAC `patch` on pods/status for follow-up tagging: the chart's ClusterRole grants it)")]
-    Patch {
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
+#[error("pod {namespace}/{name}: {cause}")]
+struct AttemptError {
+    namespace: String,
+    name: String,
+    #[source]
+    cause: AttemptCause,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum AttemptCause {
+    #[error("{0}: no answer within {1:?} (the API server is slow or unreachable)")]
+    TimedOut(&'static str, Duration),
+    #[error("reading it: {0}")]
+    Read(#[source] kube::Error),
+    #[error("it could not be read as a pod (its status or metadata did not parse)")]
+    NotAPod,
+    #[error("patching its tags: {0} (graceguard needs RBAC `patch` on pods/status for follow-up tagging: the chart's ClusterRole grants it)")]
+    Patch(#[source] kube::Error),
 }
 
 async fn attempt(
@@ -338,21 +331,15 @@ async fn attempt(
     job: &Job,
     call_timeout: Duration,
 ) -> Result<Step, AttemptError> {
-    let (namespace, name) = (job.namespace.clone(), job.name.clone());
-    let timed_out = |step| AttemptError::TimedOut {
-        step,
-        namespace: namespace.clone(),
-        name: name.clone(),
-        timeout: call_timeout,
+    let failed = |cause| AttemptError {
+        namespace: job.namespace.clone(),
+        name: job.name.clone(),
+        cause,
     };
     let read = tokio::time::timeout(call_timeout, api.get_opt(&job.name))
         .await
-        .map_err(|_| timed_out("reading"))?;
-    let read = read.map_err(|source| AttemptError::Read {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        source,
-    })?;
+        .map_err(|_| failed(AttemptCause::TimedOut("reading it", call_timeout)))?
+        .map_err(|e| failed(AttemptCause::Read(e)))?;
     let Some(pod) = read else {
         return Ok(Step::Done(Outcome::Gone, None));
     };
@@ -361,7 +348,7 @@ async fn attempt(
         return Ok(Step::Done(Outcome::Gone, None));
     }
     let Some(lean) = lean(&pod) else {
-        return Err(AttemptError::NotAPod { namespace, name });
+        return Err(failed(AttemptCause::NotAPod));
     };
     let Some(d) = disruption::of_pod(&lean) else {
         return Ok(Step::NotYet);
@@ -377,7 +364,7 @@ async fn attempt(
         api.patch_status(&job.name, &PatchParams::default(), &Patch::Merge(&tags)),
     )
     .await
-    .map_err(|_| timed_out("patching the tags of"))?;
+    .map_err(|_| failed(AttemptCause::TimedOut("patching its tags", call_timeout)))?;
     match patched {
         Ok(_) => Ok(Step::Done(Outcome::Tagged, Some(d.reason))),
         // The uid would change: the name now belongs to another pod.
@@ -385,11 +372,7 @@ async fn attempt(
             Ok(Step::Done(Outcome::Gone, None))
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Step::Done(Outcome::Gone, None)),
-        Err(source) => Err(AttemptError::Patch {
-            namespace,
-            name,
-            source,
-        }),
+        Err(e) => Err(failed(AttemptCause::Patch(e))),
     }
 }
 
