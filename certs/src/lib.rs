@@ -5,12 +5,15 @@
 //! webhook, its tests and local use alike: generating a CA and a serving
 //! certificate ([`generate`]), loading a PEM pair into rustls ([`load`]), and
 //! serving whatever pair is on disk now, so rotation by cert-manager or a Secret
-//! update needs no restart ([`reload`]).
+//! update needs no restart ([`reload`]), and verifying the API server's client
+//! certificate when asked to ([`client_auth`]).
 
+pub mod client_auth;
 pub mod generate;
 pub mod load;
 pub mod reload;
 
+pub use client_auth::ClientAuth;
 pub use generate::{Ca, ServingPair};
 pub use load::{certified_key, server_config, CertError};
 pub use reload::ReloadingResolver;

@@ -51,19 +51,24 @@ pub fn certified_key(
 }
 
 /// A rustls server configuration that speaks TLS 1.2 and 1.3 only, offers
-/// HTTP/2 and HTTP/1.1, and takes its certificate from `resolver`.
+/// HTTP/2 and HTTP/1.1, and takes its certificate from `resolver`; with
+/// `clients`, only a client that passes it completes the handshake.
 pub fn server_config(
     resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    clients: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
 ) -> Result<rustls::ServerConfig, CertError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| CertError::Invalid {
             what: "TLS configuration".into(),
             reason: e.to_string(),
-        })?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+        })?;
+    let builder = match clients {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder.with_cert_resolver(resolver);
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(cfg)
 }

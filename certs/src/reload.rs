@@ -72,32 +72,12 @@ impl ReloadingResolver {
     /// reload and each rejected pair.
     pub fn spawn_poller(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
-        tokio::spawn(async move {
-            // A zero period would make tokio's interval panic.
-            let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            // The last error logged, so a bad pair is reported once, not every tick.
-            let mut last_err = String::new();
-            loop {
-                tick.tick().await;
-                let res = this.reload();
-                match res {
-                    Ok(Reload::Unchanged) => {}
-                    Ok(Reload::Reloaded) => {
-                        last_err.clear();
-                        tracing::info!(cert = %this.cert_path.display(), "serving certificate reloaded");
-                    }
-                    Err(e) => {
-                        let msg = e.to_string();
-                        if msg != last_err {
-                            tracing::warn!(error = %msg, "new certificate rejected; still serving the previous one");
-                            last_err = msg;
-                        }
-                    }
-                }
-            }
-        })
+        poll(
+            every,
+            "serving certificate",
+            self.cert_path.clone(),
+            move || this.reload(),
+        )
     }
 
     /// The pair served to new handshakes now.
@@ -115,6 +95,44 @@ impl ReloadingResolver {
             .ok()
             .map(|(_, cert)| cert.validity().not_after.timestamp())
     }
+}
+
+/// Calls `reload` every `every` until the task is dropped, logging each
+/// reload of `what` (read from `path`) and each rejection, a rejection once
+/// until it changes (not every tick).
+pub(crate) fn poll<F>(
+    every: Duration,
+    what: &'static str,
+    path: PathBuf,
+    reload: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn() -> Result<Reload, CertError> + Send + 'static,
+{
+    tokio::spawn(async move {
+        // A zero period would make tokio's interval panic.
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut last_err = String::new();
+        loop {
+            tick.tick().await;
+            match reload() {
+                Ok(Reload::Unchanged) => {}
+                Ok(Reload::Reloaded) => {
+                    last_err.clear();
+                    tracing::info!(file = %path.display(), "{what} reloaded");
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    if msg != last_err {
+                        tracing::warn!(error = %msg, "new {what} rejected; still using the previous one");
+                        last_err = msg;
+                    }
+                }
+            }
+        }
+    })
 }
 
 fn describe(cert: &Path, key: &Path) -> String {

@@ -488,6 +488,30 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(r.of_kind("Issuer"), [])
         self.assertEqual(r.one("Certificate")["spec"]["issuerRef"], ref)
 
+    def test_client_auth_mounts_the_ca_and_passes_the_names_only_when_asked(self) -> None:
+        def env_and_volumes(values: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any], list[str]]:
+            pod = cl.render_objects(values).one("Deployment")["spec"]["template"]["spec"]
+            c = pod["containers"][0]
+            env = {e["name"]: e.get("value", "") for e in c["env"]}
+            vols = {v["name"]: v for v in pod["volumes"]}
+            return env, vols, [m["mountPath"] for m in c["volumeMounts"]]
+
+        env, vols, mounts = env_and_volumes({})
+        self.assertNotIn("GRACEGUARD_CLIENT_CA_FILE", env)
+        self.assertNotIn("client-ca", vols)
+        env, vols, mounts = env_and_volumes(
+            {"certs": {"clientAuth": {"caConfigMap": "kube-root-ca.crt",
+                                      "names": ["kube-apiserver-admission", "apiserver.example"]}}})
+        self.assertEqual(env["GRACEGUARD_CLIENT_CA_FILE"], "/etc/graceguard/client-ca/ca.crt")
+        self.assertEqual(env["GRACEGUARD_CLIENT_NAMES"], "kube-apiserver-admission,apiserver.example")
+        self.assertEqual(vols["client-ca"]["configMap"],
+                         {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]})
+        self.assertIn("/etc/graceguard/client-ca", mounts)
+        env, _, _ = env_and_volumes({"certs": {"clientAuth": {"caConfigMap": "ca", "caKey": "bundle.pem"}}})
+        self.assertNotIn("GRACEGUARD_CLIENT_NAMES", env)
+        with self.assertRaises(cl.HelmError):
+            cl.render({"certs": {"clientAuth": {"caConfigMap": "ca", "names": ["a,b"]}}})
+
     def test_existing_secret_without_ca_bundle_fails_clearly(self) -> None:
         with self.assertRaises(cl.HelmError) as ctx:
             cl.render({"certs": {"mode": "existingSecret", "existingSecret": {"name": "mine"}}})

@@ -153,6 +153,40 @@ pub struct TestBedOptions {
 
 pub use crate::pods::NODE;
 
+/// The common name of the client certificate the bed's API server presents
+/// to a webhook that asks for one.
+pub const ADMISSION_CLIENT_NAME: &str = "kube-apiserver-admission";
+
+/// Writes `admission-config.yaml` into `dir`: both webhook admission plugins
+/// read `admission-kubeconfig.yaml`, which gives every webhook (`*`) the
+/// client certificate in `pki`.
+fn write_admission_config(dir: &Path, pki: &Path) -> Result<()> {
+    let kubeconfig = dir.join("admission-kubeconfig.yaml");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nusers:\n- name: \"*\"\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            pki.join("admission-client.crt").display(),
+            pki.join("admission-client.key").display()
+        ),
+    )?;
+    let plugin = |name: &str| {
+        format!(
+            "- name: {name}\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",
+            kubeconfig.display()
+        )
+    };
+    std::fs::write(
+        dir.join("admission-config.yaml"),
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+            plugin("ValidatingAdmissionWebhook"),
+            plugin("MutatingAdmissionWebhook")
+        ),
+    )?;
+    Ok(())
+}
+
 /// The RBAC the chart gives graceguard-webhook's service account, applied to
 /// user `graceguard` so the bed's webhook runs with exactly that.
 pub const WEBHOOK_RULES: &str = r#"[
@@ -195,6 +229,9 @@ pub struct TestBed {
     /// A kubeconfig for the admin user (also usable by kubectl).
     pub kubeconfig: PathBuf,
     ns_counter: AtomicU32,
+    /// The bed's CA (it signs the API server's, the kubelets' and the
+    /// clients' certificates).
+    ca: graceguard_certs::Ca,
 }
 
 impl TestBed {
@@ -286,6 +323,13 @@ impl TestBed {
         let kubelet_client = ca.issue_client("kube-apiserver-kubelet-client", "system:masters")?;
         std::fs::write(pki.join("kubelet-client.crt"), &kubelet_client.cert_pem)?;
         std::fs::write(pki.join("kubelet-client.key"), &kubelet_client.key_pem)?;
+        // How the API server authenticates to webhooks that ask for a client
+        // certificate (mutual TLS): its AdmissionConfiguration names a
+        // kubeconfig with this certificate for every webhook (`*`).
+        let admission_client = ca.issue_client(ADMISSION_CLIENT_NAME, "graceguard-test-bed")?;
+        std::fs::write(pki.join("admission-client.crt"), &admission_client.cert_pem)?;
+        std::fs::write(pki.join("admission-client.key"), &admission_client.key_pem)?;
+        write_admission_config(&d, &pki)?;
         let mut node_creds = Vec::new();
         if let Some(slot) = slot.as_ref() {
             for k in 1..=opts.real_nodes {
@@ -364,6 +408,10 @@ impl TestBed {
                 ))
                 .arg("--kubelet-preferred-address-types=InternalIP")
                 .arg("--enable-admission-plugins=NodeRestriction,ResourceQuota")
+                .arg(format!(
+                    "--admission-control-config-file={}",
+                    path(&d.join("admission-config.yaml"))
+                ))
                 .arg(format!("--cert-dir={}", path(&pki)))
                 .arg("--v=1");
             match version {
@@ -417,6 +465,7 @@ impl TestBed {
             url,
             kubeconfig,
             ns_counter: AtomicU32::new(0),
+            ca,
         };
         bed.wait_ready().await?;
         bed.apply_rbac().await?;
@@ -710,6 +759,16 @@ impl TestBed {
             .unwrap_or(Path::new("/"))
     }
 
+    /// A client certificate the bed's CA signs, as a cluster CA signs a
+    /// kubelet's or the API server's own (their CA is the same here).
+    pub fn issue_client(
+        &self,
+        common_name: &str,
+        organization: &str,
+    ) -> Result<graceguard_certs::ServingPair> {
+        Ok(self.ca.issue_client(common_name, organization)?)
+    }
+
     /// The CA that signed the apiserver's certificate.
     pub fn ca_file(&self) -> PathBuf {
         self.dir().join("pki/ca.crt")
@@ -720,6 +779,19 @@ impl TestBed {
         let id = identity(key)?;
         let path = self.dir().join(format!("kubeconfig-{}", id.key));
         write_kubeconfig(&path, &self.url, &self.ca_file(), id.key)?;
+        Ok(path)
+    }
+
+    /// [`TestBed::kubeconfig_for`] reaching the API server at `url` instead
+    /// (a proxy in front of it).
+    pub fn kubeconfig_via(&self, key: &str, url: &str) -> Result<PathBuf> {
+        let id = identity(key)?;
+        let path = self.dir().join(format!(
+            "kubeconfig-{}-via-{}",
+            id.key,
+            url.replace([':', '/'], "_")
+        ));
+        write_kubeconfig(&path, url, &self.ca_file(), id.key)?;
         Ok(path)
     }
 

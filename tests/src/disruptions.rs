@@ -177,8 +177,9 @@ pub struct DrainReport {
     pub pods: usize,
     /// Pods seen with `graceguard.io/disruption=EvictionByEvictionAPI`.
     pub tagged: usize,
+    /// Eviction attempts recorded at admission.
     pub eviction_audit_records: usize,
-    /// Pods with exactly one eviction record.
+    /// Pods with exactly one attempt, and its outcome `evicted`.
     pub audited_once: usize,
     /// `kubectl drain` exited 0.
     pub drain_completed: bool,
@@ -256,10 +257,26 @@ pub async fn drain_node(
     let mut eviction_audit_records = 0;
     let mut audited_once = 0;
     for name in &names {
-        let recs = webhook.wait_records("eviction_audit", ns, name, 1).await?;
-        let real = recs.iter().filter(|r| r["dry_run"] == false).count();
-        eviction_audit_records += real;
-        audited_once += usize::from(real == 1);
+        // The attempt is recorded at admission, its outcome once the pod
+        // watch saw the deletion begin.
+        webhook
+            .wait_record(|r| {
+                r["event"] == "eviction_outcome"
+                    && r["name"] == name.as_str()
+                    && r["reason"] == "evicted"
+            })
+            .await?;
+        let recs = webhook.records_for("eviction_audit", ns, name)?;
+        let attempts = recs
+            .iter()
+            .filter(|r| r["event"] == "admission" && r["dry_run"] == false)
+            .count();
+        let evicted = recs
+            .iter()
+            .filter(|r| r["event"] == "eviction_outcome" && r["reason"] == "evicted")
+            .count();
+        eviction_audit_records += attempts;
+        audited_once += usize::from(attempts == 1 && evicted == 1);
     }
     let tagged = names
         .iter()

@@ -33,6 +33,7 @@ pub mod process;
 pub mod quota;
 pub mod scenario;
 pub mod sidecar;
+pub mod stall;
 pub mod storm;
 pub mod webhook;
 

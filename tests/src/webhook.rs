@@ -155,6 +155,9 @@ pub struct Registration {
     /// The `https://HOST:PORT` the API server calls instead of this process's
     /// own address (a balancer in front of several replicas).
     pub url: Option<String>,
+    /// Return once the configurations exist, without waiting for the API
+    /// server to call the webhook (for a webhook that refuses the API server).
+    pub no_wait: bool,
 }
 
 /// The label that opts a namespace out, as the chart does.
@@ -317,16 +320,19 @@ impl WebhookProcess {
             .arg(format!("--health-listen=127.0.0.1:{health_port}"))
             .arg(format!("--tls-cert={}", certs.join("tls.crt").display()))
             .arg(format!("--tls-key={}", certs.join("tls.key").display()))
-            .arg(format!(
-                "--kubeconfig={}",
-                bed.kubeconfig_for("graceguard")?.display()
-            ))
             .args(args)
             // The tests written for one mode name it; the others were written
             // for 409 answers (mode conflict), which `adaptive`, the default,
             // turns into 429s for a client that keeps re-creating a name.
             .env("GRACEGUARD_MODE", "conflict")
             .envs(env.iter().copied());
+        // As user `graceguard`, unless the caller gives its own (say, through a proxy).
+        if !args.iter().any(|a| a.starts_with("--kubeconfig")) {
+            cmd.arg(format!(
+                "--kubeconfig={}",
+                bed.kubeconfig_for("graceguard")?.display()
+            ));
+        }
         let log = dir.join("webhook.log");
         let proc = if stalled {
             Managed::spawn_with_stalled_stdout("graceguard-webhook", cmd, &log)?
@@ -466,6 +472,9 @@ impl WebhookProcess {
                 .create(&PostParams::default(), &cfg)
                 .await
                 .context("registering the mutating webhook")?;
+        }
+        if how.no_wait {
+            return Ok(());
         }
         self.wait_effective(bed, hooks, how).await
     }
@@ -620,6 +629,58 @@ impl WebhookProcess {
             ca_pem: self.ca_pem.clone(),
             protocol: crate::bench::loadgen::Protocol::H2,
         })
+    }
+
+    /// Sends one HTTP/1.1 POST of an empty body to the admission port over
+    /// TLS, presenting `client` (a certificate and key, PEM) if given: the
+    /// status code when the webhook answered, `None` when it ended the
+    /// connection without an answer (a refused client certificate surfaces
+    /// after a TLS 1.3 handshake, at the first read).
+    pub async fn answer_over_tls(
+        &self,
+        client: Option<&graceguard_certs::ServingPair>,
+    ) -> Result<Option<u16>> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let target = self.target("/validate/pods")?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(self.ca_pem.as_bytes()).context("CA PEM")?)?;
+        let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+        let cfg = match client {
+            None => builder.with_no_client_auth(),
+            Some(pair) => builder.with_client_auth_cert(
+                CertificateDer::pem_slice_iter(pair.cert_pem.as_bytes())
+                    .collect::<Result<_, _>>()?,
+                PrivateKeyDer::from_pem_slice(pair.key_pem.as_bytes())?,
+            )?,
+        };
+        let tcp = tokio::net::TcpStream::connect(target.addr).await?;
+        let mut tls = match tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+            .connect(ServerName::try_from("localhost")?.to_owned(), tcp)
+            .await
+        {
+            Ok(t) => t,
+            Err(_) => return Ok(None),
+        };
+        let req = "POST /validate/pods HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+        if tls.write_all(req.as_bytes()).await.is_err() {
+            return Ok(None);
+        }
+        let mut resp = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut resp)).await;
+        if !matches!(read, Ok(Ok(_))) && resp.is_empty() {
+            return Ok(None);
+        }
+        let text = String::from_utf8_lossy(&resp);
+        Ok(text
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok()))
     }
 
     /// The process id (for memory and CPU readings).

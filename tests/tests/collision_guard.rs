@@ -288,3 +288,76 @@ async fn the_serving_certificate_s_expiry_is_exported() -> R {
     assert!((364.0..=366.0).contains(&days), "expires in {days} days");
     Ok(())
 }
+
+/// Mutual TLS (`--client-ca-file`, `--client-names`): the bed's API server
+/// presents its admission client certificate (AdmissionConfiguration
+/// `kubeConfigFile`), graceguard answers it, and nothing else gets an answer:
+/// no certificate, another CA's, or a certificate the same CA signed for
+/// another name (as a cluster CA signs every kubelet's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_ca_only_the_api_server_s_certificate_is_answered() -> R {
+    use testbed::control_plane::ADMISSION_CLIENT_NAME;
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("mtls").await?;
+    let ca = bed.ca_file().display().to_string();
+    let names = format!("--client-names={ADMISSION_CLIENT_NAME}");
+    let webhook = WebhookProcess::start(&bed, &["--client-ca-file", &ca, &names]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+
+    // Through the API server: graceguard's answers, so its certificate passed.
+    let r = graceful_delete_collision(&bed, &ns, "graceguard", 3, 100).await?;
+    assert_eq!(r.already_exists, 3, "{r:?}");
+    assert!(r.first_answer.contains("no quota was charged"), "{r:?}");
+    assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
+
+    // Directly: only the admission client certificate gets an HTTP answer.
+    let admission = bed.issue_client(ADMISSION_CLIENT_NAME, "graceguard-test-bed")?;
+    assert_eq!(webhook.answer_over_tls(Some(&admission)).await?, Some(400));
+    assert_eq!(webhook.answer_over_tls(None).await?, None);
+    let kubelet = bed.issue_client("system:node:node-1", "system:nodes")?;
+    assert_eq!(webhook.answer_over_tls(Some(&kubelet)).await?, None);
+    let other_ca = graceguard_certs::Ca::new("another-ca")?;
+    let stranger = other_ca.issue_client(ADMISSION_CLIENT_NAME, "graceguard-test-bed")?;
+    assert_eq!(webhook.answer_over_tls(Some(&stranger)).await?, None);
+    assert!(webhook.log_lines_with("refused a client certificate")? >= 1);
+
+    // A webhook that wants another name refuses the API server too: its
+    // calls fail and Creates fail open (failurePolicy Ignore) to storage,
+    // which answers AlreadyExists after quota admission.
+    let picky = WebhookProcess::start(
+        &bed,
+        &["--client-ca-file", &ca, "--client-names=someone-else"],
+    )
+    .await?;
+    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
+        bed.client.clone(),
+    )
+    .delete("graceguard", &Default::default())
+    .await?;
+    let how = testbed::webhook::Registration {
+        no_wait: true,
+        ..Default::default()
+    };
+    picky
+        .register_with(&bed, &[Hook::CollisionGuard], how)
+        .await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while picky.log_lines_with("refused a client certificate")? == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the API server never called the new webhook"
+        );
+        let out = pods::create(&api, &pods::task_pod(POD, 60)).await?;
+        match &out {
+            CreateOutcome::Refused { code, message, .. } => {
+                assert_eq!(*code, 409, "{out:?}");
+                assert!(!message.contains("no quota was charged"), "{out:?}");
+            }
+            other => panic!("expected storage's AlreadyExists, got {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(picky.records_for("collision_guard", &ns, POD)?.is_empty());
+    Ok(())
+}

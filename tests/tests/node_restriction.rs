@@ -137,14 +137,23 @@ async fn one_eviction_is_audited_exactly_once_and_tagged_where_the_api_writes_it
     );
     assert_eq!(pod.metadata.deletion_grace_period_seconds, Some(20));
 
-    let recs = webhook.wait_records("eviction_audit", &ns, "e1", 2).await?;
-    assert_eq!(recs.len(), 2, "{recs:?}");
+    // The attempt at admission, then its outcome from the pod watch (a dry
+    // run has none).
+    let outcome = webhook
+        .wait_record(|r| r["event"] == "eviction_outcome" && r["name"] == "e1")
+        .await?;
+    let all = webhook.records_for("eviction_audit", &ns, "e1")?;
+    let recs: Vec<_> = all.iter().filter(|r| r["event"] == "admission").collect();
+    assert_eq!(recs.len(), 2, "{all:?}");
     assert_eq!(recs[0]["dry_run"], true);
-    let rec = &recs[1];
+    let rec = recs[1];
     assert_eq!(rec["user"], "alice");
     assert_eq!(rec["dry_run"], false);
     assert_eq!(rec["grace_period_seconds"], 20);
-    assert_eq!(rec["reason"], "eviction");
+    assert_eq!(rec["reason"], "eviction_attempt");
+    assert_eq!(outcome["reason"], "evicted", "{outcome}");
+    assert_eq!(outcome["request_uid"], rec["request_uid"], "{outcome}");
+    assert_eq!(outcome["user"], "alice");
     assert_eq!(rec["disruption_reason"], "EvictionByEvictionAPI");
     assert_eq!(rec["uid"], pod.uid().unwrap_or_default().as_str());
     // The eviction deleted it through the registry: no DELETE webhook call.
@@ -161,8 +170,8 @@ async fn one_eviction_is_audited_exactly_once_and_tagged_where_the_api_writes_it
     let recs = webhook.records_for("eviction_audit", &ns, "e1")?;
     assert_eq!(
         recs.len(),
-        2,
-        "still one record per eviction request: {recs:?}"
+        3,
+        "still one record per eviction request and one outcome: {recs:?}"
     );
     let deletes = webhook.records_for("deletion_audit", &ns, "e1")?;
     assert!(
@@ -171,5 +180,167 @@ async fn one_eviction_is_audited_exactly_once_and_tagged_where_the_api_writes_it
             .all(|d| d["already_terminating"] == true && d["user"] == "system:node:node-1"),
         "the only DELETE is the kubelet's final one: {deletes:?}"
     );
+    Ok(())
+}
+
+/// `kubectl drain` of a pod whose PodDisruptionBudget refuses its eviction
+/// for a while: kubectl retries every 5 s, each attempt is recorded at
+/// admission (which runs before the budget is checked), and each attempt
+/// gets one outcome record: `not_evicted` for the refused ones, `evicted`
+/// for the one that evicted the pod, so the pod has one eviction and (where
+/// the Eviction API writes its DisruptionTarget, 1.26+) one follow-up tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_a_budget_refuses_for_a_while_records_each_attempt_and_one_eviction() -> R {
+    use testbed::kubelet::FinishDeletions;
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("budget").await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, ALL_HOOKS).await?;
+    let _kubelet = Kubelet::start(
+        &bed,
+        KubeletOptions {
+            finish_deletions: FinishDeletions::AfterShareOfGrace(0.2),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let mut pod = pods::task_pod("guarded", 30);
+    pod.metadata.labels = Some([("app".to_string(), "guarded".to_string())].into());
+    assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+    pods::wait_running(&api, "guarded").await?;
+    // No disruption allowed (on 1.20, where no disruption controller runs
+    // here, the budget's status is never computed: refused all the same).
+    let policy = if bed.version >= KubeVersion::V1_37 {
+        "policy/v1"
+    } else {
+        "policy/v1beta1"
+    };
+    let pdb = bed.dir().join("pdb.yaml");
+    std::fs::write(
+        &pdb,
+        format!(
+            "apiVersion: {policy}\nkind: PodDisruptionBudget\nmetadata:\n  name: guarded\n  namespace: {ns}\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: guarded\n"
+        ),
+    )?;
+    let pdb_arg = pdb.display().to_string();
+    let (ok, _, err) = bed.kubectl("admin", &["apply", "-f", &pdb_arg])?;
+    assert!(ok, "creating the budget: {err}");
+
+    let kubeconfig = bed.kubeconfig_for("admin")?;
+    let kubectl = bed.kubectl_path().to_path_buf();
+    let drain = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(kubectl)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args([
+                "drain",
+                testbed::control_plane::NODE,
+                "--pod-selector=app=guarded",
+            ])
+            .args([
+                "--force",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=120s",
+            ])
+            .output()
+    });
+    // Three refused attempts (about 10 s of kubectl's retries).
+    let attempts = |recs: &[serde_json::Value]| {
+        recs.iter()
+            .filter(|r| r["event"] == "admission" && r["dry_run"] == false)
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while attempts(&webhook.records_for("eviction_audit", &ns, "guarded")?) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kubectl drain did not retry 3 times"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let before = api.get("guarded").await?;
+    assert!(
+        before.metadata.deletion_timestamp.is_none(),
+        "the budget refused: still running"
+    );
+    let (ok, _, err) = bed.kubectl("admin", &["delete", "-f", &pdb_arg])?;
+    assert!(ok, "deleting the budget: {err}");
+    let out = drain.await??;
+    assert!(
+        out.status.success(),
+        "kubectl drain: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let evicted = webhook
+        .wait_record(|r| {
+            r["event"] == "eviction_outcome" && r["name"] == "guarded" && r["reason"] == "evicted"
+        })
+        .await?;
+    let recs = webhook.records_for("eviction_audit", &ns, "guarded")?;
+    let tried: Vec<&serde_json::Value> = recs
+        .iter()
+        .filter(|r| r["event"] == "admission" && r["dry_run"] == false)
+        .collect();
+    assert!(tried.len() >= 4, "3 refused, 1 granted: {recs:?}");
+    assert!(
+        tried.iter().all(|r| r["reason"] == "eviction_attempt"),
+        "{recs:?}"
+    );
+    let outcomes: Vec<&serde_json::Value> = recs
+        .iter()
+        .filter(|r| r["event"] == "eviction_outcome")
+        .collect();
+    // One outcome per attempt, named by its request uid; the last one evicted.
+    let mut asked: Vec<&str> = tried
+        .iter()
+        .filter_map(|r| r["request_uid"].as_str())
+        .collect();
+    let mut answered: Vec<&str> = outcomes
+        .iter()
+        .filter_map(|r| r["request_uid"].as_str())
+        .collect();
+    asked.sort_unstable();
+    answered.sort_unstable();
+    assert_eq!(asked, answered, "{recs:?}");
+    let granted: Vec<_> = outcomes
+        .iter()
+        .filter(|r| r["reason"] == "evicted")
+        .collect();
+    assert_eq!(granted.len(), 1, "the pod was evicted once: {recs:?}");
+    assert_eq!(
+        evicted["request_uid"],
+        tried[tried.len() - 1]["request_uid"],
+        "{recs:?}"
+    );
+    assert_eq!(evicted["uid"], before.uid().unwrap_or_default().as_str());
+    assert_eq!(
+        outcomes.len() - 1,
+        tried.len() - 1,
+        "the others not evicted: {recs:?}"
+    );
+    assert!(outcomes
+        .iter()
+        .filter(|r| r["reason"] != "evicted")
+        .all(|r| r["reason"] == "not_evicted"));
+    assert_eq!(
+        webhook.metric("graceguard_eviction_outcomes_total{outcome=\"evicted\"}")?,
+        Some(1.0)
+    );
+
+    if bed.version >= KubeVersion::V1_37 {
+        // One follow-up, for the eviction that happened.
+        webhook
+            .wait_record(|r| r["event"] == "follow_up" && r["name"] == "guarded")
+            .await?;
+        let follow_ups: Vec<_> = webhook
+            .records_for("disruption_tagger", &ns, "guarded")?
+            .into_iter()
+            .filter(|r| r["event"] == "follow_up")
+            .collect();
+        assert_eq!(follow_ups.len(), 1, "{follow_ups:?}");
+        assert_eq!(follow_ups[0]["reason"], "tagged", "{follow_ups:?}");
+    }
     Ok(())
 }

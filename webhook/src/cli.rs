@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use crate::command::client;
 pub use crate::command::CliError;
 use crate::confirm::Confirmer;
+use crate::eviction_outcome::EvictionOutcomes;
 use crate::follow_up::{self, FollowUp};
 use crate::handlers::App;
 use crate::kind_index::{Allowed, ConfirmSettings, IndexBounds, KindIndexes};
@@ -88,6 +89,22 @@ pub struct ServeArgs {
     /// PEM private key of the serving certificate.
     #[arg(long, env = "GRACEGUARD_TLS_KEY")]
     pub tls_key: PathBuf,
+    /// PEM CA bundle: when set, only a client presenting a certificate one of
+    /// these CAs signed completes the TLS handshake (mutual TLS; the API
+    /// server sends one when its AdmissionConfiguration names a kubeconfig
+    /// with a client certificate for this webhook). Reloaded when it changes.
+    #[arg(long, env = "GRACEGUARD_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// With --client-ca-file: the client certificate must also carry one of
+    /// these names (subject CN or DNS name), comma-separated. Set it when the
+    /// CA also signs other clients (a cluster CA signs every kubelet's).
+    #[arg(
+        long,
+        env = "GRACEGUARD_CLIENT_NAMES",
+        value_delimiter = ',',
+        requires = "client_ca_file"
+    )]
+    pub client_names: Vec<String>,
     /// Plain-HTTP address for /healthz, /readyz and /metrics.
     #[arg(long, env = "GRACEGUARD_HEALTH_LISTEN", default_value = "0.0.0.0:8080")]
     pub health_listen: SocketAddr,
@@ -339,8 +356,20 @@ pub async fn serve(
     graceguard_certs::install_crypto_provider();
     let resolver = ReloadingResolver::from_files(&args.tls_cert, &args.tls_key)
         .map_err(|e| CliError::Config(format!("serving certificate: {e}")))?;
-    let tls = graceguard_certs::server_config(resolver.clone())
-        .map_err(|e| CliError::Config(e.to_string()))?;
+    let client_auth = match &args.client_ca_file {
+        None => None,
+        Some(path) => Some(
+            graceguard_certs::ClientAuth::from_file(path, args.client_names.clone())
+                .map_err(|e| CliError::Config(format!("--client-ca-file: {e}")))?,
+        ),
+    };
+    let tls = graceguard_certs::server_config(
+        resolver.clone(),
+        client_auth
+            .clone()
+            .map(|a| a as Arc<dyn rustls::server::danger::ClientCertVerifier>),
+    )
+    .map_err(|e| CliError::Config(e.to_string()))?;
     let client = client(args.kubeconfig.as_deref()).await?;
 
     let adaptive = adaptive_settings(&args)?;
@@ -358,6 +387,17 @@ pub async fn serve(
         .check()
         .map_err(|e| CliError::Config(e.to_string()))?;
     let (metrics, registry) = Metrics::new();
+    let follow_up = if args.follow_up_tagging {
+        FollowUp::spawn(
+            client.clone(),
+            metrics.clone(),
+            follow_up::Settings::default(),
+        )
+    } else {
+        FollowUp::disabled()
+    };
+    let evictions = EvictionOutcomes::new(follow_up.clone(), metrics.clone());
+    let _sweeper = evictions.spawn_sweeper();
     let app = Arc::new(App {
         pods: Arc::new(MetaIndex::new("pods")),
         namespaces: Arc::new(MetaIndex::new("namespaces")),
@@ -369,15 +409,8 @@ pub async fn serve(
         ),
         livelock: LivelockDetector::new(args.livelock_window, args.livelock_threshold),
         metrics: metrics.clone(),
-        follow_up: if args.follow_up_tagging {
-            FollowUp::spawn(
-                client.clone(),
-                metrics.clone(),
-                follow_up::Settings::default(),
-            )
-        } else {
-            FollowUp::disabled()
-        },
+        follow_up: follow_up.clone(),
+        evictions: evictions.clone(),
         kinds: kind_indexes(&client, &args, &metrics),
         log_dropped,
         certificate: Some(resolver.clone()),
@@ -389,6 +422,7 @@ pub async fn serve(
     watchers::spawn_watchers(
         client,
         app.confirmer.clone(),
+        evictions,
         Arc::clone(&app.pods),
         Arc::clone(&app.namespaces),
         metrics,
@@ -397,10 +431,14 @@ pub async fn serve(
     let tls_listener = bind(args.listen, "--listen").await?;
     let health_listener = bind(args.health_listen, "--health-listen").await?;
     let _poller = resolver.spawn_poller(args.cert_reload_interval);
+    let _client_ca_poller = client_auth
+        .as_ref()
+        .map(|a| a.spawn_poller(args.cert_reload_interval));
     tracing::info!(
         listen = %args.listen,
         health_listen = %args.health_listen,
         mode = args.mode.as_str(),
+        client_certificates = if client_auth.is_some() { "required" } else { "not asked for" },
         "graceguard-webhook serving"
     );
 

@@ -12,6 +12,7 @@ use axum::response::Response;
 use crate::audit::AuditRecord;
 use crate::collision::{self, AllowReason, Verdict};
 use crate::confirm::Confirmer;
+use crate::eviction_outcome::{Attempt, EvictionOutcomes};
 use crate::follow_up::{FollowUp, Source};
 use crate::kind_index::KindIndexes;
 use crate::livelock::{LivelockDetector, Recorded};
@@ -31,6 +32,8 @@ pub struct App {
     pub metrics: Metrics,
     /// Tags what cannot be tagged inside its request (node updates, evictions).
     pub follow_up: FollowUp,
+    /// What became of each eviction attempt (tagged once it evicted).
+    pub evictions: EvictionOutcomes,
     /// Name indexes of the other kinds quotas count (`None`: pods only).
     pub kinds: Option<Arc<KindIndexes>>,
     /// Records the log writer dropped because stdout stalled.
@@ -242,8 +245,10 @@ fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
 
 /// Evictions delete through the registry, past every DELETE webhook, and write
 /// their `DisruptionTarget` outside admission: the `pods/eviction` request is
-/// the one place to see them. One record per request; the pod is tagged
-/// afterwards, once the Eviction API has written its condition.
+/// the one place to see them. It runs before the PodDisruptionBudget check,
+/// so this records the attempt (one record per request) and
+/// [`crate::eviction_outcome`] records what became of it, and asks for the
+/// follow-up tag only when the pod was evicted.
 fn eviction_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
     if !req.is_pods("CREATE", "eviction") {
         let rec = AuditRecord {
@@ -253,15 +258,25 @@ fn eviction_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
         return (Answer::allow(), rec);
     }
     app.metrics.evictions_audited.inc();
-    let uid = app.pods.get(&req.namespace, &req.name).map(|p| p.uid);
-    if !req.dry_run {
-        app.follow_up
-            .request(&req.namespace, &req.name, uid.as_deref(), Source::Eviction);
+    let held = app.pods.get(&req.namespace, &req.name);
+    let already_terminating = held.as_ref().map(|p| p.deletion.is_some());
+    let uid = held.map(|p| p.uid);
+    // A pod already terminating is not evicted again (the Eviction API
+    // answers at once); its disruption was recorded when its deletion began.
+    if !req.dry_run && already_terminating != Some(true) {
+        let attempt = Attempt {
+            request_uid: req.uid.clone(),
+            uid: uid.clone(),
+            user: req.user_info.username.clone().unwrap_or_default(),
+            at: Instant::now(),
+        };
+        app.evictions.attempted(&req.namespace, &req.name, attempt);
     }
     let rec = AuditRecord {
-        reason: "eviction".into(),
+        reason: "eviction_attempt".into(),
         uid,
         grace_period_seconds: req.grace_period_seconds,
+        already_terminating,
         disruption_reason: Some("EvictionByEvictionAPI".into()),
         ..Default::default()
     };

@@ -159,7 +159,7 @@ impl KindIndexes {
 
     async fn follow_quotas(&self) {
         let api: Api<ResourceQuota> = Api::all(self.client.clone());
-        let mut stream = watcher::watcher(api, watcher::Config::default())
+        let mut stream = watcher::watcher(api, crate::meta_index::watch_config())
             .default_backoff()
             .boxed();
         // Per quota (namespace/name), the kinds it charges.
@@ -293,7 +293,7 @@ impl KindIndexes {
         let forgets = confirmer.clone();
         let page_size = self.bounds.page_size.max(1);
         let task = tokio::spawn(async move {
-            let config = watcher::Config::default().page_size(page_size);
+            let config = crate::meta_index::watch_config().page_size(page_size);
             let stream = forgets.forgetting(watcher::watcher(api, config).default_backoff());
             idx.run_stream(
                 stream,

@@ -40,6 +40,7 @@ pub mod command;
 pub mod confirm;
 pub mod deletion_audit;
 pub mod disruption;
+pub mod eviction_outcome;
 pub mod follow_up;
 pub mod handlers;
 pub mod kind_index;

@@ -28,6 +28,20 @@ use kube::runtime::{watcher as watch, WatchStreamExt};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 
+/// How long the API server keeps one watch call open (`timeoutSeconds`)
+/// before the watcher opens the next from where it was. kube's watcher gives
+/// up on a watch that sent nothing for that long plus 5 s, and nothing else
+/// would: its client has no read timeout on watches, and HTTP/1.1 has no
+/// pings. So this bounds how long an index stays stale behind a connection
+/// that went silent (a dropped NAT entry, a stalled proxy) — 35 s instead of
+/// kube's default 295 s — for one more watch call per index every 30 s.
+pub const WATCH_TIMEOUT_SECS: u32 = 30;
+
+/// The watch configuration of every index.
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_SECS)
+}
+
 type Map<V> = HashMap<String, HashMap<String, V>>;
 
 struct State<V> {
@@ -264,7 +278,7 @@ impl<V: Clone> MetaIndex<V> {
         K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
         K::DynamicType: Default,
     {
-        let stream = watch(api, watcher::Config::default()).default_backoff();
+        let stream = watch(api, watch_config()).default_backoff();
         self.run_stream(stream, project, on_change).await
     }
 

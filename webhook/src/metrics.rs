@@ -84,6 +84,11 @@ pub struct FollowUpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {
     /// Which limit: `in_flight`, `body_bytes`, `body_timeout`,
     /// `connections_per_client`.
@@ -116,6 +121,7 @@ pub struct Metrics {
     pub disruption_tags: Family<ReasonLabels, Counter>,
     pub deletions_audited: Family<ExplainedLabels, Counter>,
     pub evictions_audited: Counter,
+    pub eviction_outcomes: Family<OutcomeLabels, Counter>,
     pub node_requests_left_unchanged: Counter,
     pub follow_ups: Family<FollowUpLabels, Counter>,
     pub follow_ups_dropped: Counter,
@@ -189,6 +195,7 @@ impl Metrics {
             disruption_tags: Family::default(),
             deletions_audited: Family::default(),
             evictions_audited: Counter::default(),
+            eviction_outcomes: Family::default(),
             node_requests_left_unchanged: Counter::default(),
             follow_ups: Family::default(),
             follow_ups_dropped: Counter::default(),
@@ -263,8 +270,13 @@ impl Metrics {
         );
         r.register(
             "evictions_audited",
-            "Eviction requests audited (evictions never reach the DELETE webhook)",
+            "Eviction attempts audited at admission (evictions never reach the DELETE webhook)",
             m.evictions_audited.clone(),
+        );
+        r.register(
+            "eviction_outcomes",
+            "Eviction attempts by what became of them: evicted (the pod's deletion began), not_evicted (refused or failed), untracked (too many pending)",
+            m.eviction_outcomes.clone(),
         );
         r.register(
             "node_requests_left_unchanged",

@@ -1,5 +1,6 @@
 //! The metadata watches that feed the pod and namespace indexes, wired to
-//! the confirmation cache (which forgets each pod the watch sees deleted).
+//! the confirmation cache (which forgets each pod the watch sees deleted)
+//! and to the eviction outcomes (which learn from it which attempts evicted).
 //! Apart from `pod_index` (the index and its types, no I/O) so the index
 //! needs nothing of the cache that reads it.
 
@@ -12,6 +13,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
 use crate::confirm::Confirmer;
+use crate::eviction_outcome::EvictionOutcomes;
 use crate::metrics::Metrics;
 use crate::pod_index::{namespace_mode, HeldPod, NamespaceModes, PodIndex};
 
@@ -19,6 +21,7 @@ use crate::pod_index::{namespace_mode, HeldPod, NamespaceModes, PodIndex};
 pub fn spawn_watchers(
     client: Client,
     confirmer: Confirmer,
+    evictions: EvictionOutcomes,
     pods: Arc<PodIndex>,
     namespaces: Arc<NamespaceModes>,
     metrics: Metrics,
@@ -26,8 +29,9 @@ pub fn spawn_watchers(
     let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
     let m = metrics.clone();
     tokio::spawn(async move {
-        let stream = confirmer
-            .forgetting(watcher::watcher(pod_api, watcher::Config::default()).default_backoff());
+        let stream = evictions.observing(confirmer.forgetting(
+            watcher::watcher(pod_api, crate::meta_index::watch_config()).default_backoff(),
+        ));
         pods.run_stream(
             stream,
             |meta| Some(HeldPod::from_meta(meta)),

@@ -68,6 +68,10 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, ReadError>, mode
         namespaces,
         confirmer: Confirmer::new(fetch, Duration::from_secs(1), 100, metrics.clone()),
         livelock: LivelockDetector::new(Duration::from_secs(10), 5),
+        evictions: graceguard_webhook::eviction_outcome::EvictionOutcomes::new(
+            FollowUp::disabled(),
+            metrics.clone(),
+        ),
         metrics,
         follow_up: FollowUp::disabled(),
         kinds: None,
@@ -591,6 +595,10 @@ fn clone_app(app: &App) -> App {
         namespaces: Arc::clone(&app.namespaces),
         confirmer: app.confirmer.clone(),
         livelock: LivelockDetector::new(Duration::from_secs(10), 5),
+        evictions: graceguard_webhook::eviction_outcome::EvictionOutcomes::new(
+            FollowUp::disabled(),
+            metrics.clone(),
+        ),
         metrics,
         follow_up: FollowUp::disabled(),
         kinds: None,

@@ -45,7 +45,7 @@ async fn start_capped(max_connections: usize, per_client: usize) -> Server {
     let resolver =
         ReloadingResolver::from_files(&dir.path().join("tls.crt"), &dir.path().join("tls.key"))
             .expect("load");
-    let cfg = graceguard_certs::server_config(resolver.clone()).expect("config");
+    let cfg = graceguard_certs::server_config(resolver.clone(), None).expect("config");
     let router = Router::new()
         .route("/fast", get(|| async { "fast" }))
         .route(

@@ -296,7 +296,7 @@ pub async fn serve_baseline(
 ) -> Result<()> {
     graceguard_certs::install_crypto_provider();
     let resolver = graceguard_certs::ReloadingResolver::from_files(cert, key)?;
-    let tls = Arc::new(graceguard_certs::server_config(resolver)?);
+    let tls = Arc::new(graceguard_certs::server_config(resolver, None)?);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     const ALLOW: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true,"status":{}}}"#;
