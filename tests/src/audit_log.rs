@@ -25,7 +25,7 @@ pub struct AuditEvent {
     pub stage_timestamp: String,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectRef {
     #[serde(default)]
