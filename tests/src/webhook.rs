@@ -640,28 +640,15 @@ impl WebhookProcess {
         &self,
         client: Option<&graceguard_certs::ServingPair>,
     ) -> Result<Option<u16>> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let target = self.target("/validate/pods")?;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(self.ca_pem.as_bytes()).context("CA PEM")?)?;
-        let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots);
-        let cfg = match client {
-            None => builder.with_no_client_auth(),
-            Some(pair) => builder.with_client_auth_cert(
-                CertificateDer::pem_slice_iter(pair.cert_pem.as_bytes())
-                    .collect::<Result<_, _>>()?,
-                PrivateKeyDer::from_pem_slice(pair.key_pem.as_bytes())?,
-            )?,
-        };
+        let cfg = crate::bench::loadgen::client_config(&self.ca_pem, client)?;
         let tcp = tokio::net::TcpStream::connect(target.addr).await?;
         let mut tls = match tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
-            .connect(ServerName::try_from("localhost")?.to_owned(), tcp)
+            .connect(
+                rustls::pki_types::ServerName::try_from("localhost")?.to_owned(),
+                tcp,
+            )
             .await
         {
             Ok(t) => t,

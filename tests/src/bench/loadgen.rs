@@ -53,16 +53,31 @@ enum Sender {
     H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
 }
 
-/// One new connection (TLS handshake, ALPN for the target's protocol).
-async fn connect(t: &Target) -> Result<Sender> {
+/// A TLS client trusting `ca_pem` only, presenting `client` (certificate
+/// and key, PEM) when given.
+pub fn client_config(
+    ca_pem: &str,
+    client: Option<&graceguard_certs::ServingPair>,
+) -> Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(t.ca_pem.as_bytes()).context("CA PEM")?)?;
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).context("CA PEM")?)?;
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    Ok(match client {
+        None => builder.with_no_client_auth(),
+        Some(pair) => builder.with_client_auth_cert(
+            CertificateDer::pem_slice_iter(pair.cert_pem.as_bytes()).collect::<Result<_, _>>()?,
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(pair.key_pem.as_bytes())?,
+        )?,
+    })
+}
+
+/// One new connection (TLS handshake, ALPN for the target's protocol).
+async fn connect(t: &Target) -> Result<Sender> {
+    let mut cfg = client_config(&t.ca_pem, None)?;
     cfg.alpn_protocols = vec![match t.protocol {
         Protocol::H2 => b"h2".to_vec(),
         Protocol::Http1 => b"http/1.1".to_vec(),
