@@ -96,8 +96,11 @@ impl AuditLog {
     pub fn events_at(&self, stage: &str) -> Result<Vec<AuditEvent>> {
         let text = std::fs::read_to_string(&self.path)
             .with_context(|| format!("reading {}", self.path.display()))?;
+        // The API server may be writing a line as we read: only lines it
+        // has ended with a newline are whole.
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
         let mut out = Vec::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        for line in whole.lines().filter(|l| !l.trim().is_empty()) {
             let ev: AuditEvent = serde_json::from_str(line).with_context(|| {
                 format!("parsing an audit line of {}: {line}", self.path.display())
             })?;

@@ -88,8 +88,17 @@ fn code(e: &AuditEvent) -> u16 {
 /// may be refused once: the Node authorizer learns of a pod's binding from
 /// its own watch, and a kubelet that sees the pod first gets 403 on its GET
 /// until then (no webhook sees reads); a later read of that pod must succeed.
-fn kubelet_traffic(bed: &TestBed, ns: &str) -> anyhow::Result<(usize, usize)> {
-    let reqs = kubelet_requests(bed, ns, "node-1")?;
+///
+/// Waits (up to 30 s) for the final delete's record: the API server writes a
+/// request's `ResponseComplete` event after it has answered, so a watcher can
+/// see the pod gone before its delete is in the log.
+async fn kubelet_traffic(bed: &TestBed, ns: &str) -> anyhow::Result<(usize, usize)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut reqs = kubelet_requests(bed, ns, "node-1")?;
+    while !reqs.iter().any(|e| e.verb == "delete") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        reqs = kubelet_requests(bed, ns, "node-1")?;
+    }
     let read = |e: &AuditEvent| e.verb == "get" || e.verb == "list" || e.verb == "watch";
     anyhow::ensure!(
         reqs.iter().filter(|e| !read(e)).all(|e| code(e) < 400),
@@ -148,7 +157,7 @@ async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_
     assert!(took >= Duration::from_secs(3), "gone after {took:?}");
     // The kubelet's own requests, as system:node:node-1: status updates,
     // then the final delete; NodeRestriction let every one through.
-    let (status_updates, deletes) = kubelet_traffic(&bed, &ns)?;
+    let (status_updates, deletes) = kubelet_traffic(&bed, &ns).await?;
     assert!(status_updates >= 2, "{status_updates} status updates");
     assert_eq!(deletes, 1);
     Ok(())
@@ -290,7 +299,7 @@ async fn the_real_kubelet_s_status_updates_of_a_disrupted_pod_go_through_gracegu
         labels.label("evicted").as_deref(),
         Some("EvictionByEvictionAPI")
     );
-    let (status_updates, deletes) = kubelet_traffic(&bed, &ns)?;
+    let (status_updates, deletes) = kubelet_traffic(&bed, &ns).await?;
     assert!(status_updates >= 2, "{status_updates} status updates");
     assert_eq!(deletes, 1);
     // The webhook saw the kubelet's updates and let them through: its
