@@ -36,15 +36,14 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-use crate::driver::GuardError;
-use crate::executor::{disruption_reason, mark_done, Marked};
-use crate::lease::{self, lease_name};
+use crate::done_marks::{mark_done, Marked};
+use crate::error::GuardError;
+use crate::lease::{lease_name, Liveness, Observer};
+pub use crate::naming::CLAIMED_BY_ANNOTATION;
 use crate::naming::{
     ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
 };
-
-/// Annotation: the instance that claimed a completed pod for delivery.
-pub const CLAIMED_BY_ANNOTATION: &str = "graceguard.io/claimed-by";
+use crate::pod_index::disruption_reason;
 
 /// A pod of a dead instance, as delivered (and as the sidecar's `adopted`
 /// and `gone` events carry it).
@@ -90,6 +89,9 @@ pub struct Adopter {
     retry: Vec<Pod>,
     /// The uids of a re-list in progress.
     relisted: Option<HashSet<String>>,
+    /// Owners' Leases as seen by this adopter (their expiry is judged from
+    /// renewals seen here, never from the owner's clock).
+    leases_seen: Observer,
 }
 
 impl Adopter {
@@ -111,6 +113,7 @@ impl Adopter {
             waiting: HashMap::new(),
             retry: Vec::new(),
             relisted: None,
+            leases_seen: Observer::default(),
         }
     }
 
@@ -223,7 +226,7 @@ impl Adopter {
             // Ours: the instance's own executor reports it.
             return Ok(None);
         }
-        if let Some(at) = lease_expiry(&self.leases, &owner, cache, now).await? {
+        if let Some(at) = self.lease_expiry(&owner, cache, now).await? {
             // The owner lives: look again when its Lease would expire.
             self.waiting.insert(uid, (pod.clone(), at + 1));
             return Ok(None);
@@ -234,7 +237,7 @@ impl Adopter {
             .cloned()
             .unwrap_or_default();
         if !claimant.is_empty() && claimant != self.instance {
-            if let Some(at) = lease_expiry(&self.leases, &claimant, cache, now).await? {
+            if let Some(at) = self.lease_expiry(&claimant, cache, now).await? {
                 // Another adopter has it; if that one dies, take it over.
                 self.waiting.insert(uid, (pod.clone(), at + 1));
                 return Ok(None);
@@ -254,7 +257,7 @@ impl Adopter {
             // Changed since it was seen (another adopter's claim, most
             // likely): the watch delivers the new version, decided then.
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => return Ok(None),
-            Err(e) => return Err(GuardError::Api(format!("claiming pod {name}: {e}"))),
+            Err(e) => return Err(GuardError::api(format!("claiming pod {name}"), e)),
         };
         self.delivered.insert(uid.clone());
         Ok(Some(adopted(&claimed, phase)))
@@ -272,7 +275,10 @@ impl Adopter {
         if owner == self.instance {
             return None;
         }
-        match lease_expiry(&self.leases, &owner, cache, Timestamp::now().as_second()).await {
+        match self
+            .lease_expiry(&owner, cache, Timestamp::now().as_second())
+            .await
+        {
             Ok(None) => Some(adopted(pod, phase)),
             Ok(Some(_)) => None,
             Err(e) => {
@@ -304,29 +310,33 @@ impl Adopter {
     pub fn waiting(&self) -> usize {
         self.waiting.len()
     }
-}
 
-/// When `owner`'s Lease expires (s since the epoch); `None`: it has.
-/// Answers are cached for one sync.
-async fn lease_expiry(
-    leases: &Api<Lease>,
-    owner: &str,
-    cache: &mut HashMap<String, Option<i64>>,
-    now: i64,
-) -> Result<Option<i64>, GuardError> {
-    if let Some(e) = cache.get(owner) {
-        return Ok(*e);
+    /// When `owner`'s Lease expires, by this process's clock (s since the
+    /// epoch, `now` being the present); `None`: it has (missing, released,
+    /// or no renewal seen for its duration). Answers are cached for one sync.
+    async fn lease_expiry(
+        &mut self,
+        owner: &str,
+        cache: &mut HashMap<String, Option<i64>>,
+        now: i64,
+    ) -> Result<Option<i64>, GuardError> {
+        if let Some(e) = cache.get(owner) {
+            return Ok(*e);
+        }
+        let name = lease_name(owner);
+        let l =
+            self.leases.get_opt(&name).await.map_err(|e| {
+                GuardError::api(format!("reading the Lease of instance {owner}"), e)
+            })?;
+        let at = match self.leases_seen.observe(&name, l.as_ref()) {
+            Liveness::Free => None,
+            Liveness::Held { remaining, .. } => {
+                Some(now.saturating_add(i64::try_from(remaining.as_secs()).unwrap_or(i64::MAX)))
+            }
+        };
+        cache.insert(owner.to_string(), at);
+        Ok(at)
     }
-    let l = leases
-        .get_opt(&lease_name(owner))
-        .await
-        .map_err(|e| GuardError::Api(format!("reading the Lease of instance {owner}: {e}")))?;
-    let at = match lease::expired(l.as_ref(), Timestamp::from_second(now).unwrap_or_default()) {
-        true => None,
-        false => lease::expires_at(l.as_ref()),
-    };
-    cache.insert(owner.to_string(), at);
-    Ok(at)
 }
 
 fn phase_of(pod: &Pod) -> String {

@@ -6,9 +6,18 @@
 //! (1 s doubling to 60 s; each delay is jittered up to twice its base; at the
 //! cap, where that jitter would be cut off, a delay falls anywhere in the
 //! upper half of the cap instead, so waiters never wake in lockstep),
-//! later ones in the same window wait for the same instant instead of adding
-//! requests. A successful Create in the namespace resets it. Time is passed in,
-//! so the policy is tested with a deterministic clock.
+//! later ones in the same window wait for its end plus a jitter of their own
+//! (up to a second, from the task's name), so waiters never wake in lockstep.
+//!
+//! While a window is open, a task that wants to Create asks
+//! [`NamespaceBackoffs::probe`] first: after the window, exactly one task
+//! (the probe) sends its Create; the others wait. If the probe is refused,
+//! the next window begins; if it is created, the next waiter may probe at
+//! once, and only after [`RESET_AFTER`] Creates in a row succeed is the
+//! namespace's backoff dropped: N tasks waiting on a full quota send one
+//! Create per window, not N, and one pod finishing does not release all N
+//! at 1 s. Time is passed in, so the policy is tested with a deterministic
+//! clock.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -57,11 +66,45 @@ pub fn at_least(delay: Duration, retry_after: Option<Duration>) -> Duration {
     retry_after.map_or(delay, |r| r.max(delay))
 }
 
+/// Creates in a row that succeed in a waiting namespace before its backoff
+/// is dropped.
+pub const RESET_AFTER: u32 = 4;
+
+/// How long a probe may go unanswered before another task may probe (its
+/// answer was lost; the Create itself times out long before).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How soon a task that found a probe in flight asks again.
+const PROBE_RECHECK: Duration = Duration::from_secs(1);
+
 struct State {
     backoff: ExponentialBackoff,
     not_before: Instant,
     /// Spreads delays at the cap.
     rng: fastrand::Rng,
+    /// The task whose Create is the window's probe, since when.
+    probe: Option<(String, Instant)>,
+    /// Creates in a row that succeeded since the last refusal.
+    successes: u32,
+}
+
+/// A task's own offset after a window ends (up to a second, stable per
+/// task), so the waiters of one namespace never wake at one instant.
+pub(crate) fn task_jitter(task: &str) -> Duration {
+    // FNV-1a: stable across runs and processes.
+    let h = task.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    Duration::from_millis(h % 1000)
+}
+
+/// What [`NamespaceBackoffs::probe`] allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Send the Create now.
+    Go,
+    /// Do not send it; ask again at this instant.
+    WaitUntil(Instant),
 }
 
 /// `jittered` (base plus up to one base of jitter) bounded by `max`: past
@@ -88,8 +131,8 @@ impl NamespaceBackoffs {
         }
     }
 
-    /// A quota refusal in `namespace` at `now`: when to try again.
-    pub fn refused(&self, namespace: &str, now: Instant) -> Instant {
+    /// A quota refusal of `task` in `namespace` at `now`: when to try again.
+    pub fn refused(&self, namespace: &str, task: &str, now: Instant) -> Instant {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
         let st = states
             .entry(namespace.to_string())
@@ -100,23 +143,76 @@ impl NamespaceBackoffs {
                     Some(seed) => fastrand::Rng::with_seed(seed),
                     None => fastrand::Rng::new(),
                 },
+                probe: None,
+                successes: 0,
             });
+        st.successes = 0;
+        if st.probe.as_ref().is_some_and(|(p, _)| p == task) {
+            st.probe = None;
+        }
         if now < st.not_before {
             // Another task already advanced the backoff for this window.
-            return st.not_before;
+            return st.not_before + task_jitter(task);
         }
         // backon's jitter adds up to the delay again; at the cap it is spread.
         let jittered = st.backoff.next().unwrap_or(self.policy.max);
         let fraction = st.rng.f64();
         let delay = spread_at_cap(jittered, self.policy.max, fraction);
         st.not_before = now + delay;
-        st.not_before
+        st.not_before + task_jitter(task)
     }
 
-    /// A successful Create in `namespace`: the quota has room again.
-    pub fn reset(&self, namespace: &str) {
+    /// Before `task` sends a Create in `namespace`: [`Probe::Go`] unless the
+    /// namespace is waiting for quota and this task is not the window's one
+    /// probe.
+    pub fn probe(&self, namespace: &str, task: &str, now: Instant) -> Probe {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
-        states.remove(namespace);
+        let Some(st) = states.get_mut(namespace) else {
+            return Probe::Go;
+        };
+        if now < st.not_before {
+            return Probe::WaitUntil(st.not_before + task_jitter(task));
+        }
+        match &st.probe {
+            Some((p, _)) if p == task => Probe::Go,
+            Some((_, since)) if now < *since + PROBE_TIMEOUT => {
+                Probe::WaitUntil(now + PROBE_RECHECK + task_jitter(task))
+            }
+            _ => {
+                st.probe = Some((task.to_string(), now));
+                Probe::Go
+            }
+        }
+    }
+
+    /// `task`'s Create was answered neither "created" nor "quota full" (or
+    /// not at all): if it was the probe, another task may probe now.
+    pub fn settled(&self, namespace: &str, task: &str) {
+        let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(st) = states.get_mut(namespace) {
+            if st.probe.as_ref().is_some_and(|(p, _)| p == task) {
+                st.probe = None;
+            }
+        }
+    }
+
+    /// A successful Create of `task` in `namespace`: there was room. The
+    /// next waiter may probe at once; [`RESET_AFTER`] in a row drop the
+    /// namespace's backoff.
+    pub fn created(&self, namespace: &str, task: &str, now: Instant) {
+        let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(st) = states.get_mut(namespace) else {
+            return;
+        };
+        if st.probe.as_ref().is_some_and(|(p, _)| p == task) {
+            st.probe = None;
+        }
+        st.successes += 1;
+        if st.successes >= RESET_AFTER {
+            states.remove(namespace);
+        } else {
+            st.not_before = st.not_before.min(now);
+        }
     }
 }
 
@@ -138,7 +234,7 @@ mod tests {
         let mut now = t0;
         let mut delays = Vec::new();
         for _ in 0..10 {
-            let next = b.refused("ns", now);
+            let next = b.refused("ns", "t", now) - task_jitter("t");
             delays.push(next - now);
             now = next;
         }
@@ -177,9 +273,9 @@ mod tests {
                 });
                 let mut now = Instant::now();
                 for _ in 0..12 {
-                    now = b.refused("ns", now);
+                    now = b.refused("ns", "t", now) - task_jitter("t");
                 }
-                b.refused("ns", now) - now
+                b.refused("ns", "t", now) - task_jitter("t") - now
             })
             .collect();
         let distinct: std::collections::BTreeSet<_> = wakeups.iter().collect();
@@ -197,17 +293,76 @@ mod tests {
     }
 
     #[test]
-    fn tasks_in_one_window_share_it_and_success_resets() {
+    fn tasks_in_one_window_share_it_each_with_its_own_offset() {
         let b = NamespaceBackoffs::new(policy());
         let t0 = Instant::now();
-        let first = b.refused("ns", t0);
-        // A second task refused in the same window waits for the same instant.
-        assert_eq!(b.refused("ns", t0 + Duration::from_millis(100)), first);
+        let first = b.refused("ns", "a", t0) - task_jitter("a");
+        // A second task refused in the same window waits for its end, plus
+        // its own offset.
+        let b_wakes = b.refused("ns", "b", t0 + Duration::from_millis(100));
+        assert_eq!(b_wakes, first + task_jitter("b"));
+        assert_ne!(task_jitter("a"), task_jitter("b"));
         // Another namespace has its own backoff.
-        assert!(b.refused("other", t0) - t0 < Duration::from_secs(2));
-        let second = b.refused("ns", first);
+        assert!(b.refused("other", "a", t0) - t0 < Duration::from_secs(3));
+        let second = b.refused("ns", "a", first) - task_jitter("a");
         assert!(second - first >= Duration::from_secs(2));
-        b.reset("ns");
-        assert!(b.refused("ns", second) - second < Duration::from_secs(2));
+    }
+
+    /// 200 tasks waiting on a full quota: one Create per window, not 200;
+    /// once room appears they go one at a time, and the backoff is dropped
+    /// only after RESET_AFTER Creates in a row succeeded.
+    #[test]
+    fn two_hundred_waiters_send_one_create_per_window() {
+        let b = NamespaceBackoffs::new(policy());
+        let tasks: Vec<String> = (0..200).map(|i| format!("task-{i}")).collect();
+        let t0 = Instant::now();
+        // Each task's first Create was refused (before any window existed).
+        let mut wake: Vec<Instant> = tasks.iter().map(|t| b.refused("ns", t, t0)).collect();
+        // Each one asks again when told, in time order; every probe is
+        // refused (the quota stays full for 8 windows).
+        let mut queue: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, usize)>> = wake
+            .drain(..)
+            .enumerate()
+            .map(|(i, w)| std::cmp::Reverse((w, i)))
+            .collect();
+        let (mut creates, mut asks, mut window_end) = (0, 0, t0);
+        let mut now = t0;
+        while creates < 8 {
+            let Some(std::cmp::Reverse((at, i))) = queue.pop() else {
+                break;
+            };
+            now = at;
+            asks += 1;
+            match b.probe("ns", &tasks[i], now) {
+                Probe::Go => {
+                    // Never two Creates in one window.
+                    assert!(now >= window_end, "a second Create in the window");
+                    creates += 1;
+                    let next = b.refused("ns", &tasks[i], now);
+                    window_end = next - task_jitter(&tasks[i]);
+                    queue.push(std::cmp::Reverse((next, i)));
+                }
+                Probe::WaitUntil(at) => {
+                    assert!(at > now);
+                    queue.push(std::cmp::Reverse((at, i)));
+                }
+            }
+        }
+        assert_eq!(creates, 8, "one Create per window");
+        // Each waiter asks about once per window (no spinning).
+        assert!(asks <= 200 * 8 * 2, "{asks} asks");
+        // Room: the probe is created; the next asker probes at once, the
+        // one after it waits for that probe's answer.
+        now += Duration::from_secs(120);
+        assert_eq!(b.probe("ns", "task-0", now), Probe::Go);
+        b.created("ns", "task-0", now);
+        assert_eq!(b.probe("ns", "task-1", now), Probe::Go);
+        assert!(matches!(b.probe("ns", "task-2", now), Probe::WaitUntil(_)));
+        for t in ["task-1", "task-2", "task-3"] {
+            assert_eq!(b.probe("ns", t, now), Probe::Go, "{t}");
+            b.created("ns", t, now);
+        }
+        // Dropped after RESET_AFTER successes: everyone goes.
+        assert!((4..200).all(|i| b.probe("ns", &format!("task-{i}"), now) == Probe::Go));
     }
 }

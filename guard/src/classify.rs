@@ -33,11 +33,15 @@ pub enum CreateRefusal {
     /// Waiting for a deletion to finish is no failure: wait the answer's
     /// Retry-After, spending no attempt and no transient retry.
     HolderTerminating,
-    /// 429, 5xx, timeouts, and a 409 other than AlreadyExists (the
-    /// ResourceQuota plugin's "Operation cannot be fulfilled on
-    /// resourcequotas": its own write conflicted): retry with backoff; no
-    /// attempt spent.
+    /// 429 and a 409 other than AlreadyExists (the ResourceQuota plugin's
+    /// "Operation cannot be fulfilled on resourcequotas": its own write
+    /// conflicted): nothing was written; retry with backoff, no attempt spent.
     Transient,
+    /// 5xx: the write may have landed (a 504 after etcd took it): after the
+    /// backoff, read the name before creating again, so a landed pod is
+    /// adopted instead of met with a second Create (the 409-after-quota-charge
+    /// graceguard exists to prevent). Counted like [`Self::Transient`].
+    MaybeCreated,
     /// Anything else (RBAC or pod-security 403, an invalid manifest): the
     /// user's configuration is wrong; retrying cannot help.
     Configuration { message: String },
@@ -54,7 +58,8 @@ pub fn classify(e: &ApiError) -> CreateRefusal {
         429 if e.causes.iter().any(|c| c == HOLDER_TERMINATING_CAUSE) => {
             CreateRefusal::HolderTerminating
         }
-        409 | 429 | 500..=599 => CreateRefusal::Transient,
+        409 | 429 => CreateRefusal::Transient,
+        500..=599 => CreateRefusal::MaybeCreated,
         _ => CreateRefusal::Configuration {
             message: format!("{} {}: {}", e.code, e.reason, e.message),
         },
@@ -184,8 +189,9 @@ mod tests {
                 },
                 CreateRefusal::NameTaken,
             ),
-            (err(500, "InternalError", "etcd"), CreateRefusal::Transient),
-            (err(503, "ServiceUnavailable", ""), CreateRefusal::Transient),
+            (err(500, "InternalError", "etcd"), CreateRefusal::MaybeCreated),
+            (err(503, "ServiceUnavailable", ""), CreateRefusal::MaybeCreated),
+            (err(504, "Timeout", "the request timed out"), CreateRefusal::MaybeCreated),
             (
                 err(403, "Forbidden", "pods is forbidden: User \"x\" cannot create resource \"pods\""),
                 CreateRefusal::Configuration {

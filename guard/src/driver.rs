@@ -4,21 +4,14 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 
-use crate::executor::{Executor, ExecutorConfig, TaskError, TaskKey};
+use crate::error::GuardError;
+use crate::executor::{Executor, ExecutorConfig};
 use crate::phase::Transition;
 use crate::reconcile::{Outcome, TaskSpec};
+use crate::task::TaskKey;
 
 /// How a [`Guard`] behaves: the executor's settings.
 pub type GuardConfig = ExecutorConfig;
-
-/// A failure of the guard itself (not of the task: that is an [`Outcome`]).
-#[derive(Debug, thiserror::Error)]
-pub enum GuardError {
-    #[error("Kubernetes API: {0}")]
-    Api(String),
-    #[error("{0}")]
-    Task(#[from] TaskError),
-}
 
 /// Runs tasks by graceguard's rules, each through its own executor scoped to
 /// the task's namespace. Cheap to share.

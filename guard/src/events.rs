@@ -5,7 +5,7 @@
 //! reconnect) until acknowledged. Transitions are informational and the
 //! oldest of them give way when the log is full; results never do.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -155,7 +155,7 @@ impl EventLog {
 
     /// Removes exactly the events `seqs` (for a caller sharing the log with
     /// others); returns those needing a done-mark.
-    pub fn ack_only(&self, seqs: &[u64]) -> Vec<Logged> {
+    pub fn ack_only(&self, seqs: &HashSet<u64>) -> Vec<Logged> {
         let mut i = self.lock();
         let mut acked = Vec::new();
         i.events.retain(|e| {
@@ -218,7 +218,7 @@ mod tests {
         assert_eq!(log.after(1, 10, Duration::ZERO).await.len(), 1);
         assert!(log.ack(1).is_empty(), "a transition needs no done-mark");
         log.push(transition("c"));
-        assert!(log.ack_only(&[3]).is_empty());
+        assert!(log.ack_only(&HashSet::from([3])).is_empty());
         assert_eq!(
             log.after(0, 10, Duration::ZERO)
                 .await

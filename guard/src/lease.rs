@@ -1,159 +1,490 @@
-//! An executor instance's liveness: a `coordination.k8s.io/v1` Lease it renews.
+//! An executor instance's liveness and fencing: a `coordination.k8s.io/v1`
+//! Lease its process holds.
 //!
-//! Adoption (rule 6) must tell pods of a dead instance from pods of a live
-//! one; a Lease that is not renewed within its duration says the instance is gone.
+//! Two processes must never act for one instance at once (both would launch
+//! the same attempt names and deliver the same results), and adoption (rule
+//! 6) must tell pods of a dead instance from pods of a live one. The Lease
+//! does both, the way client-go's leader election does:
+//!
+//! * every process has its own holder identity; acquiring, renewing and
+//!   releasing are writes conditional on the Lease's `resourceVersion`, so
+//!   of two processes racing for it exactly one wins;
+//! * expiry is judged from renewals *observed locally* ([`Observer`]): a
+//!   Lease whose `resourceVersion` has not changed for its duration, by this
+//!   process's monotonic clock, is expired. The holder's `renewTime` is never
+//!   compared with the local clock, so clock skew between nodes cannot make
+//!   a live holder look dead;
+//! * a process whose renewals fail for two thirds of the duration stops
+//!   acting ([`Fence`]) before any other process can see the Lease expire;
+//!   it acts again once it holds the Lease again.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
-use crate::driver::GuardError;
+use crate::error::GuardError;
+
+/// The default Lease duration.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(30);
+
+/// How long [`InstanceLease::acquire`] waits for a Lease held by another
+/// process by default: long enough for a SIGKILLed holder's Lease to lapse.
+pub const DEFAULT_ACQUIRE_WAIT: Duration = Duration::from_secs(300);
 
 /// The Lease name of `instance`.
 pub fn lease_name(instance: &str) -> String {
     format!("graceguard-{}", crate::naming::task_stem(instance))
 }
 
-fn api_err(what: &str, e: kube::Error) -> GuardError {
-    GuardError::Api(format!("{what}: {e}"))
+/// What an [`Observer`] makes of a Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Missing, released, or not renewed for its duration: its instance is
+    /// gone and the Lease may be taken.
+    Free,
+    /// Renewed within its duration: `holder` lives for at least `remaining`.
+    Held { holder: String, remaining: Duration },
 }
 
-/// A Lease held by this instance.
-#[derive(Clone)]
+/// Judges Leases by their renewals as seen here (client-go's
+/// `observedTime`): a new `resourceVersion` is a renewal, seen now.
+#[derive(Debug, Default)]
+pub struct Observer {
+    seen: std::collections::HashMap<String, (String, Instant)>,
+}
+
+impl Observer {
+    /// Looks at `lease` (named `name`; `None`: it does not exist) now.
+    pub fn observe(&mut self, name: &str, lease: Option<&Lease>) -> Liveness {
+        self.observe_at(name, lease, Instant::now())
+    }
+
+    fn observe_at(&mut self, name: &str, lease: Option<&Lease>, now: Instant) -> Liveness {
+        let Some(lease) = lease else {
+            self.seen.remove(name);
+            return Liveness::Free;
+        };
+        let rv = lease.resource_version().unwrap_or_default();
+        let seen_at = match self.seen.get(name) {
+            Some((v, at)) if *v == rv => *at,
+            _ => {
+                self.seen.insert(name.to_string(), (rv, now));
+                now
+            }
+        };
+        let spec = lease.spec.as_ref();
+        let holder = spec
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default();
+        if holder.is_empty() {
+            return Liveness::Free;
+        }
+        let secs = spec
+            .and_then(|s| s.lease_duration_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .unwrap_or(DEFAULT_DURATION.as_secs());
+        let lapses = seen_at + Duration::from_secs(secs);
+        match lapses.checked_duration_since(now) {
+            Some(remaining) if !remaining.is_zero() => Liveness::Held { holder, remaining },
+            _ => Liveness::Free,
+        }
+    }
+}
+
+/// Whether this process may act for its instance (launch pods, deliver and
+/// done-mark results). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Fence(watch::Receiver<bool>);
+
+impl Fence {
+    /// A fence that always holds, for an executor run without a Lease.
+    pub fn open() -> Self {
+        let (tx, rx) = watch::channel(true);
+        // Never changes; a dropped sender is read as "no more changes".
+        drop(tx);
+        Self(rx)
+    }
+
+    pub fn holds(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves when the fence opens or closes; never, once it cannot change.
+    pub async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// This process's hold on its instance's Lease.
 pub struct InstanceLease {
+    client: Client,
+    namespace: String,
     api: Api<Lease>,
     name: String,
     instance: String,
+    holder: String,
     duration: Duration,
+    /// The Lease as last written by this process.
+    current: Lease,
+}
+
+/// A unique holder identity for this process: the instance, the host, the
+/// process id and a random part (a restarted container may reuse a pid).
+fn holder_identity(instance: &str) -> String {
+    let host = crate::naming::hostname().unwrap_or_else(|| "localhost".into());
+    format!(
+        "{instance}/{host}/{}-{:08x}",
+        std::process::id(),
+        fastrand::u32(..)
+    )
+}
+
+fn micro_now() -> MicroTime {
+    MicroTime(Timestamp::now())
 }
 
 impl InstanceLease {
-    /// Creates (or takes over) the Lease of `instance` in `namespace`.
+    /// Takes the Lease of `instance` in `namespace`: creates it, or takes it
+    /// over once it is free ([`Liveness::Free`]). While another process holds
+    /// it, waits (saying so once per holder), up to `max_wait`.
     pub async fn acquire(
         client: Client,
         namespace: &str,
         instance: &str,
         duration: Duration,
+        max_wait: Duration,
     ) -> Result<Self, GuardError> {
-        let l = Self {
-            api: Api::namespaced(client, namespace),
-            name: lease_name(instance),
-            instance: instance.to_string(),
-            duration,
-        };
-        if l.api
-            .get_opt(&l.name)
-            .await
-            .map_err(|e| api_err("reading the instance Lease", e))?
-            .is_none()
-        {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(l.name.clone()),
-                    ..Default::default()
-                },
-                spec: Some(l.spec(Timestamp::now())),
+        let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let name = lease_name(instance);
+        let holder = holder_identity(instance);
+        let duration = duration.max(Duration::from_secs(3));
+        let mut observer = Observer::default();
+        let started = Instant::now();
+        let mut told: Option<String> = None;
+        loop {
+            let found = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| GuardError::api(format!("reading the instance Lease {name}"), e))?;
+            let taken = match (&found, observer.observe(&name, found.as_ref())) {
+                (None, _) => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(name.clone()),
+                            ..Default::default()
+                        },
+                        spec: Some(spec_for(&holder, duration, 0, None)),
+                    };
+                    api.create(&PostParams::default(), &lease).await
+                }
+                (Some(old), Liveness::Free) => {
+                    let spec = old.spec.clone().unwrap_or_default();
+                    let transitions = spec.lease_transitions.unwrap_or(0).saturating_add(1);
+                    let mut lease = old.clone();
+                    lease.spec = Some(spec_for(&holder, duration, transitions, None));
+                    // Conditional on the version observed: if the holder
+                    // renewed (or another process took it) since, 409.
+                    api.replace(&name, &PostParams::default(), &lease).await
+                }
+                (
+                    Some(_),
+                    Liveness::Held {
+                        holder: h,
+                        remaining,
+                    },
+                ) => {
+                    let waited = started.elapsed();
+                    if waited >= max_wait {
+                        return Err(GuardError::LeaseHeld {
+                            lease: name,
+                            instance: instance.to_string(),
+                            holder: h,
+                            waited,
+                        });
+                    }
+                    if told.as_deref() != Some(h.as_str()) {
+                        tracing::warn!(lease = %name, %namespace, holder = %h, remaining_seconds = remaining.as_secs(), "the instance Lease is held by another process; waiting until it is released or no renewal has been seen for its duration (only one process may act for an instance)");
+                        eprintln!("graceguard: the Lease {name} of instance {instance} is held by {h}; waiting up to {} s for it to lapse or be released", remaining.as_secs().max(1));
+                        told = Some(h);
+                    }
+                    tokio::time::sleep(remaining.min(Duration::from_secs(2))).await;
+                    continue;
+                }
             };
-            match l.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => return Ok(l),
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(api_err("creating the instance Lease", e)),
+            match taken {
+                Ok(current) => {
+                    tracing::info!(lease = %name, %namespace, %holder, "holding the instance Lease");
+                    return Ok(Self {
+                        client,
+                        namespace: namespace.to_string(),
+                        api,
+                        name,
+                        instance: instance.to_string(),
+                        holder,
+                        duration,
+                        current,
+                    });
+                }
+                // Another process wrote it first: look again.
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => {
+                    return Err(GuardError::api(
+                        format!("taking the instance Lease {name}"),
+                        e,
+                    ))
+                }
             }
         }
-        l.renew().await?;
-        Ok(l)
     }
 
-    fn spec(&self, now: Timestamp) -> LeaseSpec {
-        LeaseSpec {
-            holder_identity: Some(self.instance.clone()),
-            lease_duration_seconds: Some(
-                i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX),
-            ),
-            renew_time: Some(MicroTime(now)),
-            ..Default::default()
+    /// This process's holder identity.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Renews the Lease now, conditionally on the version this process
+    /// wrote last. `Ok(false)`: another process holds it now.
+    pub async fn renew(&mut self) -> Result<bool, GuardError> {
+        // A change by someone else that leaves this process the holder (an
+        // edited label) is retried on the new version, a few times.
+        for _ in 0..3 {
+            let mut lease = self.current.clone();
+            let old = lease.spec.clone().unwrap_or_default();
+            lease.spec = Some(spec_for(
+                &self.holder,
+                self.duration,
+                old.lease_transitions.unwrap_or(0),
+                old.acquire_time,
+            ));
+            match self.write(&lease).await {
+                Ok(()) => return Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    let found = self.api.get_opt(&self.name).await.map_err(|e| {
+                        GuardError::api(format!("re-reading the instance Lease {}", self.name), e)
+                    })?;
+                    match found {
+                        Some(l)
+                            if l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
+                                == Some(self.holder.as_str()) =>
+                        {
+                            self.current = l
+                        }
+                        _ => return Ok(false),
+                    }
+                }
+                Err(e) => {
+                    return Err(GuardError::api(
+                        format!("renewing the instance Lease {}", self.name),
+                        e,
+                    ))
+                }
+            }
         }
+        Ok(false)
     }
 
-    /// Renews the Lease now.
-    pub async fn renew(&self) -> Result<(), GuardError> {
-        let patch = serde_json::json!({ "spec": self.spec(Timestamp::now()) });
-        self.api
-            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| api_err("renewing the instance Lease", e))?;
+    /// Replaces the Lease with `lease` (conditional on the resourceVersion it
+    /// carries) and keeps what was written.
+    async fn write(&mut self, lease: &Lease) -> Result<(), kube::Error> {
+        self.current = self
+            .api
+            .replace(&self.name, &PostParams::default(), lease)
+            .await?;
         Ok(())
     }
 
-    /// Renews every third of the duration until the task is aborted.
-    pub fn spawn_renewal(self) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
-            // At least once a second, and never a zero period (tokio panics on it).
-            let mut tick = tokio::time::interval((self.duration / 3).max(Duration::from_secs(1)));
+    /// Gives the Lease up (on a clean stop), so a successor need not wait
+    /// for it to lapse. Best effort: a failure leaves it to lapse.
+    pub async fn release(mut self) {
+        let mut lease = self.current.clone();
+        if let Some(s) = lease.spec.as_mut() {
+            s.holder_identity = None;
+            s.lease_duration_seconds = Some(1);
+            s.renew_time = Some(micro_now());
+        }
+        match self.write(&lease).await {
+            Ok(()) => tracing::info!(lease = %self.name, "released the instance Lease"),
+            Err(e) => {
+                tracing::warn!(lease = %self.name, error = %e, "releasing the instance Lease failed; it lapses after its duration")
+            }
+        }
+    }
+
+    /// Keeps the Lease in the background: renews every third of its duration;
+    /// the [`Fence`] closes when renewals have failed for two thirds of it or
+    /// another process took it (this one then waits to take it back), and
+    /// opens again once it holds the Lease. Stop it with [`Holding::stop`].
+    pub fn hold(self) -> Holding {
+        let (tx, rx) = watch::channel(true);
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut lease = self;
+            let period = (lease.duration / 3).max(Duration::from_secs(1));
+            let deadline = lease.duration * 2 / 3;
+            let mut last_ok = Instant::now();
             loop {
-                tick.tick().await;
-                if let Err(e) = self.renew().await {
-                    tracing::warn!(error = %e, "instance Lease renewal failed; retrying at the next tick");
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => {}
+                    _ = &mut stop_rx => return Some(lease),
+                }
+                let sent = Instant::now();
+                match lease.renew().await {
+                    Ok(true) => {
+                        last_ok = sent;
+                        if !*tx.borrow() {
+                            tracing::info!(lease = %lease.name, "holding the instance Lease again; acting again");
+                        }
+                        tx.send_replace(true);
+                    }
+                    Ok(false) => {
+                        tx.send_replace(false);
+                        tracing::error!(lease = %lease.name, "another process took the instance Lease; stopped launching and delivering until this one holds it again");
+                        let (client, ns) = (lease.client.clone(), lease.namespace.clone());
+                        let again = tokio::select! {
+                            a = InstanceLease::acquire(client, &ns, &lease.instance, lease.duration, Duration::MAX) => a,
+                            _ = &mut stop_rx => return None,
+                        };
+                        match again {
+                            Ok(l) => {
+                                lease = l;
+                                last_ok = Instant::now();
+                                tx.send_replace(true);
+                            }
+                            Err(e) => {
+                                tracing::error!(error = %e, "taking the instance Lease back failed; trying again");
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        if last_ok.elapsed() >= deadline && *tx.borrow() {
+                            tracing::error!(lease = %lease.name, error = %e, "the instance Lease was not renewed for two thirds of its duration; stopped launching and delivering until it is");
+                            tx.send_replace(false);
+                        } else {
+                            tracing::warn!(lease = %lease.name, error = %e, "renewing the instance Lease failed; trying again");
+                        }
+                    }
                 }
             }
-        })
+        });
+        Holding {
+            fence: Fence(rx),
+            stop: Some(stop_tx),
+            task,
+        }
     }
 }
 
-/// Whether a Lease says its instance is gone: missing, never renewed, or
-/// renewed longer than its duration before `now`.
-pub fn expired(lease: Option<&Lease>, now: Timestamp) -> bool {
-    let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
-        return true;
-    };
-    let (Some(renewed), Some(secs)) = (spec.renew_time.as_ref(), spec.lease_duration_seconds)
-    else {
-        return true;
-    };
-    now.as_second() > renewed.0.as_second() + i64::from(secs)
+/// A Lease kept in the background by [`InstanceLease::hold`].
+pub struct Holding {
+    fence: Fence,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Option<InstanceLease>>,
 }
 
-/// When a Lease says its instance is gone (s since the epoch); `None` when
-/// it already says so (missing or never renewed).
-pub fn expires_at(lease: Option<&Lease>) -> Option<i64> {
-    let spec = lease.and_then(|l| l.spec.as_ref())?;
-    let renewed = spec.renew_time.as_ref()?;
-    Some(renewed.0.as_second() + i64::from(spec.lease_duration_seconds?))
+impl Holding {
+    /// Whether this process may act; shared with the executor.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
+    }
+
+    /// Stops renewing; with `release`, gives the Lease up for a successor.
+    pub async fn stop(mut self, release: bool) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        match (&mut self.task).await {
+            Ok(Some(lease)) if release && self.fence.holds() => lease.release().await,
+            _ => {}
+        }
+    }
+}
+
+fn spec_for(
+    holder: &str,
+    duration: Duration,
+    transitions: i32,
+    acquired: Option<MicroTime>,
+) -> LeaseSpec {
+    let now = micro_now();
+    LeaseSpec {
+        holder_identity: Some(holder.to_string()),
+        lease_duration_seconds: Some(i32::try_from(duration.as_secs()).unwrap_or(i32::MAX)),
+        acquire_time: Some(acquired.unwrap_or_else(|| now.clone())),
+        renew_time: Some(now),
+        lease_transitions: Some(transitions),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn lease(renewed: i64, secs: i32) -> Lease {
+    fn lease(rv: &str, holder: Option<&str>, secs: i32) -> Lease {
         Lease {
-            metadata: ObjectMeta::default(),
+            metadata: ObjectMeta {
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
             spec: Some(LeaseSpec {
-                renew_time: Some(MicroTime(Timestamp::from_second(renewed).expect("ts"))),
+                holder_identity: holder.map(str::to_string),
                 lease_duration_seconds: Some(secs),
+                // A renewTime far in the past or future (clock skew) must
+                // not matter.
+                renew_time: Some(MicroTime(Timestamp::from_second(1).expect("ts"))),
                 ..Default::default()
             }),
         }
     }
 
     #[test]
-    fn expiry() {
-        let now = Timestamp::from_second(1_000).expect("ts");
-        assert!(expired(None, now));
-        assert!(!expired(Some(&lease(990, 30)), now));
-        assert!(expired(Some(&lease(900, 30)), now));
-        assert_eq!(expires_at(Some(&lease(990, 30))), Some(1_020));
-        assert_eq!(expires_at(None), None);
-        assert!(expired(
-            Some(&Lease {
-                metadata: ObjectMeta::default(),
-                spec: None
-            }),
-            now
-        ));
+    fn expiry_counts_from_renewals_seen_here_not_from_the_holders_clock() {
+        let mut o = Observer::default();
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(o.observe_at("l", None, t0), Liveness::Free);
+        // First seen now: alive for its whole duration, although its
+        // renewTime says 1970.
+        let held = |r: u64| Liveness::Held {
+            holder: "a".into(),
+            remaining: s(r),
+        };
+        assert_eq!(
+            o.observe_at("l", Some(&lease("1", Some("a"), 30)), t0),
+            held(30)
+        );
+        assert_eq!(
+            o.observe_at("l", Some(&lease("1", Some("a"), 30)), t0 + s(20)),
+            held(10)
+        );
+        // Renewed (a new version): the count starts again.
+        assert_eq!(
+            o.observe_at("l", Some(&lease("2", Some("a"), 30)), t0 + s(25)),
+            held(30)
+        );
+        assert_eq!(
+            o.observe_at("l", Some(&lease("2", Some("a"), 30)), t0 + s(55)),
+            Liveness::Free,
+            "not renewed for its duration"
+        );
+        // Released: free at once.
+        assert_eq!(
+            o.observe_at("m", Some(&lease("7", None, 30)), t0),
+            Liveness::Free
+        );
+    }
+
+    #[test]
+    fn an_open_fence_always_holds() {
+        let f = Fence::open();
+        assert!(f.holds());
     }
 }

@@ -14,7 +14,8 @@
 //! 5. system failures are bounded, and only a Running attempt resets the
 //!    consecutive count; every wait has a bound ([`bounds`]);
 //! 6. completed pods left by a dead instance are reported once and drained
-//!    ([`adoption`], [`lease`]).
+//!    ([`adoption`], [`lease`]); one process at a time acts for an instance
+//!    (its Lease fences the others, [`lease::Fence`]).
 //!
 //! The decisions are pure ([`reconcile::reconcile`], [`classify`],
 //! [`backoff`]) and their state is rebuilt from the pods ([`pod_record`]), so
@@ -46,17 +47,26 @@ pub mod adoption;
 pub mod backoff;
 pub mod bounds;
 pub mod classify;
+pub mod done_marks;
 pub mod driver;
+pub mod error;
 pub mod events;
 pub mod executor;
+pub mod executor_config;
+mod executor_loop;
+pub mod kube_events;
 pub mod lease;
 pub mod naming;
 pub mod phase;
+pub mod pod_api;
+pub mod pod_index;
 pub mod pod_record;
 pub mod reconcile;
 pub mod sidecar;
+pub mod task;
 
 pub use bounds::Bounds;
-pub use driver::{Guard, GuardConfig, GuardError};
+pub use driver::{Guard, GuardConfig};
+pub use error::{GuardError, TaskError};
 pub use phase::{FailureKind, Phase, Transition};
 pub use reconcile::{Outcome, TaskSpec};

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use graceguard::adoption::Adopter;
-use graceguard::executor::{delete_exact, Executor, TaskKey};
-use graceguard::lease::InstanceLease;
+use graceguard::executor::Executor;
+use graceguard::lease::{Holding, InstanceLease};
+use graceguard::pod_api::delete_exact;
 use graceguard::sidecar::{serve, Listen, Sidecar};
+use graceguard::task::TaskKey;
 use graceguard::{Bounds, Guard, GuardConfig, Outcome, TaskSpec, Transition};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::Pod;
@@ -66,6 +68,43 @@ struct SidecarArgs {
     /// (events of type `adopted` and `gone`).
     #[arg(long, requires = "namespace")]
     adopt: bool,
+    #[command(flatten)]
+    lease: LeaseArgs,
+}
+
+/// The instance's Lease: one process at a time acts for an instance.
+#[derive(clap::Args, Clone)]
+struct LeaseArgs {
+    /// The Lease's duration: a process that stops renewing it (killed, cut
+    /// off) is taken over this long after its last renewal was seen.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    lease_duration_seconds: u64,
+    /// How long to wait at start while another process holds the Lease,
+    /// before giving up (exit 2).
+    #[arg(long, default_value_t = 300)]
+    lease_wait_seconds: u64,
+}
+
+impl LeaseArgs {
+    /// Takes the instance's Lease (waiting while another process holds it)
+    /// and keeps it in the background.
+    async fn hold(
+        &self,
+        client: &kube::Client,
+        ns: &str,
+        instance: &str,
+    ) -> Result<Holding, Usage> {
+        let lease = InstanceLease::acquire(
+            client.clone(),
+            ns,
+            instance,
+            Duration::from_secs(self.lease_duration_seconds),
+            Duration::from_secs(self.lease_wait_seconds),
+        )
+        .await
+        .map_err(|e| Usage(e.to_string()))?;
+        Ok(lease.hold())
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -100,8 +139,16 @@ struct RunArgs {
     /// the default, `run-<hostname>`, is stable across container restarts.
     #[arg(long, default_value_t = default_instance())]
     instance: String,
+    /// If this task's last run (same instance and task name) ended and its
+    /// result was delivered, report that result instead of running it again
+    /// (by default a new run starts under the next pod name, as a CronJob
+    /// expects).
+    #[arg(long)]
+    no_rerun: bool,
     #[command(flatten)]
     bounds: BoundsArgs,
+    #[command(flatten)]
+    lease: LeaseArgs,
 }
 
 /// The task's bounds (see the README, "Bounds"); 0 disables a time bound.
@@ -140,12 +187,7 @@ impl BoundsArgs {
 /// `run-<hostname>`: stable across restarts of the same container or host,
 /// so a restarted run resumes its task.
 fn default_instance() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "local".into());
+    let host = graceguard::naming::hostname().unwrap_or_else(|| "local".into());
     graceguard::naming::task_stem(&format!("run-{host}"))
 }
 
@@ -313,24 +355,19 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
         .ok_or_else(|| {
             Usage("no task name: pass --name TASK or set metadata.name in the manifest".into())
         })?;
-    let lease = InstanceLease::acquire(
-        client.clone(),
-        &namespace,
-        &args.instance,
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(|e| Usage(e.to_string()))?;
-    let renewal = lease.spawn_renewal();
+    graceguard::naming::check_instance(&args.instance).map_err(Usage)?;
+    let holding = args.lease.hold(&client, &namespace, &args.instance).await?;
     // The same reconciler as the sidecar's, for one task: a task whose pods
     // this instance made before (a restarted run) is resumed.
-    let executor =
-        Guard::new(client.clone(), GuardConfig::new(&args.instance)).executor(&namespace);
+    let mut config = GuardConfig::new(&args.instance);
+    config.fence = holding.fence();
+    let executor = Guard::new(client.clone(), config).executor(&namespace);
     let key = TaskKey::new(&namespace, &task);
     let spec = TaskSpec {
         retries: args.retries,
         max_system_failures: args.max_system_failures.max(1),
         bounds: args.bounds.to_bounds(),
+        rerun_done: !args.no_rerun,
         ..TaskSpec::new(&task, &namespace, &args.instance)
     };
     executor
@@ -343,16 +380,17 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
         code = &mut stop => {
             progress.finish();
             cancel(&client, &executor, &key, code).await;
-            renewal.abort();
+            holding.stop(true).await;
             return Ok(Ended::Signal(code));
         }
     };
     progress.finish();
-    renewal.abort();
+    holding.stop(true).await;
     match result {
         Ok(o) => {
             match (&o.succeeded, &o.reason) {
-                (true, _) => eprintln!("task succeeded after {} attempt(s)", o.attempts),
+                (true, Some(r)) => eprintln!("task succeeded: {r}"),
+                (true, None) => eprintln!("task succeeded after {} attempt(s)", o.attempts),
                 (false, Some(r)) => eprintln!("task failed: {r}"),
                 (false, None) => eprintln!("task failed"),
             }
@@ -372,13 +410,20 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
         )
         .init();
     let stop = stop_signal()?;
+    graceguard::naming::check_instance(&args.instance).map_err(Usage)?;
     let listen = match (&args.socket, args.listen) {
         (Some(p), _) => Listen::Socket(p.clone()),
+        (None, Some(addr)) if !addr.ip().is_loopback() => {
+            return Err(Usage(format!(
+                "--listen {addr} is not a loopback address: the API is for the executor in the same pod or host; use 127.0.0.1:PORT or [::1]:PORT, or --socket"
+            )))
+        }
         (None, Some(addr)) => Listen::Tcp(addr),
         (None, None) => return Err(Usage("pass --socket PATH or --listen ADDR".into())),
     };
     let token = match &args.token_file {
         Some(f) => {
+            check_private(f)?;
             let t = std::fs::read_to_string(f)
                 .map_err(|e| Usage(format!("cannot read --token-file {}: {e}", f.display())))?;
             let t = t.trim().to_string();
@@ -398,17 +443,10 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
         .clone()
         .or_else(|| args.namespace.clone())
         .unwrap_or(default_ns);
-    let lease = InstanceLease::acquire(
-        client.clone(),
-        &lease_ns,
-        &args.instance,
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(|e| Usage(e.to_string()))?;
-    let renewal = lease.spawn_renewal();
+    let holding = args.lease.hold(&client, &lease_ns, &args.instance).await?;
     let mut config = GuardConfig::new(&args.instance);
     config.namespace = args.namespace.clone();
+    config.fence = holding.fence();
     let executor = Executor::start(client.clone(), config);
     let adoption = match (&args.namespace, args.adopt) {
         (Some(ns), true) => {
@@ -421,12 +459,31 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
         stop.await;
     })
     .await;
-    renewal.abort();
     if let Some(a) = adoption {
         a.abort();
     }
+    // A clean stop gives the Lease up: a successor starts at once.
+    holding.stop(true).await;
     served.map_err(Usage)?;
     Ok(Ended::Signal(0))
+}
+
+/// Refuses a token file others can read (or write): the token is the
+/// API's only guard on a TCP listener.
+fn check_private(f: &std::path::Path) -> Result<(), Usage> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(f)
+        .map_err(|e| Usage(format!("cannot read --token-file {}: {e}", f.display())))?;
+    let mode = meta.permissions().mode() & 0o777;
+    // Group read is allowed (a Secret volume with defaultMode 0440 and an
+    // fsGroup); anything for others, or group write, is not.
+    if mode & 0o027 != 0 {
+        return Err(Usage(format!(
+            "--token-file {} has mode {mode:o}: others can read or change it; make it readable by its owner (and group) only: chmod 600, or defaultMode: 0400 on its Secret volume",
+            f.display()
+        )));
+    }
+    Ok(())
 }
 
 /// SIGINT or SIGTERM: abort the task (its current pod is deleted gracefully,

@@ -19,6 +19,8 @@ pub const INSTANCE_LABEL: &str = "graceguard.io/instance";
 pub const DONE_LABEL: &str = "graceguard.io/done";
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "graceguard";
+/// Annotation: the instance that claimed a completed pod for delivery.
+pub const CLAIMED_BY_ANNOTATION: &str = "graceguard.io/claimed-by";
 
 const MAX: usize = 63;
 
@@ -77,9 +79,59 @@ pub fn task_label_value(task: &str) -> String {
     task_stem(task)
 }
 
+/// This host's name (`$HOSTNAME`, else `/etc/hostname`): a pod's name in a
+/// container.
+pub fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// Checks that `instance` can be an instance name: it is a label value on
+/// every pod and in the watch's label selector, so it must be a valid one
+/// (at most 63 characters of `[A-Za-z0-9-_.]`, alphanumeric at both ends).
+pub fn check_instance(instance: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let ends_ok = instance
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && instance
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
+    if instance.len() <= MAX && ends_ok && instance.chars().all(ok_char) {
+        return Ok(());
+    }
+    Err(format!(
+        "instance name {instance:?} is not a valid label value: use at most 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instance_name_must_be_a_label_value() {
+        for ok in ["exec-1", "a", "Flyte.prop_eller-0"] {
+            assert_eq!(check_instance(ok), Ok(()), "{ok}");
+        }
+        let long = "a".repeat(64);
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "a,b",
+            "a=b",
+            "x,graceguard.io/done!=true",
+            &long,
+        ] {
+            assert!(check_instance(bad).is_err(), "{bad:?}");
+        }
+    }
 
     fn is_dns1123_label(s: &str) -> bool {
         !s.is_empty()

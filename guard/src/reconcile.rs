@@ -40,6 +40,11 @@ pub struct TaskSpec {
     pub max_system_failures: u32,
     #[serde(default)]
     pub bounds: Bounds,
+    /// Submitted again after its last run's result was delivered and
+    /// acknowledged (its pod is marked done), the task runs again under its
+    /// next pod name; false: that result is reported again (see [`resume`]).
+    #[serde(default)]
+    pub rerun_done: bool,
 }
 
 impl TaskSpec {
@@ -52,6 +57,7 @@ impl TaskSpec {
             retries: 0,
             max_system_failures: 3,
             bounds: Bounds::default(),
+            rerun_done: false,
         }
     }
 
@@ -157,6 +163,16 @@ pub struct TaskState {
     /// pod is deleted as soon as it shows up.
     #[serde(default)]
     pub delete_on_sight: bool,
+    /// Pods of earlier attempts still running (an attempt aborted while its
+    /// Create was in flight, then retried) whose deletion was asked for.
+    #[serde(default)]
+    pub stray_deletes: Vec<String>,
+    /// A Delete failed: those deletions are asked again at this time.
+    #[serde(default)]
+    pub stray_retry_ms: Option<i64>,
+    /// The read in flight follows an AlreadyExists.
+    #[serde(default)]
+    pub name_taken: bool,
 }
 
 /// One thing for the I/O layer to do.
@@ -231,6 +247,9 @@ pub fn start(now_ms: i64) -> TaskState {
         deleting_for: None,
         outcome: None,
         delete_on_sight: false,
+        stray_deletes: Vec::new(),
+        stray_retry_ms: None,
+        name_taken: false,
     }
 }
 
@@ -284,7 +303,57 @@ pub fn restore(pods: &[PodView], now_ms: i64) -> TaskState {
         deleting_for: None,
         outcome: None,
         delete_on_sight: false,
+        stray_deletes: Vec::new(),
+        stray_retry_ms: None,
+        name_taken: false,
     }
+}
+
+/// How a restarted executor takes up a task submitted again whose `pods`
+/// it finds: none, a fresh launch; the newest pod marked done (its result was
+/// delivered and acknowledged: a finished run, such as a CronJob's last), a
+/// new run under the next name when the spec asks for it
+/// ([`TaskSpec::rerun_done`]), else that run's result again, saying so;
+/// otherwise the run is resumed ([`restore`]).
+pub fn resume(spec: &TaskSpec, pods: &[PodView], now_ms: i64) -> (TaskState, Decision) {
+    let Some(newest) = pods.iter().max_by_key(|p| (p.attempt, p.created_ms)) else {
+        return launch(spec, now_ms);
+    };
+    let finished = newest.done && matches!(newest.phase.as_str(), "Succeeded" | "Failed");
+    if !finished {
+        return (restore(pods, now_ms), Decision::default());
+    }
+    let mut t = Task::new(spec, start(now_ms));
+    t.s.attempt = newest.attempt;
+    if spec.rerun_done && newest.attempt < MAX_ATTEMPT {
+        // A new run: its own counters, the next pod name.
+        t.s.attempt = newest.attempt + 1;
+        t.record(Phase::Launching);
+        return t.finish();
+    }
+    let succeeded = newest.phase == "Succeeded";
+    let reason = format!(
+        "AlreadyDone: pod {} (attempt {}) ended {} and its result was delivered and acknowledged before this submission; submit the task with rerun_done to run it again",
+        spec.pod_name(newest.attempt),
+        newest.attempt,
+        newest.phase
+    );
+    let kind = (!succeeded).then_some(FailureKind::User);
+    t.s.outcome = Some(Outcome {
+        succeeded,
+        failure_kind: kind,
+        reason: Some(reason.clone()),
+        attempts: newest.attempt.saturating_add(1),
+        user_failures: 0,
+        system_failures: 0,
+        pod: spec.pod_name(newest.attempt),
+        uid: Some(newest.uid.clone()),
+    });
+    match kind {
+        None => t.record(Phase::Succeeded),
+        Some(kind) => t.record(Phase::Failed { kind, reason }),
+    }
+    t.finish()
 }
 
 /// Decides the next step of `state` given the task's `pods` at `now_ms`.
@@ -378,6 +447,7 @@ impl<'a> Task<'a> {
     }
 
     fn reconcile(&mut self, pods: &[PodView], now: i64) {
+        self.delete_strays(pods, now);
         if self.s.outcome.is_some() {
             return self.clean_up(pods, now);
         }
@@ -449,15 +519,47 @@ impl<'a> Task<'a> {
         }
     }
 
-    /// An earlier attempt's pod still shutting down within its ceiling:
-    /// until when to wait for it.
+    /// Pods of earlier attempts that still run (not ended, not deleting):
+    /// left by an attempt that ended while its Create was in flight (an
+    /// abort, then a retry). Deleted (uid precondition), each asked once
+    /// until a Delete fails.
+    fn delete_strays(&mut self, pods: &[PodView], now: i64) {
+        let attempt = self.s.attempt;
+        match self.s.stray_retry_ms {
+            Some(at) if at > now => self.wake_at(at),
+            Some(_) => {
+                self.s.stray_retry_ms = None;
+                self.s.stray_deletes.clear();
+            }
+            None => {}
+        }
+        self.s
+            .stray_deletes
+            .retain(|uid| pods.iter().any(|p| p.uid == *uid && !p.deleting()));
+        for p in pods.iter().filter(|p| p.attempt < attempt && is_live(p)) {
+            if !p.deleting() && !self.s.stray_deletes.contains(&p.uid) {
+                self.s.stray_deletes.push(p.uid.clone());
+                self.d.actions.push(Action::Delete {
+                    name: self.spec.pod_name(p.attempt),
+                    uid: p.uid.clone(),
+                });
+            }
+        }
+    }
+
+    /// An earlier attempt's pod still running or shutting down within its
+    /// ceiling: until when to wait for it (rule 2 across attempts).
     fn earlier_pod_terminating(&self, pods: &[PodView], now: i64) -> Option<i64> {
         let attempt = self.s.attempt;
         let ceiling = self.spec.bounds.terminating_ceiling_seconds;
         pods.iter()
-            .filter(|p| p.attempt < attempt && !matches!(p.phase.as_str(), "Succeeded" | "Failed"))
-            .filter_map(|p| p.deletion_ms)
-            .map(|d| ceiling.map_or(i64::MAX, |c| after(d, c)))
+            .filter(|p| p.attempt < attempt && is_live(p))
+            .map(|p| match p.deletion_ms {
+                Some(d) => ceiling.map_or(i64::MAX, |c| after(d, c)),
+                // A stray being deleted: looked at again shortly (its
+                // deletion shows up in the watch first).
+                None => now.saturating_add(HOLDER_RECHECK_MS),
+            })
             .filter(|until| *until > now)
             .min()
     }
@@ -506,6 +608,7 @@ impl<'a> Task<'a> {
             }
             Input::DeleteFailed { retry_at_ms } => {
                 self.s.delete_on_sight = true;
+                self.s.stray_retry_ms = Some(retry_at_ms);
                 self.hold_until(retry_at_ms);
             }
             _ => {}
@@ -541,8 +644,10 @@ impl<'a> Task<'a> {
                 self.s.not_before_ms = Some(retry_at_ms);
             }
             Input::DeleteFailed { retry_at_ms } => {
-                // The pending-timeout delete is decided again then.
+                // The pending-timeout delete (and any stray's) is decided
+                // again then.
                 self.s.deleting_for = None;
+                self.s.stray_retry_ms = Some(retry_at_ms);
                 self.hold_until(retry_at_ms);
             }
             Input::Abort => {
@@ -592,6 +697,7 @@ impl<'a> Task<'a> {
                 format!("ResourceRequestsExceedLimits: {detail}"),
             ),
             CreateRefusal::NameTaken => {
+                self.s.name_taken = true;
                 self.s.pod = PodTrack::Reading;
                 let name = self.pod_name();
                 self.d.actions.push(Action::Read { name });
@@ -602,18 +708,34 @@ impl<'a> Task<'a> {
                 self.hold_until(retry_at);
             }
             CreateRefusal::Transient => {
-                self.s.transient_retries = self.s.transient_retries.saturating_add(1);
-                let max = self.spec.bounds.max_transient_retries;
-                if self.s.transient_retries > max {
-                    self.s.transient_retries = 0;
-                    return self.system_failure(format!(
-                        "TransientRetriesExhausted: {max} transient Create errors in a row (max_transient_retries)"
-                    ));
+                if self.spend_transient_retry() {
+                    self.hold_until(retry_at);
                 }
-                self.hold_until(retry_at);
+            }
+            CreateRefusal::MaybeCreated => {
+                if self.spend_transient_retry() {
+                    // Read the name (after the backoff) before any Create.
+                    self.s.pod = PodTrack::Unknown;
+                    self.hold_until(retry_at);
+                }
             }
             CreateRefusal::Configuration { message } => self.fail(FailureKind::User, message),
         }
+    }
+
+    /// Counts one transient error; past `max_transient_retries` in a row the
+    /// attempt is a system failure (false: nothing more to do now).
+    fn spend_transient_retry(&mut self) -> bool {
+        self.s.transient_retries = self.s.transient_retries.saturating_add(1);
+        let max = self.spec.bounds.max_transient_retries;
+        if self.s.transient_retries > max {
+            self.s.transient_retries = 0;
+            self.system_failure(format!(
+                "TransientRetriesExhausted: {max} transient Create errors in a row (max_transient_retries)"
+            ));
+            return false;
+        }
+        true
     }
 
     /// `e` carries this attempt's labels (task, attempt, instance).
@@ -627,10 +749,19 @@ impl<'a> Task<'a> {
     }
 
     fn on_existing(&mut self, existing: Option<Existing>, now: i64) {
+        let name_taken = std::mem::take(&mut self.s.name_taken);
         let Some(e) = existing else {
             // The name is free (the holder vanished, or an unknown Create
             // never happened): create it (when the backoff allows).
             self.s.pod = PodTrack::ToCreate;
+            if name_taken {
+                // AlreadyExists, yet nothing holds the name: a holder that
+                // just went, or a webhook and a read that disagree. Bounded,
+                // and never at API speed.
+                if self.spend_transient_retry() {
+                    self.hold_until(now.saturating_add(HOLDER_RECHECK_MS));
+                }
+            }
             return;
         };
         if self.is_ours(&e) {
@@ -880,6 +1011,11 @@ impl<'a> Task<'a> {
         self.s.pod = PodTrack::ToCreate;
         self.change(Phase::Failed { kind, reason });
     }
+}
+
+/// A pod that has not ended and is not marked done.
+fn is_live(p: &PodView) -> bool {
+    !p.done && !matches!(p.phase.as_str(), "Succeeded" | "Failed")
 }
 
 #[cfg(test)]

@@ -752,3 +752,191 @@ fn an_attempt_label_at_the_end_of_the_range_fails_instead_of_wrapping() {
         .unwrap_or_default()
         .starts_with("AttemptsExhausted"));
 }
+
+#[test]
+fn a_retry_after_an_abort_during_the_create_deletes_the_old_pod_before_creating() {
+    // Aborted while attempt 0's Create was in flight, retried at once: the
+    // Create's answer is an earlier attempt's now, but the watch shows its
+    // pod running, and that pod is deleted (once) before attempt 1 starts.
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    r.give(Input::Abort);
+    let (state, _) = retry(&r.spec, r.state.clone(), r.now);
+    r.state = state;
+    assert_eq!(r.state.attempt, 1);
+    let stray = pod("u0", 0, "Running");
+    let d = r.see(std::slice::from_ref(&stray)).clone();
+    assert_eq!(
+        d.actions,
+        [Action::Delete {
+            name: "train-0".into(),
+            uid: "u0".into()
+        }],
+        "the stray is deleted and attempt 1 waits: {d:?}"
+    );
+    assert_eq!(d.wake_at_ms, Some(T0 + HOLDER_RECHECK_MS));
+    assert!(
+        r.see(std::slice::from_ref(&stray)).actions.is_empty(),
+        "asked once"
+    );
+    // Its Delete failed: asked again after the backoff.
+    r.give_seeing(
+        Input::DeleteFailed {
+            retry_at_ms: T0 + 1_000,
+        },
+        std::slice::from_ref(&stray),
+    );
+    r.now = T0 + 1_000;
+    assert_eq!(r.see(std::slice::from_ref(&stray)).actions.len(), 1);
+    // Shutting down, then gone: only then attempt 1.
+    let d = r.see(&[deleting("u0", 0, None, T0 + 30_000)]).clone();
+    assert!(r.creates().is_empty(), "{d:?}");
+    r.see(&[]);
+    assert_eq!(r.creates(), ["train-1"]);
+    // After the end, too: a stray left by an aborted task is deleted.
+    let mut r = Run::new(spec(0, 3));
+    r.state.attempt = 2;
+    r.give(Input::Abort);
+    let d = r.see(&[pod("u1", 1, "Pending"), pod("u0", 0, "Succeeded")]);
+    assert_eq!(
+        d.actions,
+        [Action::Delete {
+            name: "train-1".into(),
+            uid: "u1".into()
+        }],
+        "an ended pod is left alone"
+    );
+}
+
+#[test]
+fn a_task_submitted_again_after_its_result_was_acknowledged_is_not_the_old_result_unasked() {
+    let done = PodView {
+        done: true,
+        ..pod("u3", 3, "Succeeded")
+    };
+    let older = PodView {
+        done: true,
+        ..pod("u2", 2, "Failed")
+    };
+    // Not asked to run again: the old result, saying so, and no Create.
+    let s = spec(0, 3);
+    let (state, d) = resume(&s, &[older.clone(), done.clone()], T0);
+    assert!(d.actions.is_empty(), "{d:?}");
+    let o = state.outcome.clone().expect("ended");
+    assert!(o.succeeded);
+    assert!(o.reason.unwrap_or_default().starts_with("AlreadyDone"));
+    let (_, d) = reconcile(&s, state, &[older.clone(), done.clone()], T0);
+    assert!(d.actions.is_empty(), "{d:?}");
+    // Asked (a CronJob's `graceguard run`): a new run under the next name.
+    let s = TaskSpec {
+        rerun_done: true,
+        ..spec(0, 3)
+    };
+    let (state, d) = resume(&s, &[older.clone(), done.clone()], T0);
+    assert_eq!(state.attempt, 4);
+    assert_eq!(state.user_failures, 0);
+    assert_eq!(d.transitions.len(), 1);
+    let (state, d) = reconcile(&s, state, &[older, done.clone()], T0);
+    assert!(state.outcome.is_none());
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Create { name, .. } if name == "train-4")),
+        "{d:?}"
+    );
+    // A finished pod not yet acknowledged is resumed: its result is
+    // delivered (again), not run again.
+    let unacked = pod("u3", 3, "Succeeded");
+    let (state, _) = resume(&s, std::slice::from_ref(&unacked), T0);
+    assert_eq!(state.attempt, 3);
+    let (state, d) = reconcile(&s, state, &[unacked], T0);
+    assert!(d.actions.is_empty());
+    assert!(state.outcome.expect("ended").succeeded);
+}
+
+#[test]
+fn a_5xx_create_reads_the_name_after_its_backoff_instead_of_creating_blind() {
+    let mut r = Run::new(spec(0, 3));
+    r.see(&[]);
+    // A 504 whose write landed: no Create now, a read after the backoff.
+    let d = r
+        .give(Input::Refused {
+            refusal: CreateRefusal::MaybeCreated,
+            retry_at_ms: T0 + 500,
+        })
+        .clone();
+    assert!(d.actions.is_empty(), "{d:?}");
+    assert_eq!(d.wake_at_ms, Some(T0 + 500));
+    r.now = T0 + 500;
+    assert_eq!(
+        r.see(&[]).actions,
+        [Action::Read {
+            name: "train-0".into()
+        }]
+    );
+    // The pod is there and ours: adopted, no second Create.
+    let labels = [
+        (TASK_LABEL.to_string(), "train".to_string()),
+        (ATTEMPT_LABEL.to_string(), "0".to_string()),
+        (INSTANCE_LABEL.to_string(), "exec-1".to_string()),
+    ];
+    let d = r
+        .give(Input::Read(Some(Existing {
+            uid: "u0".into(),
+            labels: labels.into(),
+            deleting: false,
+        })))
+        .clone();
+    assert!(r.creates().is_empty(), "{d:?}");
+    assert!(matches!(r.state.pod, PodTrack::Created { ref uid, .. } if uid == "u0"));
+    // Persistent 5xx are bounded like any transient error.
+    let mut s = spec(0, 1);
+    s.bounds.max_transient_retries = 2;
+    let mut r = Run::new(s);
+    r.see(&[]);
+    for _ in 0..3 {
+        r.give(Input::Refused {
+            refusal: CreateRefusal::MaybeCreated,
+            retry_at_ms: T0,
+        });
+        r.give(Input::Read(None));
+    }
+    assert!(r
+        .outcome()
+        .reason
+        .unwrap_or_default()
+        .contains("TransientRetriesExhausted"));
+}
+
+#[test]
+fn already_exists_with_nothing_holding_the_name_waits_and_is_bounded() {
+    let mut s = spec(0, 1);
+    s.bounds.max_transient_retries = 3;
+    let mut r = Run::new(s);
+    r.see(&[]);
+    let mut creates = 1;
+    for _ in 0..10 {
+        if r.state.outcome.is_some() {
+            break;
+        }
+        r.give(Input::Refused {
+            refusal: CreateRefusal::NameTaken,
+            retry_at_ms: r.now,
+        });
+        let d = r.give(Input::Read(None)).clone();
+        // Never straight back to a Create: a wait first.
+        assert!(r.creates().is_empty(), "{d:?}");
+        if r.state.outcome.is_none() {
+            assert_eq!(d.wake_at_ms, Some(r.now + HOLDER_RECHECK_MS));
+            r.now += HOLDER_RECHECK_MS;
+            r.see(&[]);
+            creates += r.creates().len();
+        }
+    }
+    assert_eq!(creates, 4, "one Create, then one per wait, up to the bound");
+    assert!(r
+        .outcome()
+        .reason
+        .unwrap_or_default()
+        .contains("TransientRetriesExhausted"));
+}

@@ -18,8 +18,11 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 use crate::bounds::Bounds;
-use crate::executor::{Executor, Marked, TaskError, TaskKey};
+use crate::done_marks::Marked;
+use crate::error::TaskError;
+use crate::executor::Executor;
 use crate::reconcile::TaskSpec;
+use crate::task::TaskKey;
 
 /// The OpenAPI document, as committed.
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -39,6 +42,9 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// Longest long poll a client may ask for.
 pub const MAX_WAIT_SECONDS: u64 = 60;
 
+/// Most sequence numbers one `{"seqs": [...]}` acknowledgement may list.
+pub const MAX_ACK_SEQS: usize = 10_000;
+
 /// `PUT /v1/tasks/{namespace}/{task}`'s body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +56,10 @@ pub struct PutTask {
     pub max_system_failures: u32,
     #[serde(default)]
     pub bounds: Bounds,
+    /// Submitted again after its last run's result was acknowledged, run
+    /// it again (else that result is reported again, saying so).
+    #[serde(default)]
+    pub rerun_done: bool,
 }
 
 fn default_max_system_failures() -> u32 {
@@ -65,17 +75,24 @@ pub struct EventsQuery {
     /// Seconds to wait for an event when none is there.
     #[serde(default)]
     pub wait: u64,
+    /// The epoch `after` belongs to (required when `after` > 0).
+    pub epoch: Option<String>,
 }
 
 fn default_limit() -> usize {
     500
 }
 
-/// `POST /v1/events/ack`'s body: `{"seq": N}` acknowledges every event up
-/// to N (one consumer per sidecar), `{"seqs": [..]}` exactly those.
+/// `POST /v1/events/ack`'s body: `{"epoch": E, "seq": N}` acknowledges
+/// every event up to N (one consumer per sidecar), `{"epoch": E, "seqs":
+/// [..]}` exactly those. The epoch is the one the events were read in: an
+/// acknowledgement meant for a sidecar that has restarted since is refused
+/// (409) instead of acknowledging, and done-marking, events its sender never
+/// saw.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Ack {
+    pub epoch: String,
     pub seq: Option<u64>,
     pub seqs: Option<Vec<u64>>,
 }
@@ -166,6 +183,12 @@ pub fn router(sidecar: Sidecar) -> Router {
         .with_state(sidecar)
 }
 
+/// Whether `given` is `token`, in time independent of where they differ.
+fn token_matches(given: Option<&str>, token: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())))
+}
+
 async fn auth(State(s): State<Sidecar>, req: Request, next: Next) -> Response {
     if let Some(token) = &s.token {
         let given = req
@@ -173,7 +196,7 @@ async fn auth(State(s): State<Sidecar>, req: Request, next: Next) -> Response {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(token.as_str()) {
+        if !token_matches(given, token) {
             return ApiFailure::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -209,6 +232,7 @@ async fn put_task(
         retries: put.retries,
         max_system_failures: put.max_system_failures.max(1),
         bounds: put.bounds,
+        rerun_done: put.rerun_done,
     };
     let status = s.executor.submit(spec, put.template).await?;
     Ok(Json(status).into_response())
@@ -249,6 +273,17 @@ async fn events(
             "{e}; after, limit and wait are non-negative integers"
         ))
     })?;
+    fenced(&s)?;
+    if q.after > 0 {
+        match q.epoch.as_deref() {
+            None => {
+                return Err(bad_request(
+                    "after > 0 needs the epoch it belongs to: send epoch=<the epoch of the events you read>",
+                ))
+            }
+            Some(e) => same_epoch(&s, e)?,
+        }
+    }
     let wait = Duration::from_secs(q.wait.min(MAX_WAIT_SECONDS));
     let events = s
         .executor
@@ -266,11 +301,19 @@ async fn events(
 async fn ack(State(s): State<Sidecar>, body: axum::body::Bytes) -> Result<Response, ApiFailure> {
     let a: Ack = serde_json::from_slice(&body).map_err(|e| {
         bad_request(format!(
-            "the body is not {{\"seq\": N}} or {{\"seqs\": [N, ...]}}: {e}"
+            "the body is not {{\"epoch\": E, \"seq\": N}} or {{\"epoch\": E, \"seqs\": [N, ...]}}: {e}"
         ))
     })?;
+    fenced(&s)?;
+    same_epoch(&s, &a.epoch)?;
     let marks = match (a.seq, a.seqs) {
         (Some(seq), None) => s.executor.ack(seq).await,
+        (None, Some(seqs)) if seqs.len() > MAX_ACK_SEQS => {
+            return Err(bad_request(format!(
+                "{} seqs in one acknowledgement; send at most {MAX_ACK_SEQS} at a time",
+                seqs.len()
+            )))
+        }
         (None, Some(seqs)) => s.executor.ack_only(&seqs).await,
         _ => {
             return Err(bad_request(
@@ -285,6 +328,38 @@ async fn ack(State(s): State<Sidecar>, body: axum::body::Bytes) -> Result<Respon
     Ok(Json(serde_json::json!({ "acked": marked })).into_response())
 }
 
+/// 503 while this process does not hold its instance's Lease: it neither
+/// serves events nor marks results done then.
+fn fenced(s: &Sidecar) -> Result<(), ApiFailure> {
+    if s.executor.fence().holds() {
+        return Ok(());
+    }
+    Err(ApiFailure::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "fenced",
+        format!(
+            "this sidecar does not hold instance {}'s Lease now (its renewals failed, or another process took it); retry shortly",
+            s.executor.instance()
+        ),
+    ))
+}
+
+/// 409 unless `epoch` is the log's: the sidecar restarted since the
+/// client's events were read.
+fn same_epoch(s: &Sidecar, epoch: &str) -> Result<(), ApiFailure> {
+    let now = s.executor.log().epoch();
+    if epoch == now {
+        return Ok(());
+    }
+    Err(ApiFailure::new(
+        StatusCode::CONFLICT,
+        "epoch_changed",
+        format!(
+            "epoch {epoch:?} is not this sidecar's ({now}): it restarted and numbers its events anew; poll from after=0 and acknowledge what that returns"
+        ),
+    ))
+}
+
 async fn healthz(State(s): State<Sidecar>) -> Response {
     let synced = s
         .executor
@@ -296,6 +371,8 @@ async fn healthz(State(s): State<Sidecar>) -> Response {
         "ok": synced,
         "synced": synced,
         "instance": s.executor.instance(),
+        "holds_lease": s.executor.fence().holds(),
+        "epoch": s.executor.log().epoch(),
         "events_held": held,
         "transitions_dropped": dropped,
         "watch_error": s.executor.stats().watch_error(),
@@ -321,31 +398,55 @@ pub enum Listen {
     Tcp(std::net::SocketAddr),
 }
 
-/// Binds a Unix socket at `path`. A file left there by a killed sidecar
-/// (nothing accepts on it) is replaced; a live one is an error.
+/// Binds a Unix socket at `path`, reachable by its owner only from the
+/// start: it is bound inside a fresh directory of mode 0700, given mode
+/// 0600, and only then renamed to `path`. A socket left there by a killed
+/// sidecar (nothing accepts on it) is replaced; a live one is an error, and
+/// so is anything at `path` that is not a socket (it is never removed).
 pub async fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, String> {
-    use std::os::unix::fs::PermissionsExt;
-    if path.exists() {
-        match tokio::net::UnixStream::connect(path).await {
-            Ok(_) => {
-                return Err(format!(
-                    "{} is in use by a running process (another sidecar?); stop it or choose another --socket",
-                    path.display()
-                ))
-            }
-            Err(_) => std::fs::remove_file(path).map_err(|e| {
-                format!(
-                    "{} is a stale socket and cannot be removed ({e}); remove it by hand",
-                    path.display()
-                )
-            })?,
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "{} exists and is not a socket; graceguard does not remove it: choose another --socket or remove it yourself",
+                path.display()
+            ));
+        }
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(format!(
+                "{} is in use by a running process (another sidecar?); stop it or choose another --socket",
+                path.display()
+            ));
         }
     }
-    let listener = tokio::net::UnixListener::bind(path)
-        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot restrict {} to its owner: {e}", path.display()))?;
-    Ok(listener)
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    let private = dir.join(format!(".graceguard-{:016x}", fastrand::u64(..)));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(|e| {
+            format!(
+                "cannot create {} to bind the socket in: {e}",
+                private.display()
+            )
+        })?;
+    let inner = private.join("socket");
+    let bound = (|| {
+        let l = std::os::unix::net::UnixListener::bind(&inner)
+            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("cannot restrict {} to its owner: {e}", path.display()))?;
+        // Replaces a stale socket in one step.
+        std::fs::rename(&inner, path)
+            .map_err(|e| format!("cannot move the socket to {}: {e}", path.display()))?;
+        l.set_nonblocking(true)
+            .map_err(|e| format!("cannot use {}: {e}", path.display()))?;
+        tokio::net::UnixListener::from_std(l)
+            .map_err(|e| format!("cannot use {}: {e}", path.display()))
+    })();
+    let _ = std::fs::remove_file(&inner);
+    let _ = std::fs::remove_dir(&private);
+    bound
 }
 
 /// Serves the API on `listen` until `shutdown` resolves (in-flight requests
@@ -365,6 +466,11 @@ pub async fn serve(
             r.map_err(|e| format!("serving on {}: {e}", path.display()))
         }
         Listen::Tcp(addr) => {
+            if !addr.ip().is_loopback() {
+                return Err(format!(
+                    "--listen {addr} is not a loopback address: the API is for the executor in the same pod or host; listen on 127.0.0.1 or [::1] (or use --socket)"
+                ));
+            }
             let l = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
@@ -471,6 +577,135 @@ mod tests {
         }
         assert_eq!(body["synced"], false);
         assert!(body["watch_error"].is_string(), "{body}");
+    }
+
+    async fn call(app: Router, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(axum::body::Body::from(body.to_string()))
+            .expect("request");
+        let Ok(resp) = app.oneshot(req).await;
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn acknowledgements_and_reads_after_a_restart_are_refused_not_applied() {
+        let app = offline(None).expect("router");
+        let (_, health) = call(app.clone(), "GET", "/healthz", "").await;
+        let epoch = health["epoch"]
+            .as_str()
+            .expect("healthz names the epoch")
+            .to_string();
+        // No epoch: 400, saying what to send.
+        let (code, body) = call(app.clone(), "POST", "/v1/events/ack", r#"{"seq": 3}"#).await;
+        assert_eq!(code, 400, "{body}");
+        assert!(
+            body["error"].as_str().unwrap_or("").contains("epoch"),
+            "{body}"
+        );
+        // Another sidecar's epoch (this one restarted since): 409.
+        let (code, body) = call(
+            app.clone(),
+            "POST",
+            "/v1/events/ack",
+            r#"{"epoch": "0000000000000000", "seq": 3}"#,
+        )
+        .await;
+        assert_eq!(
+            (code, body["code"].as_str()),
+            (409, Some("epoch_changed")),
+            "{body}"
+        );
+        let (code, _) = call(app.clone(), "GET", "/v1/events?after=3", "").await;
+        assert_eq!(code, 400, "after > 0 without an epoch");
+        let (code, body) = call(app.clone(), "GET", "/v1/events?after=3&epoch=x", "").await;
+        assert_eq!(code, 409, "{body}");
+        // This epoch: accepted (nothing to acknowledge yet).
+        let ack = format!(r#"{{"epoch": "{epoch}", "seq": 3}}"#);
+        let (code, body) = call(app.clone(), "POST", "/v1/events/ack", &ack).await;
+        assert_eq!(
+            (code, body["acked"].as_array().map(Vec::len)),
+            (200, Some(0))
+        );
+        let q = format!("/v1/events?after=3&epoch={epoch}");
+        assert_eq!(call(app.clone(), "GET", &q, "").await.0, 200);
+        // Too many seqs at once: 400.
+        let seqs: Vec<u64> = (1..=(MAX_ACK_SEQS as u64 + 1)).collect();
+        let ack = serde_json::json!({"epoch": epoch, "seqs": seqs}).to_string();
+        let (code, body) = call(app, "POST", "/v1/events/ack", &ack).await;
+        assert_eq!(code, 400, "{body}");
+    }
+
+    #[test]
+    fn the_token_is_compared_whole() {
+        assert!(token_matches(Some("0123456789abcdef"), "0123456789abcdef"));
+        for wrong in [
+            None,
+            Some(""),
+            Some("0123456789abcde"),
+            Some("0123456789abcdef0"),
+        ] {
+            assert!(!token_matches(wrong, "0123456789abcdef"), "{wrong:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_socket_is_owner_only_and_only_a_stale_socket_is_replaced() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let dir = std::env::temp_dir().join(format!("gg-sock-{:08x}", fastrand::u32(..)));
+        std::fs::create_dir_all(&dir).expect("dir");
+        // Not a socket: refused, and left as it was.
+        let file = dir.join("not-a-socket");
+        std::fs::write(&file, "keep me").expect("file");
+        let e = bind_socket(&file)
+            .await
+            .expect_err("a regular file is not replaced");
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(&file).expect("still there"),
+            "keep me"
+        );
+        // A stale socket (its listener gone) is replaced; the new one is 0600.
+        let path = dir.join("s.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).expect("stale"));
+        let live = bind_socket(&path).await.expect("replaces the stale socket");
+        let meta = std::fs::symlink_metadata(&path).expect("socket");
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // A live one is not.
+        let e = bind_socket(&path).await.expect_err("in use");
+        assert!(e.contains("in use"), "{e}");
+        drop(live);
+        // Nothing of the private directory is left behind.
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_non_loopback_listen_address_is_refused() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let executor = Executor::start(client, crate::executor::ExecutorConfig::new("unit"));
+        let sidecar = Sidecar {
+            executor,
+            token: Some(Arc::new("0123456789abcdef".into())),
+        };
+        let addr: std::net::SocketAddr = "0.0.0.0:0".parse().expect("addr");
+        let e = serve(Listen::Tcp(addr), sidecar, async {})
+            .await
+            .expect_err("0.0.0.0 is refused");
+        assert!(e.contains("loopback"), "{e}");
     }
 
     #[test]

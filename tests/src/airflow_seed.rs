@@ -48,7 +48,7 @@ pub async fn airflow_seed(
     syncs: usize,
 ) -> Result<AirflowReport> {
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-    crate::guard_task::instance_lease(bed, ns, DEAD, 600).await?;
+    crate::guard_task::instance_lease(bed, ns, DEAD, crate::guard_task::DEAD).await?;
     for i in 0..pods {
         let name = format!("task-{i}-0");
         api.create(&PostParams::default(), &managed_pod(&name, DEAD))

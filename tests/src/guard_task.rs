@@ -129,18 +129,25 @@ pub fn managed_pod(name: &str, instance: &str) -> Pod {
     p
 }
 
-/// Executor `instance`'s Lease in `ns` (30 s), last renewed
-/// `renewed_secs_ago` seconds ago: 0 is alive, 600 long dead.
+/// The duration of a dead instance's Lease for [`instance_lease`]: nothing
+/// renews it, so an adopter sees it lapse a second after it first sees it.
+pub const DEAD: i32 = 1;
+/// The duration of a live instance's Lease: longer than any test.
+pub const LIVE: i32 = 3600;
+
+/// Executor `instance`'s Lease in `ns`, held for `duration_secs` and never
+/// renewed: adopters judge expiry by the renewals they see themselves, so
+/// it lapses `duration_secs` after an adopter first reads it ([`DEAD`],
+/// [`LIVE`]).
 pub async fn instance_lease(
     bed: &crate::TestBed,
     ns: &str,
     instance: &str,
-    renewed_secs_ago: i64,
+    duration_secs: i32,
 ) -> Result<()> {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let renewed = k8s_openapi::jiff::Timestamp::from_second(now - renewed_secs_ago)?;
+    let renewed = k8s_openapi::jiff::Timestamp::now();
     let l = Lease {
         metadata: kube::api::ObjectMeta {
             name: Some(graceguard::lease::lease_name(instance)),
@@ -148,7 +155,7 @@ pub async fn instance_lease(
         },
         spec: Some(LeaseSpec {
             holder_identity: Some(instance.into()),
-            lease_duration_seconds: Some(30),
+            lease_duration_seconds: Some(duration_secs),
             renew_time: Some(MicroTime(renewed)),
             ..Default::default()
         }),

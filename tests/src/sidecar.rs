@@ -14,6 +14,9 @@ use crate::binaries::workspace_bin;
 use crate::control_plane::TestBed;
 use crate::process::{tail, Managed};
 
+/// The sidecars' Lease duration in the tests.
+pub const LEASE_SECONDS: u64 = 4;
+
 /// A running sidecar for one instance, acting as user `alice`.
 pub struct SidecarProcess {
     pub socket: PathBuf,
@@ -44,21 +47,62 @@ impl SidecarProcess {
         namespace: &str,
         adopt: bool,
     ) -> Result<Self> {
-        let mut s = Self {
+        let mut s = Self::unstarted(bed, instance, namespace, adopt, instance)?;
+        s.spawn().await?;
+        Ok(s)
+    }
+
+    fn unstarted(
+        bed: &TestBed,
+        instance: &str,
+        namespace: &str,
+        adopt: bool,
+        socket: &str,
+    ) -> Result<Self> {
+        Ok(Self {
             adopt,
-            socket: bed.dir().join(format!("{instance}.sock")),
+            socket: bed.dir().join(format!("{socket}.sock")),
             instance: instance.to_string(),
             namespace: namespace.to_string(),
             kubeconfig: bed.kubeconfig_for("alice")?,
             dir: bed.dir().to_path_buf(),
             starts: 0,
             process: None,
-        };
-        s.spawn().await?;
+        })
+    }
+
+    /// A second process for `instance` (on its own socket `socket`), started
+    /// without waiting: while another process holds the instance's Lease it
+    /// waits for it, and serves nothing.
+    pub fn start_second(
+        bed: &TestBed,
+        instance: &str,
+        namespace: &str,
+        socket: &str,
+    ) -> Result<Self> {
+        let mut s = Self::unstarted(bed, instance, namespace, false, socket)?;
+        s.spawn_process()?;
         Ok(s)
     }
 
-    async fn spawn(&mut self) -> Result<()> {
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(format!(
+            "sidecar-{}-{}-{}.log",
+            self.instance,
+            self.socket
+                .file_stem()
+                .and_then(|f| f.to_str())
+                .unwrap_or(""),
+            self.starts
+        ))
+    }
+
+    /// What the running process has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn spawn_process(&mut self) -> Result<()> {
         let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;
         let mut cmd = std::process::Command::new(bin);
         cmd.arg("sidecar")
@@ -66,16 +110,28 @@ impl SidecarProcess {
             .arg(&self.socket)
             .args(["--instance", &self.instance, "--namespace", &self.namespace])
             .arg("--kubeconfig")
-            .arg(&self.kubeconfig);
+            .arg(&self.kubeconfig)
+            // A restart after a SIGKILL waits for the killed process's
+            // Lease to lapse: short here, so the tests do not wait 30 s.
+            .args(["--lease-duration-seconds", &LEASE_SECONDS.to_string()]);
         if self.adopt {
             cmd.arg("--adopt");
         }
         self.starts += 1;
-        let log = self
-            .dir
-            .join(format!("sidecar-{}-{}.log", self.instance, self.starts));
+        let log = self.log_path();
         self.process = Some(Managed::spawn("graceguard sidecar", cmd, &log)?);
-        let deadline = Instant::now() + Duration::from_secs(60);
+        Ok(())
+    }
+
+    async fn spawn(&mut self) -> Result<()> {
+        self.spawn_process()?;
+        self.wait_healthy(Duration::from_secs(60)).await
+    }
+
+    /// Waits (up to `within`) until it answers /healthz with 200.
+    pub async fn wait_healthy(&mut self, within: Duration) -> Result<()> {
+        let log = self.log_path();
+        let deadline = Instant::now() + within;
         loop {
             if let Ok((200, _)) = http(&self.socket, "GET", "/healthz", None).await {
                 return Ok(());
@@ -87,7 +143,7 @@ impl SidecarProcess {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the sidecar did not become healthy within 60 s; its log:\n{}",
+                    "the sidecar did not become healthy within {within:?}; its log:\n{}",
                     tail(&log, 40)
                 );
             }

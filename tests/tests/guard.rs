@@ -5,14 +5,16 @@
 use std::time::{Duration, Instant};
 
 use graceguard::adoption::{Adopter, Found};
-use graceguard::executor::Marked;
+use graceguard::done_marks::Marked;
 use graceguard::FailureKind;
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use testbed::audit_log::AuditEvent;
-use testbed::guard_task::{audited_bed, instance_lease, managed_pod, spec, summary, RunningTask};
+use testbed::guard_task::{
+    audited_bed, instance_lease, managed_pod, spec, summary, RunningTask, DEAD, LIVE,
+};
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::{quota, TestBed};
@@ -295,10 +297,11 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     let (bed, ns, alice) = bed().await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    instance_lease(&bed, &ns, "dead-exec", 600).await?;
-    instance_lease(&bed, &ns, "live-exec", 0).await?;
-    // Renewed 20 s ago for 30 s: it expires about 10 s into the test.
-    instance_lease(&bed, &ns, "dying-exec", 20).await?;
+    instance_lease(&bed, &ns, "dead-exec", DEAD).await?;
+    instance_lease(&bed, &ns, "live-exec", LIVE).await?;
+    // Never renewed, for 10 s: it lapses about 10 s after the adopter
+    // first sees it.
+    instance_lease(&bed, &ns, "dying-exec", 10).await?;
     for i in 0..30 {
         let name = format!("old-{i}-0");
         api.create(&PostParams::default(), &managed_pod(&name, "dead-exec"))
@@ -413,10 +416,10 @@ async fn of_two_adopters_exactly_one_wins_each_pod() -> R {
     let (bed, ns, alice) = bed().await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    instance_lease(&bed, &ns, "dead-exec", 600).await?;
+    instance_lease(&bed, &ns, "dead-exec", DEAD).await?;
     // Both adopters are alive: a claim by one is respected by the other.
-    instance_lease(&bed, &ns, "adopter-a", 0).await?;
-    instance_lease(&bed, &ns, "adopter-b", 0).await?;
+    instance_lease(&bed, &ns, "adopter-a", LIVE).await?;
+    instance_lease(&bed, &ns, "adopter-b", LIVE).await?;
     for i in 0..20 {
         let name = format!("old-{i}-0");
         api.create(&PostParams::default(), &managed_pod(&name, "dead-exec"))
@@ -600,4 +603,163 @@ fn the_guard_and_the_webhook_agree_on_the_holder_terminating_cause() {
         graceguard::classify::HOLDER_TERMINATING_CAUSE,
         graceguard_webhook::collision::HOLDER_TERMINATING_CAUSE
     );
+}
+
+/// A Role in `ns` granting `user` `verbs` on pods (and Events), bound.
+async fn grant(bed: &TestBed, ns: &str, user: &str, name: &str, verbs: &[&str]) -> R {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": verbs},
+            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ],
+    }))?;
+    Api::<Role>::namespaced(bed.client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))?;
+    Api::<RoleBinding>::namespaced(bed.client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
+}
+
+/// DELETE before the executor's first pod list is in: the task ends
+/// aborted once the list is in, and no pod is ever created for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_aborted_before_the_first_pod_list_is_never_launched() -> R {
+    use graceguard::executor::Executor;
+    use graceguard::task::TaskKey;
+    use graceguard::GuardConfig;
+    let (bed, ns, _alice) = bed().await?;
+    // carol may write pods but not list them yet: the executor's watch
+    // cannot sync, as on a slow or briefly unreachable API server.
+    grant(
+        &bed,
+        &ns,
+        "carol",
+        "carol-write",
+        &["create", "get", "delete", "patch"],
+    )
+    .await?;
+    let carol = bed.client_impersonating("carol", &[]).await?;
+    let mut config = GuardConfig::new("exec-early");
+    config.namespace = Some(ns.clone());
+    let executor = Executor::start(carol, config);
+    let key = TaskKey::new(&ns, "early");
+    let st = executor
+        .submit(spec("early", &ns), pods::task_pod("template", 30))
+        .await?;
+    assert!(!st.started, "{st:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !executor
+            .stats()
+            .synced
+            .load(std::sync::atomic::Ordering::Relaxed),
+        "the watch cannot list yet"
+    );
+    let st = executor.abort(&key).await?;
+    assert!(st.cleanup_pending && !st.terminal, "{st:?}");
+    // Now it may list: the watcher's retry syncs, and the abort is carried out.
+    grant(&bed, &ns, "carol", "carol-read", &["list", "watch"]).await?;
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(90), executor.wait_result(&key, |_| {})).await??;
+    assert!(!outcome.succeeded);
+    let reason = outcome.reason.unwrap_or_default();
+    assert!(reason.starts_with("Aborted"), "{reason}");
+    // Wait out any Create that would have been sent at the sync.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let creates = bed.audit_log()?.count(|e| e.is("create", "pods", &ns))?;
+    assert_eq!(creates, 0, "an aborted task is never launched");
+    Ok(())
+}
+
+/// 200 tasks of one executor waiting on a full quota: after each task's
+/// first refused Create, the namespace sends one Create per backoff window
+/// (the probe), not one per task, and none of the 200 spends an attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_tasks_waiting_on_a_full_quota_send_one_create_per_window() -> R {
+    use graceguard::events::EventBody;
+    use graceguard::executor::Executor;
+    use graceguard::GuardConfig;
+    const N: usize = 200;
+    let (bed, ns, alice) = bed().await?;
+    quota::set_pods_quota(&bed, &ns, 1).await?;
+    let admin: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert_eq!(
+        pods::create(&admin, &pods::task_pod("filler", 0)).await?,
+        CreateOutcome::Created
+    );
+    let mut config = GuardConfig::new("exec-herd");
+    config.namespace = Some(ns.clone());
+    config.publish_events = false;
+    let executor = Executor::start(alice, config);
+    for i in 0..N {
+        executor
+            .submit(
+                spec(&format!("herd-{i}"), &ns),
+                pods::task_pod("template", 30),
+            )
+            .await?;
+    }
+    // Until every task has been refused once and waits.
+    let mut waiting = std::collections::HashSet::new();
+    let (mut after, deadline) = (0, Instant::now() + Duration::from_secs(120));
+    while waiting.len() < N {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} of {N} tasks waiting after 120 s",
+            waiting.len()
+        );
+        for e in executor
+            .log()
+            .after(after, 1000, Duration::from_secs(1))
+            .await
+        {
+            after = e.seq;
+            if let EventBody::Transition { transition, .. } = &e.body {
+                anyhow::ensure!(transition.attempt == 0, "{transition:?}");
+                if transition.phase == "WaitingForResources" {
+                    waiting.insert(transition.task.clone());
+                }
+            }
+        }
+    }
+    let mark_us = k8s_openapi::jiff::Timestamp::now().as_microsecond();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let mut probes: Vec<i64> = bed
+        .audit_log()?
+        .events()?
+        .iter()
+        .filter(|e| alice_creates(e, &ns))
+        .filter_map(|e| e.received_us())
+        .filter(|t| *t > mark_us)
+        .collect();
+    probes.sort();
+    // Windows of 1, 2, 4, 8 s (each up to twice that): a handful of
+    // Creates in 20 s, where one per task per window would be hundreds.
+    assert!(
+        (1..=8).contains(&probes.len()),
+        "{} Creates in 20 s of full quota with {N} tasks waiting",
+        probes.len()
+    );
+    // One per window: never two close together.
+    let gaps: Vec<i64> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.iter().all(|g| *g >= 900_000),
+        "Creates closer than a window apart (µs): {gaps:?}"
+    );
+    // Nobody spent an attempt.
+    for e in executor.log().after(after, 10_000, Duration::ZERO).await {
+        if let EventBody::Transition { transition, .. } = &e.body {
+            assert_eq!(transition.attempt, 0, "{transition:?}");
+        }
+    }
+    Ok(())
 }

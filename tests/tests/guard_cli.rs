@@ -100,10 +100,25 @@ async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
         Some("true")
     );
 
-    // The same command again (same default instance, as after a crash and a
-    // restart): the task is resumed from its pod, reports its end at once
-    // and creates nothing.
-    let again = run_json()?.output();
+    // The same command again (same default instance: a CronJob's next
+    // run): its last result was delivered, so this is a new run, under the
+    // next pod name (the first run released its Lease: no wait).
+    let child = run_json()?
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    pods::wait_running(&api, "nightly-1").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kubelet
+        .end_pod(&ns, "nightly-1", Terminal::Succeeded)
+        .await?;
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}");
+    assert!(stdout.contains("\"pod\":\"nightly-1\""), "{stdout}");
+    // With --no-rerun: the delivered result is reported again, saying so,
+    // and nothing is created.
+    let again = run_json()?.arg("--no-rerun").output();
     let out = tokio::time::timeout(Duration::from_secs(60), again).await??;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
@@ -113,14 +128,15 @@ async fn run_prints_json_transitions_and_exits_with_the_tasks_result() -> R {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("\"phase\":\"Succeeded\""), "{stdout}");
-    let names: Vec<String> = api
+    let mut names: Vec<String> = api
         .list(&Default::default())
         .await?
         .items
         .into_iter()
         .map(|p| p.metadata.name.unwrap_or_default())
         .collect();
-    assert_eq!(names, ["nightly-0"], "no new attempt was created");
+    names.sort();
+    assert_eq!(names, ["nightly-0", "nightly-1"], "no third attempt");
     Ok(())
 }
 

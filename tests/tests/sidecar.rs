@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use testbed::audit_log::AuditEvent;
-use testbed::guard_task::{audited_bed, instance_lease, managed_pod};
+use testbed::guard_task::{audited_bed, instance_lease, managed_pod, DEAD};
 use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::sidecar::{ClientRun, Lang, SidecarProcess};
@@ -296,11 +296,25 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
         st["reason"].as_str().unwrap_or("").starts_with("Aborted"),
         "{st}"
     );
+    // An acknowledgement names the epoch its events were read in; one meant
+    // for an earlier sidecar is refused, not applied.
+    let (code, err) = sidecar
+        .request(
+            "POST",
+            "/v1/events/ack",
+            Some(&serde_json::json!({"epoch": "0123456789abcdef", "seq": 1_000_000})),
+        )
+        .await?;
+    assert_eq!(
+        (code, err["code"].as_str()),
+        (409, Some("epoch_changed")),
+        "{err}"
+    );
     let (code, _) = sidecar
         .request(
             "POST",
             "/v1/events/ack",
-            Some(&serde_json::json!({"seq": 1_000_000})),
+            Some(&serde_json::json!({"epoch": ev["epoch"], "seq": 1_000_000})),
         )
         .await?;
     assert_eq!(code, 200);
@@ -333,7 +347,7 @@ async fn airflow_seed_at_scale_delivers_each_result_once_across_a_kill() -> R {
     let (bed, ns, _) = bed().await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    instance_lease(&bed, &ns, "dead-exec", 600).await?;
+    instance_lease(&bed, &ns, "dead-exec", DEAD).await?;
     futures::stream::iter(0..PODS)
         .map(|i| {
             let (api, kubelet, ns) = (&api, &kubelet, &ns);
@@ -386,5 +400,119 @@ async fn airflow_seed_at_scale_delivers_each_result_once_across_a_kill() -> R {
         "airflow seed: {PODS} pods, {} syncs, {patches} PATCHes",
         syncs_1 + syncs_2
     );
+    Ok(())
+}
+
+/// Polls `f` every 200 ms until it holds, up to `within`.
+async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F) -> R
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if f().await? {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "not within {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sets the instance Lease's holder (`None`: released), as another process
+/// taking it over (or giving it up) would.
+async fn set_lease_holder(bed: &TestBed, ns: &str, instance: &str, holder: Option<&str>) -> R {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let api: Api<Lease> = Api::namespaced(bed.client.clone(), ns);
+    let name = graceguard::lease::lease_name(instance);
+    let mut lease = api.get(&name).await?;
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = holder.map(str::to_string);
+    spec.lease_duration_seconds = Some(3600);
+    spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+    api.replace(&name, &Default::default(), &lease).await?;
+    Ok(())
+}
+
+/// One process at a time acts for an instance. A second sidecar of it
+/// waits while the first holds the Lease and serves nothing; it takes over
+/// once the first is SIGKILLed and its Lease lapses (by the renewals it saw,
+/// not by anyone's clock). A sidecar whose Lease is taken from it stops
+/// launching and delivering until it holds the Lease again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sidecars_of_one_instance_never_both_act() -> R {
+    use testbed::sidecar::{http, LEASE_SECONDS};
+    let (bed, ns, template) = bed().await?;
+    let _kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    let body = serde_json::json!({"template": tpl});
+    let mut first = SidecarProcess::start(&bed, "exec-f", &ns).await?;
+    let (code, st) = first
+        .request("PUT", &format!("/v1/tasks/{ns}/one"), Some(&body))
+        .await?;
+    assert_eq!(code, 200, "{st}");
+    eventually(Duration::from_secs(30), "one-0 created", || async {
+        Ok(creates(&bed, &ns)? == ["one-0"])
+    })
+    .await?;
+
+    let mut second = SidecarProcess::start_second(&bed, "exec-f", &ns, "exec-f-second")?;
+    tokio::time::sleep(Duration::from_secs(3 * LEASE_SECONDS)).await;
+    assert!(
+        http(&second.socket, "GET", "/healthz", None).await.is_err(),
+        "the second serves nothing while the first holds the Lease"
+    );
+    assert!(
+        second.log().contains("held by another process"),
+        "it says why it waits: {}",
+        second.log()
+    );
+
+    // The first is SIGKILLed: its Lease lapses, the second takes it.
+    first.kill();
+    second
+        .wait_healthy(Duration::from_secs(4 * LEASE_SECONDS + 20))
+        .await?;
+    let (_, health) = second.request("GET", "/healthz", None).await?;
+    assert_eq!(health["holds_lease"], true, "{health}");
+
+    // Another process takes the Lease (as after the second's renewals had
+    // failed for its duration): the second stops acting.
+    set_lease_holder(&bed, &ns, "exec-f", Some("intruder")).await?;
+    eventually(
+        Duration::from_secs(2 * LEASE_SECONDS + 10),
+        "the second notices it lost the Lease",
+        || async {
+            let (_, h) = second.request("GET", "/healthz", None).await?;
+            Ok(h["holds_lease"] == false)
+        },
+    )
+    .await?;
+    let (code, err) = second.request("GET", "/v1/events?after=0", None).await?;
+    assert_eq!((code, err["code"].as_str()), (503, Some("fenced")), "{err}");
+    let (code, st) = second
+        .request("PUT", &format!("/v1/tasks/{ns}/two"), Some(&body))
+        .await?;
+    assert_eq!(code, 200, "accepted, not launched: {st}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        creates(&bed, &ns)?,
+        ["one-0"],
+        "nothing launched while fenced"
+    );
+
+    // Released: the second takes it back and launches what it holds.
+    set_lease_holder(&bed, &ns, "exec-f", None).await?;
+    eventually(Duration::from_secs(30), "two-0 created", || async {
+        Ok(creates(&bed, &ns)?.contains(&"two-0".to_string()))
+    })
+    .await?;
+    let (_, health) = second.request("GET", "/healthz", None).await?;
+    assert_eq!(health["holds_lease"], true, "{health}");
+    assert_eq!(creates(&bed, &ns)?, ["one-0", "two-0"]);
     Ok(())
 }

@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -144,28 +145,42 @@ func (c *Client) DeleteTask(namespace, task string) (*Status, error) {
 }
 
 // Events is one long poll's answer; each event is kept raw (its fields
-// depend on its type). Sequence numbers belong to Epoch: when it changes
-// (the sidecar restarted), poll from 0 again and submit the tasks again.
+// depend on its type). Sequence numbers belong to Epoch: reads after a
+// sequence number and acknowledgements name it, and a sidecar that has
+// restarted since answers 409 epoch_changed (IsEpochChanged): poll from 0
+// again and submit the tasks again.
 type Events struct {
 	Events  []map[string]any `json:"events"`
 	LastSeq uint64           `json:"last_seq"`
 	Epoch   string           `json:"epoch"`
 }
 
-// Events long-polls for events after seq, waiting up to wait seconds.
-func (c *Client) Events(after uint64, wait int) (*Events, error) {
+// Events long-polls for events after seq of epoch (empty when after is 0),
+// waiting up to wait seconds.
+func (c *Client) Events(after uint64, epoch string, wait int) (*Events, error) {
 	var e Events
 	q := url.Values{"after": {fmt.Sprint(after)}, "wait": {fmt.Sprint(wait)}}
+	if epoch != "" {
+		q.Set("epoch", epoch)
+	}
 	return &e, c.do(http.MethodGet, "/v1/events?"+q.Encode(), nil, &e)
 }
 
-// Ack acknowledges every event up to seq (results are then marked done);
-// for the one consumer of a sidecar.
-func (c *Client) Ack(seq uint64) error {
-	return c.do(http.MethodPost, "/v1/events/ack", map[string]uint64{"seq": seq}, nil)
+// Ack acknowledges every event of epoch up to seq (results are then marked
+// done); for the one consumer of a sidecar.
+func (c *Client) Ack(epoch string, seq uint64) error {
+	return c.do(http.MethodPost, "/v1/events/ack", map[string]any{"epoch": epoch, "seq": seq}, nil)
 }
 
-// AckOnly acknowledges exactly the events seqs (consumers sharing a sidecar).
-func (c *Client) AckOnly(seqs ...uint64) error {
-	return c.do(http.MethodPost, "/v1/events/ack", map[string][]uint64{"seqs": seqs}, nil)
+// AckOnly acknowledges exactly the events seqs of epoch (consumers sharing
+// a sidecar).
+func (c *Client) AckOnly(epoch string, seqs ...uint64) error {
+	return c.do(http.MethodPost, "/v1/events/ack", map[string]any{"epoch": epoch, "seqs": seqs}, nil)
+}
+
+// IsEpochChanged says whether err is the sidecar's 409 epoch_changed: it
+// restarted since the events were read.
+func IsEpochChanged(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == "epoch_changed"
 }

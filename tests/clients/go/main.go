@@ -62,11 +62,24 @@ func main() {
 		}
 		emit(map[string]any{"put": s})
 		var after uint64
+		epoch := ""
 		for {
-			batch, err := c.Events(after, 20)
+			batch, err := c.Events(after, epoch, 20)
+			if IsEpochChanged(err) {
+				// The sidecar restarted: read its log from the start and
+				// submit the task again (idempotent: it resumes from its pods).
+				after, epoch = 0, ""
+				s, err := c.PutTask(ns, task, json.RawMessage(tpl), *retries, 3)
+				if err != nil {
+					fail(err)
+				}
+				emit(map[string]any{"put": s})
+				continue
+			}
 			if err != nil {
 				fail(err)
 			}
+			epoch = batch.Epoch
 			for _, e := range batch.Events {
 				seq, _ := e["seq"].(float64)
 				after = uint64(seq)
@@ -76,7 +89,7 @@ func main() {
 				emit(e)
 				if e["type"] == "result" {
 					// Only our own result: the log may hold other callers' events.
-					if err := c.AckOnly(after); err != nil {
+					if err := c.AckOnly(epoch, after); err != nil {
 						fail(err)
 					}
 					final, err := c.GetTask(ns, task)

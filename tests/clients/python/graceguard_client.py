@@ -7,10 +7,13 @@ Usage as a library:
     batch = c.events(after=0, wait=20)                   # long poll
     for event in batch["events"]:
         ...
-        c.ack(seqs=[event["seq"]])                       # or c.ack(seq=N): all up to N
+        c.ack(batch["epoch"], seqs=[event["seq"]])       # or seq=N: all up to N
+    batch = c.events(after=last_seq, epoch=batch["epoch"], wait=20)
 
-Sequence numbers belong to batch["epoch"]: when it changes (the sidecar
-restarted), poll from after=0 again and submit the tasks again.
+Sequence numbers belong to batch["epoch"]: a read after a sequence number
+and every acknowledgement name it, and the sidecar answers 409
+`epoch_changed` once it has restarted (its numbering starts anew): poll from
+after=0 again (with no epoch) and submit the tasks again (a PUT is idempotent).
 
 Usage as a command (what the end-to-end tests drive):
 
@@ -110,15 +113,22 @@ class Client:
     def delete_task(self, namespace, task):
         return self.request("DELETE", self._task_path(namespace, task))
 
-    def events(self, after=0, wait=0, limit=500):
-        q = urllib.parse.urlencode({"after": after, "wait": wait, "limit": limit})
-        return self.request("GET", f"/v1/events?{q}")
+    def events(self, after=0, wait=0, limit=500, epoch=None):
+        """Events after `after` (of `epoch`, required when after > 0)."""
+        q = {"after": after, "wait": wait, "limit": limit}
+        if epoch is not None:
+            q["epoch"] = epoch
+        return self.request("GET", f"/v1/events?{urllib.parse.urlencode(q)}")
 
-    def ack(self, seq=None, seqs=None):
-        """Acknowledge every event up to `seq`, or exactly the events `seqs`."""
+    def ack(self, epoch, seq=None, seqs=None):
+        """Acknowledge, in `epoch`, every event up to `seq` or exactly `seqs`."""
         if (seq is None) == (seqs is None):
             raise ValueError("give exactly one of seq= or seqs=")
-        body = {"seq": seq} if seq is not None else {"seqs": list(seqs)}
+        body = {"epoch": epoch}
+        if seq is not None:
+            body["seq"] = seq
+        else:
+            body["seqs"] = list(seqs)
         return self.request("POST", "/v1/events/ack", body)
 
     def health(self):
@@ -134,9 +144,19 @@ def _run(c, args):
         template = json.load(f)
     status = c.put_task(args.namespace, args.task, template, retries=args.retries)
     _emit({"put": status})
-    after = 0
+    after, epoch = 0, None
     while True:
-        batch = c.events(after=after, wait=20)
+        try:
+            batch = c.events(after=after, wait=20, epoch=epoch)
+        except SidecarError as e:
+            if e.code != "epoch_changed":
+                raise
+            # The sidecar restarted: read its log from the start, and submit
+            # the task again (idempotent; it resumes from its pods).
+            after, epoch = 0, None
+            _emit({"put": c.put_task(args.namespace, args.task, template, retries=args.retries)})
+            continue
+        epoch = batch["epoch"]
         for e in batch["events"]:
             after = e["seq"]
             if e.get("namespace") != args.namespace or e.get("task") != args.task:
@@ -144,7 +164,7 @@ def _run(c, args):
             _emit(e)
             if e["type"] == "result":
                 # Only our own result: the log may hold other callers' events.
-                c.ack(seqs=[e["seq"]])
+                c.ack(epoch, seqs=[e["seq"]])
                 _emit({"final": c.get_task(args.namespace, args.task)})
                 return 0
 
@@ -152,24 +172,33 @@ def _run(c, args):
 def _adopt(c, args):
     delivered, syncs, after, epoch = [], 0, 0, None
     while len(delivered) < args.count:
-        batch = c.events(after=after, wait=5, limit=args.batch)
-        if batch["epoch"] != epoch:
-            # A new sidecar (or the first poll): its numbering starts anew.
-            if epoch is not None:
-                after = 0
-                epoch = batch["epoch"]
-                continue
-            epoch = batch["epoch"]
+        try:
+            batch = c.events(after=after, wait=5, limit=args.batch, epoch=epoch)
+        except SidecarError as e:
+            if e.code != "epoch_changed":
+                raise
+            # A new sidecar: its numbering starts anew.
+            after, epoch = 0, None
+            continue
+        epoch = batch["epoch"]
         syncs += 1
-        mine = []
+        mine, got = [], []
         for e in batch["events"]:
             after = e["seq"]
             if e["type"] in ("adopted", "gone"):
                 mine.append(e["seq"])
             if e["type"] == "adopted":
-                delivered.append(e["pod"])
+                got.append(e["pod"])
         if mine:
-            c.ack(seqs=mine)
+            try:
+                c.ack(epoch, seqs=mine)
+            except SidecarError as e:
+                if e.code != "epoch_changed":
+                    raise
+                # Not acknowledged: the new sidecar delivers them again.
+                after, epoch = 0, None
+                continue
+        delivered.extend(got)
         if syncs > args.max_syncs:
             break
     _emit({"syncs": syncs, "delivered": delivered})

@@ -273,14 +273,16 @@ async fn sidecar_scale(n: usize) -> Result<()> {
         .collect::<Result<Vec<()>>>()?;
     // Take every result, acknowledging as a client does (each done-mark is a PATCH).
     let (mut results, mut after) = (0usize, 0u64);
+    let mut epoch = String::new();
     while results < n {
         let (_, v) = sidecar
             .request(
                 "GET",
-                &format!("/v1/events?after={after}&wait=10&limit=1000"),
+                &format!("/v1/events?after={after}&epoch={epoch}&wait=10&limit=1000"),
                 None,
             )
             .await?;
+        epoch = v["epoch"].as_str().unwrap_or_default().to_string();
         let events = v["events"].as_array().cloned().unwrap_or_default();
         if events.is_empty() && Instant::now() > deadline {
             bail!("only {results} of {n} results after 600 s");
@@ -290,7 +292,11 @@ async fn sidecar_scale(n: usize) -> Result<()> {
             results += usize::from(e["type"] == "result");
         }
         sidecar
-            .request("POST", "/v1/events/ack", Some(&json!({"seq": after})))
+            .request(
+                "POST",
+                "/v1/events/ack",
+                Some(&json!({"epoch": epoch, "seq": after})),
+            )
             .await?;
     }
     let total = started.elapsed().as_secs_f64();

@@ -1,0 +1,74 @@
+//! Done-marks: a result (or an adopted pod) acknowledged by its caller is
+//! labelled `graceguard.io/done=true` on its pod, conditionally on the
+//! resourceVersion it was delivered with, so of two instances that both
+//! believe they own it, one marks it and the other learns it lost.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+
+use crate::naming::{CLAIMED_BY_ANNOTATION, DONE_LABEL};
+
+/// What a done-mark came to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Marked {
+    /// This instance labelled the pod done.
+    Done,
+    /// Already done, or changed under another claim: another adopter won.
+    Lost,
+    /// The pod no longer exists.
+    Gone,
+    /// The API server could not be asked (or this process does not hold
+    /// its instance's Lease); the event stays acknowledged, the pod
+    /// unmarked (it is delivered again after a restart).
+    Failed(String),
+}
+
+/// Labels pod `name` done for `instance`, conditionally on resourceVersion
+/// `rv`: a pod changed since is re-read, and if another instance has marked
+/// or claimed it meanwhile, this one has lost it.
+pub async fn mark_done(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    rv: &str,
+    instance: &str,
+) -> Marked {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut rv = rv.to_string();
+    // A conflict from an unrelated change (a status update) is retried on
+    // the new version, unless the pod is done by then.
+    for _ in 0..3 {
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": rv, "labels": {DONE_LABEL: "true"}}
+        });
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Marked::Done,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Marked::Gone,
+            Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(name).await {
+                Ok(Some(p)) if p.labels().get(DONE_LABEL).is_some_and(|v| v == "true") => {
+                    return Marked::Lost
+                }
+                // Claimed by another instance since (this one's Lease
+                // lapsed): it delivers the result, not this one.
+                Ok(Some(p))
+                    if p.annotations()
+                        .get(CLAIMED_BY_ANNOTATION)
+                        .is_some_and(|c| c != instance) =>
+                {
+                    return Marked::Lost
+                }
+                Ok(Some(p)) => rv = p.resource_version().unwrap_or_default(),
+                Ok(None) => return Marked::Gone,
+                Err(e) => return Marked::Failed(format!("re-reading pod {name}: {e}")),
+            },
+            Err(e) => return Marked::Failed(format!("marking pod {name} done: {e}")),
+        }
+    }
+    Marked::Failed(format!("pod {name} kept changing while being marked done"))
+}

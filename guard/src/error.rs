@@ -1,0 +1,55 @@
+//! The guard's errors: [`TaskError`] for a request about one task that was
+//! refused, [`GuardError`] for a failure of the guard itself (the Kubernetes
+//! API, its Lease). A task that fails is neither: that is an
+//! [`crate::Outcome`].
+
+use std::time::Duration;
+
+/// Why a request about a task was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TaskError {
+    #[error("task {0} is already submitted with a different pod template; use another task name or DELETE it first")]
+    TemplateConflict(String),
+    #[error("task {0} is not known to this executor; PUT it first")]
+    NotFound(String),
+    #[error("task {0} has not ended; a retry is for a task that has ended (DELETE aborts it)")]
+    NotEnded(String),
+    #[error("the pod template is not usable: {0}")]
+    Template(String),
+    #[error("this executor watches namespace {watched} only, not {asked}; run a sidecar for {asked} or one without --namespace")]
+    WrongNamespace { watched: String, asked: String },
+    #[error("the executor has stopped")]
+    Stopped,
+}
+
+/// A failure of the guard itself (not of a task).
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    /// A Kubernetes API call failed; `what` says which one.
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Another live process holds this instance's Lease.
+    #[error("the Lease {lease} of instance {instance} is held by {holder} and was still renewed after {waited:?}; stop that process (or give this one another --instance), or wait longer")]
+    LeaseHeld {
+        lease: String,
+        instance: String,
+        holder: String,
+        waited: Duration,
+    },
+    #[error(transparent)]
+    Task(#[from] TaskError),
+}
+
+impl GuardError {
+    /// Wraps a failed API call, naming it.
+    pub fn api(what: impl Into<String>, source: kube::Error) -> Self {
+        Self::Api {
+            what: what.into(),
+            source,
+        }
+    }
+}

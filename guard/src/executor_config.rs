@@ -1,0 +1,48 @@
+//! How an executor behaves.
+
+use std::time::Duration;
+
+use crate::backoff::BackoffPolicy;
+use crate::lease::Fence;
+
+/// How an [`crate::executor::Executor`] behaves.
+#[derive(Clone, Debug)]
+pub struct ExecutorConfig {
+    /// This executor instance's name (pod labels, adoption, its Lease).
+    pub instance: String,
+    /// Watch this namespace only (`None`: all namespaces, which needs
+    /// cluster-wide list and watch on pods).
+    pub namespace: Option<String>,
+    /// Quota backoff, shared per namespace (default 1 s doubling to 60 s).
+    pub quota_backoff: BackoffPolicy,
+    /// Backoff for 429s, 5xx and timeouts (default 200 ms doubling to 10 s).
+    pub transient_backoff: BackoffPolicy,
+    /// Publish each transition as a Kubernetes Event on the pod.
+    pub publish_events: bool,
+    /// Pod Creates, reads and deletes in flight at once (default 16): a
+    /// thousand tasks submitted together queue here instead of meeting the
+    /// API server's priority and fairness limits (429) all at once.
+    pub max_in_flight: usize,
+    /// Whether this process may act for the instance (its Lease,
+    /// [`crate::lease::InstanceLease::hold`]): while it does not, nothing is
+    /// launched and nothing is marked done. Open by default.
+    pub fence: Fence,
+}
+
+impl ExecutorConfig {
+    pub fn new(instance: &str) -> Self {
+        Self {
+            instance: instance.to_string(),
+            namespace: None,
+            quota_backoff: BackoffPolicy::default(),
+            transient_backoff: BackoffPolicy {
+                min: Duration::from_millis(200),
+                max: Duration::from_secs(10),
+                seed: None,
+            },
+            publish_events: true,
+            max_in_flight: 16,
+            fence: Fence::open(),
+        }
+    }
+}

@@ -1,0 +1,664 @@
+//! The executor's loop: it owns every task's state and the pod index, turns
+//! each watch event, command, API answer and timer into a call of the pure
+//! reconciler, and carries out what that decided. It decides nothing itself.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::ExponentialBackoff;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::backoff::{at_least, NamespaceBackoffs, Probe};
+use crate::classify::CreateRefusal;
+use crate::error::TaskError;
+use crate::events::{EventBody, EventLog};
+use crate::executor_config::ExecutorConfig;
+use crate::kube_events::Publisher;
+use crate::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::pod_api::{self, pod_for, AnswerKind};
+use crate::pod_index::PodIndex;
+use crate::pod_record::{RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
+use crate::reconcile::{
+    self, apply, reconcile, resume, Action, Decision, Input, PodView, TaskSpec, TaskState,
+};
+use crate::task::{TaskKey, TaskStatus};
+
+/// The pod watch's health, for `/healthz`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// The first pod list has been received.
+    pub synced: AtomicBool,
+    /// The pod watch's last error, until it works again (a 403 here means
+    /// the identity may not list pods in the watched scope).
+    pub watch_error: std::sync::Mutex<Option<String>>,
+}
+
+impl Stats {
+    fn set_watch_error(&self, e: Option<String>) {
+        let mut slot = self.watch_error.lock().unwrap_or_else(|p| p.into_inner());
+        *slot = e;
+    }
+
+    /// The pod watch's last error, if it has not recovered since.
+    pub fn watch_error(&self) -> Option<String> {
+        self.watch_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// What a caller asks the loop.
+pub(crate) enum Command {
+    Submit {
+        spec: TaskSpec,
+        template: Box<Pod>,
+        reply: oneshot::Sender<Result<TaskStatus, TaskError>>,
+    },
+    Status {
+        key: TaskKey,
+        reply: oneshot::Sender<Option<TaskStatus>>,
+    },
+    Retry {
+        key: TaskKey,
+        reply: oneshot::Sender<Result<TaskStatus, TaskError>>,
+    },
+    Abort {
+        key: TaskKey,
+        reply: oneshot::Sender<Result<TaskStatus, TaskError>>,
+    },
+    /// The pod a Result event is about, with its last resourceVersion.
+    PodVersion {
+        key: TaskKey,
+        uid: String,
+        reply: oneshot::Sender<Option<(String, String)>>,
+    },
+}
+
+/// Milliseconds since the epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// An answer from an API call, for the task that asked.
+struct Answer {
+    key: TaskKey,
+    attempt: u32,
+    kind: AnswerKind,
+}
+
+struct Entry {
+    spec: TaskSpec,
+    template: Pod,
+    template_hash: String,
+    /// `None` until the first list is in.
+    state: Option<TaskState>,
+    wake_at_ms: Option<i64>,
+    transient: ExponentialBackoff,
+    /// The outcome was logged as a Result.
+    reported: bool,
+    /// Aborted before the first pod list was in: never launched, and its
+    /// pods (if it had any) deleted once the list is in.
+    aborted: bool,
+}
+
+struct Loop {
+    client: Client,
+    config: ExecutorConfig,
+    backoffs: NamespaceBackoffs,
+    events: Publisher,
+    log: Arc<EventLog>,
+    stats: Arc<Stats>,
+    answers_tx: mpsc::UnboundedSender<Answer>,
+    /// Bounds the pod API calls in flight.
+    slots: Arc<tokio::sync::Semaphore>,
+    tasks: HashMap<TaskKey, Entry>,
+    index: PodIndex,
+    synced: bool,
+    /// Answers that came while the fence was closed, applied once it opens.
+    deferred: Vec<Answer>,
+}
+
+/// Starts the loop for `config` on the current runtime.
+pub(crate) fn spawn(
+    client: Client,
+    config: ExecutorConfig,
+    log: Arc<EventLog>,
+    stats: Arc<Stats>,
+    commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let (answers_tx, answers_rx) = mpsc::unbounded_channel();
+    let inner = Loop {
+        events: Publisher::new(client.clone(), &config.instance, config.publish_events),
+        client,
+        backoffs: NamespaceBackoffs::new(config.quota_backoff),
+        slots: Arc::new(tokio::sync::Semaphore::new(config.max_in_flight.max(1))),
+        config,
+        log,
+        stats,
+        answers_tx,
+        tasks: HashMap::new(),
+        index: PodIndex::default(),
+        synced: false,
+        deferred: Vec::new(),
+    };
+    tokio::spawn(inner.run(commands, answers_rx));
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Loop {
+    async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut answers: mpsc::UnboundedReceiver<Answer>,
+    ) {
+        let api: Api<Pod> = match &self.config.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let selector = format!(
+            "{MANAGED_BY_LABEL}={MANAGED_BY},{INSTANCE_LABEL}={}",
+            self.config.instance
+        );
+        let mut watch = watcher::watcher(api, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed();
+        let mut fence = self.config.fence.clone();
+        loop {
+            let wake = self
+                .tasks
+                .values()
+                .filter_map(|e| e.wake_at_ms)
+                .min()
+                .map(|at| {
+                    // At most a day ahead: a bound of u64::MAX seconds must
+                    // not overflow the clock (it is re-computed every turn).
+                    let left = u64::try_from(at.saturating_sub(now_ms()))
+                        .unwrap_or(0)
+                        .min(86_400_000);
+                    tokio::time::Instant::now() + Duration::from_millis(left)
+                });
+            tokio::select! {
+                c = commands.recv() => match c {
+                    Some(c) => self.command(c),
+                    // Every handle dropped: stop.
+                    None => return,
+                },
+                Some(a) = answers.recv() => self.answer(a),
+                ev = watch.next() => match ev {
+                    Some(ev) => self.watched(ev),
+                    None => return,
+                },
+                _ = sleep_until_opt(wake) => self.wake(),
+                _ = fence.changed() => self.fence_changed(),
+            }
+        }
+    }
+
+    /// Whether this process may not act now (its Lease is not held).
+    fn fenced(&self) -> bool {
+        !self.config.fence.holds()
+    }
+
+    fn fence_changed(&mut self) {
+        if self.fenced() {
+            return;
+        }
+        for a in std::mem::take(&mut self.deferred) {
+            self.answer(a);
+        }
+        let keys: Vec<TaskKey> = self.tasks.keys().cloned().collect();
+        for k in keys {
+            self.reconcile(&k);
+        }
+    }
+
+    fn watched(&mut self, ev: Result<Event<Pod>, watcher::Error>) {
+        if ev.is_ok() {
+            self.stats.set_watch_error(None);
+        }
+        match ev {
+            Ok(Event::Init) => self.index.begin_relist(),
+            Ok(Event::InitApply(p)) => self.index.relisted(&p),
+            Ok(Event::InitDone) => {
+                self.index.end_relist();
+                let first = !self.synced;
+                self.synced = true;
+                self.stats.synced.store(true, Ordering::Relaxed);
+                if first {
+                    tracing::info!(instance = %self.config.instance, pods = self.index.len(), "pod watch synced; resuming tasks");
+                }
+                let keys: Vec<TaskKey> = self.tasks.keys().cloned().collect();
+                for k in keys {
+                    self.reconcile(&k);
+                }
+            }
+            Ok(Event::Apply(p)) => {
+                if let Some(key) = self.index.apply(&p) {
+                    self.reconcile(&key);
+                }
+            }
+            Ok(Event::Delete(p)) => {
+                if let Some(key) = self.index.delete(&p) {
+                    self.reconcile(&key);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pod watch failed; the watcher retries with backoff");
+                self.stats.set_watch_error(Some(e.to_string()));
+            }
+        }
+    }
+
+    fn pods(&self, key: &TaskKey) -> Vec<PodView> {
+        self.index.views(key)
+    }
+
+    fn status(&self, key: &TaskKey) -> Option<TaskStatus> {
+        let e = self.tasks.get(key)?;
+        let Some(s) = &e.state else {
+            return Some(TaskStatus {
+                namespace: key.namespace.clone(),
+                task: e.spec.task.clone(),
+                attempt: 0,
+                pod: e.spec.pod_name(0),
+                uid: None,
+                phase: "Launching",
+                reason: e
+                    .aborted
+                    .then(|| "Aborted: before the first pod list was in; never launched".into()),
+                failure_kind: None,
+                user_failures: 0,
+                system_failures: 0,
+                terminal: false,
+                succeeded: None,
+                started: false,
+                cleanup_pending: e.aborted,
+            });
+        };
+        let (reason, failure_kind) = s.phase.reason_and_kind();
+        Some(TaskStatus {
+            namespace: key.namespace.clone(),
+            task: e.spec.task.clone(),
+            attempt: s.attempt,
+            pod: e.spec.pod_name(s.attempt),
+            uid: match &s.pod {
+                reconcile::PodTrack::Created { uid, .. } => Some(uid.clone()),
+                _ => s.outcome.as_ref().and_then(|o| o.uid.clone()),
+            },
+            phase: s.phase.name(),
+            reason,
+            failure_kind,
+            user_failures: s.user_failures,
+            system_failures: s.system_failures,
+            terminal: s.outcome.is_some(),
+            succeeded: s.outcome.as_ref().map(|o| o.succeeded),
+            started: true,
+            cleanup_pending: s.delete_on_sight,
+        })
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Submit {
+                spec,
+                template,
+                reply,
+            } => {
+                let _ = reply.send(self.submit(spec, *template));
+            }
+            Command::Status { key, reply } => {
+                let _ = reply.send(self.status(&key));
+            }
+            Command::Retry { key, reply } => {
+                let _ = reply.send(self.retry(&key));
+            }
+            Command::Abort { key, reply } => {
+                let _ = reply.send(self.abort(&key));
+            }
+            Command::PodVersion { key, uid, reply } => {
+                let _ = reply.send(self.index.version(&key, &uid));
+            }
+        }
+    }
+
+    fn abort(&mut self, key: &TaskKey) -> Result<TaskStatus, TaskError> {
+        let Some(e) = self.tasks.get_mut(key) else {
+            return Err(TaskError::NotFound(key.task.clone()));
+        };
+        match e.state.take() {
+            Some(s) => {
+                let spec = e.spec.clone();
+                let pods = self.pods(key);
+                let (s, d) = apply(&spec, s, Input::Abort, &pods, now_ms());
+                self.perform(key, s, d);
+            }
+            // Before the first list: remembered, and carried out then.
+            None => e.aborted = true,
+        }
+        self.status(key)
+            .ok_or(TaskError::NotFound(key.task.clone()))
+    }
+
+    fn submit(&mut self, spec: TaskSpec, template: Pod) -> Result<TaskStatus, TaskError> {
+        if let Some(watched) = &self.config.namespace {
+            if *watched != spec.namespace {
+                // Its pods would never reach the watch.
+                return Err(TaskError::WrongNamespace {
+                    watched: watched.clone(),
+                    asked: spec.namespace,
+                });
+            }
+        }
+        let key = TaskKey::new(&spec.namespace, &spec.task);
+        let hash = pod_api::hash_of(&template);
+        if let Some(e) = self.tasks.get(&key) {
+            if e.template_hash != hash || e.spec.task != spec.task {
+                return Err(TaskError::TemplateConflict(spec.task));
+            }
+            return self.status(&key).ok_or(TaskError::NotFound(spec.task));
+        }
+        // Pods of this task made from another template (before a restart).
+        if self.index.other_template(&key, &hash) {
+            return Err(TaskError::TemplateConflict(spec.task));
+        }
+        let mut spec = spec;
+        spec.instance = self.config.instance.clone();
+        let mut template = template;
+        template
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(TEMPLATE_ANNOTATION.into(), hash.clone());
+        self.tasks.insert(
+            key.clone(),
+            Entry {
+                spec,
+                template,
+                template_hash: hash,
+                state: None,
+                wake_at_ms: None,
+                transient: self.config.transient_backoff.build(),
+                reported: false,
+                aborted: false,
+            },
+        );
+        if self.synced {
+            self.reconcile(&key);
+        }
+        self.status(&key).ok_or(TaskError::NotFound(key.task))
+    }
+
+    fn retry(&mut self, key: &TaskKey) -> Result<TaskStatus, TaskError> {
+        let Some(e) = self.tasks.get_mut(key) else {
+            return Err(TaskError::NotFound(key.task.clone()));
+        };
+        let Some(s) = e.state.take() else {
+            return Err(TaskError::NotEnded(key.task.clone()));
+        };
+        if s.outcome.is_none() {
+            e.state = Some(s);
+            return Err(TaskError::NotEnded(key.task.clone()));
+        }
+        let spec = e.spec.clone();
+        let (s, d) = reconcile::retry(&spec, s, now_ms());
+        e.reported = false;
+        self.perform(key, s, d);
+        self.reconcile(key);
+        self.status(key)
+            .ok_or(TaskError::NotFound(key.task.clone()))
+    }
+
+    fn wake(&mut self) {
+        let now = now_ms();
+        let due: Vec<TaskKey> = self
+            .tasks
+            .iter()
+            .filter(|(_, e)| e.wake_at_ms.is_some_and(|w| w <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in due {
+            if let Some(e) = self.tasks.get_mut(&k) {
+                e.wake_at_ms = None;
+            }
+            self.reconcile(&k);
+        }
+    }
+
+    fn reconcile(&mut self, key: &TaskKey) {
+        // Nothing is decided before the first list, nor while another
+        // process may hold the instance's Lease.
+        if !self.synced || self.fenced() {
+            return;
+        }
+        let pods = self.pods(key);
+        let Some(e) = self.tasks.get_mut(key) else {
+            return;
+        };
+        let now = now_ms();
+        let aborted = std::mem::take(&mut e.aborted);
+        let (state, first) = match e.state.take() {
+            Some(s) => (s, Decision::default()),
+            // Aborted before it was launched: no Create, ever; pods it had
+            // from before a restart are deleted by the abort.
+            None if aborted => (reconcile::restore(&pods, now), Decision::default()),
+            None => {
+                if !pods.is_empty() {
+                    tracing::info!(task = %e.spec.task, namespace = %key.namespace, "resuming a task from its pods");
+                }
+                resume(&e.spec, &pods, now)
+            }
+        };
+        let spec = e.spec.clone();
+        let (state, mut d) = match aborted {
+            true => apply(&spec, state, Input::Abort, &pods, now),
+            false => reconcile(&spec, state, &pods, now),
+        };
+        let mut all = first;
+        all.transitions.append(&mut d.transitions);
+        all.actions.append(&mut d.actions);
+        all.wake_at_ms = d.wake_at_ms;
+        self.perform(key, state, all);
+    }
+
+    fn answer(&mut self, a: Answer) {
+        if self.fenced() {
+            self.deferred.push(a);
+            return;
+        }
+        let pods = self.pods(&a.key);
+        let Some(e) = self.tasks.get_mut(&a.key) else {
+            return;
+        };
+        let Some(state) = e.state.take() else {
+            return;
+        };
+        if state.attempt != a.attempt {
+            // An answer for an attempt already left behind (its pod, if
+            // any, is a stray the reconciler deletes when the watch shows it).
+            e.state = Some(state);
+            return;
+        }
+        let now = now_ms();
+        let policy = self.config.transient_backoff;
+        let input = match a.kind {
+            AnswerKind::Created(uid) => {
+                self.backoffs
+                    .created(&a.key.namespace, &a.key.task, Instant::now());
+                e.transient = policy.build();
+                Input::Created { uid }
+            }
+            AnswerKind::Refused {
+                refusal,
+                retry_after,
+            } => {
+                if refusal != CreateRefusal::QuotaFull {
+                    self.backoffs.settled(&a.key.namespace, &a.key.task);
+                }
+                let wait = match refusal {
+                    CreateRefusal::QuotaFull => self
+                        .backoffs
+                        .refused(&a.key.namespace, &a.key.task, Instant::now())
+                        .saturating_duration_since(Instant::now()),
+                    CreateRefusal::HolderTerminating => retry_after.unwrap_or(
+                        Duration::from_millis(reconcile::HOLDER_RECHECK_MS.unsigned_abs()),
+                    ),
+                    _ => at_least(e.transient.next().unwrap_or(policy.max), retry_after),
+                };
+                Input::Refused {
+                    refusal,
+                    retry_at_ms: now.saturating_add(millis(wait)),
+                }
+            }
+            AnswerKind::Held(until) => Input::Refused {
+                refusal: CreateRefusal::QuotaFull,
+                retry_at_ms: now
+                    .saturating_add(millis(until.saturating_duration_since(Instant::now()))),
+            },
+            AnswerKind::Unknown => {
+                self.backoffs.settled(&a.key.namespace, &a.key.task);
+                Input::CreateUnknown
+            }
+            AnswerKind::Read(found) => Input::Read(found),
+            AnswerKind::ReadFailed => Input::ReadFailed {
+                retry_at_ms: now.saturating_add(millis(e.transient.next().unwrap_or(policy.max))),
+            },
+            AnswerKind::DeleteFailed => Input::DeleteFailed {
+                retry_at_ms: now.saturating_add(millis(e.transient.next().unwrap_or(policy.max))),
+            },
+        };
+        let spec = e.spec.clone();
+        let (s, d) = apply(&spec, state, input, &pods, now);
+        self.perform(&a.key, s, d);
+    }
+
+    /// Stores the new state and carries out the decision.
+    fn perform(&mut self, key: &TaskKey, state: TaskState, d: Decision) {
+        let Some(e) = self.tasks.get_mut(key) else {
+            return;
+        };
+        let outcome = state.outcome.clone();
+        let attempt = state.attempt;
+        e.state = Some(state);
+        e.wake_at_ms = d.wake_at_ms;
+        let spec = e.spec.clone();
+        let newly_ended = outcome.is_some() && !e.reported;
+        e.reported |= outcome.is_some();
+        for t in &d.transitions {
+            let uid = self.index.live_uid(key, &t.pod);
+            self.events.transition(t, &key.namespace, uid.as_deref());
+            self.log.push(EventBody::Transition {
+                namespace: key.namespace.clone(),
+                transition: t.clone(),
+            });
+        }
+        for a in d.actions {
+            self.act(key, &spec, attempt, a);
+        }
+        if let (true, Some(o)) = (newly_ended, outcome) {
+            // Delivered at least once: also when the task is submitted again
+            // after a restart (its pod may be labelled done already).
+            self.log.push(EventBody::Result {
+                namespace: key.namespace.clone(),
+                task: spec.task.clone(),
+                outcome: o,
+            });
+        }
+    }
+
+    fn act(&mut self, key: &TaskKey, spec: &TaskSpec, attempt: u32, action: Action) {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+        let tx = self.answers_tx.clone();
+        let slots = self.slots.clone();
+        let key = key.clone();
+        match action {
+            Action::Create {
+                name,
+                attempt,
+                record,
+            } => {
+                let Some(e) = self.tasks.get(&key) else {
+                    return;
+                };
+                if self.fenced() {
+                    // Decided just before the fence closed: not sent. Its
+                    // outcome is "unknown" (the name is read first once the
+                    // fence opens again).
+                    self.deferred.push(Answer {
+                        key,
+                        attempt,
+                        kind: AnswerKind::Unknown,
+                    });
+                    return;
+                }
+                if let Probe::WaitUntil(until) =
+                    self.backoffs
+                        .probe(&key.namespace, &key.task, Instant::now())
+                {
+                    // The namespace waits for quota and another task probes
+                    // it: no Create from this one now.
+                    let _ = tx.send(Answer {
+                        key,
+                        attempt,
+                        kind: AnswerKind::Held(until),
+                    });
+                    return;
+                }
+                let mut pod = pod_for(&e.template, spec, &name, attempt);
+                pod.metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(RECORD_ANNOTATION.into(), record.to_annotation());
+                tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    let kind = pod_api::create(&api, &pod).await;
+                    let _ = tx.send(Answer { key, attempt, kind });
+                });
+            }
+            Action::Read { name } => {
+                tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    let kind = pod_api::read(&api, &name).await;
+                    let _ = tx.send(Answer { key, attempt, kind });
+                });
+            }
+            Action::Delete { name, uid } => {
+                tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    if !pod_api::delete_exact(&api, &name, &uid).await {
+                        let kind = AnswerKind::DeleteFailed;
+                        let _ = tx.send(Answer { key, attempt, kind });
+                    }
+                });
+            }
+            Action::Warn {
+                pod,
+                reason,
+                message,
+            } => {
+                tracing::warn!(namespace = %key.namespace, %pod, %reason, "{message}");
+                self.events.warning(&key.namespace, &pod, reason, message);
+            }
+        }
+    }
+}

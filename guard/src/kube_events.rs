@@ -1,0 +1,82 @@
+//! Kubernetes Events on task pods: each transition, and the warnings the
+//! reconciler asks for. Best effort, in the background: an Event that cannot
+//! be written never holds up a task.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::Client;
+
+use crate::phase::Transition;
+
+/// Publishes Events as `graceguard`, reporting instance `instance`.
+#[derive(Clone)]
+pub struct Publisher {
+    recorder: Recorder,
+    enabled: bool,
+}
+
+impl Publisher {
+    pub fn new(client: Client, instance: &str, enabled: bool) -> Self {
+        let recorder = Recorder::new(
+            client,
+            Reporter {
+                controller: "graceguard".into(),
+                instance: Some(instance.to_string()),
+            },
+        );
+        Self { recorder, enabled }
+    }
+
+    /// Publishes `t` as an Event on its pod.
+    pub fn transition(&self, t: &Transition, namespace: &str, uid: Option<&str>) {
+        let note = match &t.reason {
+            Some(r) => format!("task {} attempt {}: {} ({r})", t.task, t.attempt, t.phase),
+            None => format!("task {} attempt {}: {}", t.task, t.attempt, t.phase),
+        };
+        let kind = match t.failure_kind {
+            Some(_) => EventType::Warning,
+            None => EventType::Normal,
+        };
+        self.publish(namespace, &t.pod, uid, kind, t.phase.to_string(), note);
+    }
+
+    /// Publishes a Warning on pod `pod`.
+    pub fn warning(&self, namespace: &str, pod: &str, reason: String, note: String) {
+        self.publish(namespace, pod, None, EventType::Warning, reason, note);
+    }
+
+    fn publish(
+        &self,
+        namespace: &str,
+        pod: &str,
+        uid: Option<&str>,
+        type_: EventType,
+        reason: String,
+        note: String,
+    ) {
+        if !self.enabled {
+            return;
+        }
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.to_string()),
+            namespace: Some(namespace.to_string()),
+            uid: uid.map(str::to_string),
+            ..Default::default()
+        };
+        let ev = KubeEvent {
+            type_,
+            reason,
+            note: Some(note),
+            action: "Launch".into(),
+            secondary: None,
+        };
+        let recorder = self.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::debug!(error = %e, "publishing an event failed");
+            }
+        });
+    }
+}

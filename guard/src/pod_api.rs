@@ -1,0 +1,136 @@
+//! The executor's pod calls to the Kubernetes API (Create, read, Delete),
+//! each turned into what the reconciler is told ([`AnswerKind`]), and the
+//! pod an attempt creates.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::{Api, ResourceExt};
+
+use crate::classify::{classify, ApiError, CreateRefusal};
+use crate::naming::{
+    self, ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
+};
+use crate::pod_record::template_hash;
+use crate::reconcile::{Existing, TaskSpec};
+
+/// What an API call answered, for the task that asked.
+#[derive(Debug)]
+pub enum AnswerKind {
+    Created(String),
+    Refused {
+        refusal: CreateRefusal,
+        retry_after: Option<Duration>,
+    },
+    Unknown,
+    Read(Option<Existing>),
+    ReadFailed,
+    DeleteFailed,
+    /// Not sent: the namespace waits for quota and another task's Create is
+    /// the window's probe ([`crate::backoff::NamespaceBackoffs::probe`]);
+    /// ask again at this instant.
+    Held(std::time::Instant),
+}
+
+/// The attempt's pod: the template under the attempt's name, with
+/// graceguard's labels and the task's record.
+pub fn pod_for(template: &Pod, spec: &TaskSpec, name: &str, attempt: u32) -> Pod {
+    let mut pod = template.clone();
+    let meta = &mut pod.metadata;
+    meta.name = Some(name.to_string());
+    meta.generate_name = None;
+    meta.namespace = Some(spec.namespace.clone());
+    meta.resource_version = None;
+    meta.uid = None;
+    meta.creation_timestamp = None;
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.managed_fields = None;
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(TASK_LABEL.into(), naming::task_label_value(&spec.task));
+    labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
+    labels.insert(INSTANCE_LABEL.into(), spec.instance.clone());
+    labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+    labels.remove(DONE_LABEL);
+    pod.status = None;
+    pod
+}
+
+/// The hash of a template as submitted.
+pub fn hash_of(template: &Pod) -> String {
+    template_hash(&serde_json::to_value(template).unwrap_or_default())
+}
+
+/// Creates `pod`; a refusal is classified ([`classify`]).
+pub async fn create(api: &Api<Pod>, pod: &Pod) -> AnswerKind {
+    let name = pod.name_any();
+    match api.create(&PostParams::default(), pod).await {
+        Ok(p) => AnswerKind::Created(p.uid().unwrap_or_default()),
+        Err(kube::Error::Api(s)) => {
+            let e = ApiError {
+                code: s.code,
+                reason: s.reason.clone(),
+                message: s.message.clone(),
+                causes: s
+                    .details
+                    .iter()
+                    .flat_map(|d| d.causes.iter().map(|c| c.reason.clone()))
+                    .collect(),
+            };
+            let refusal = classify(&e);
+            tracing::debug!(pod = %name, ?refusal, message = %e.message, "create refused");
+            AnswerKind::Refused {
+                refusal,
+                // 429 (graceguard's retry mode, API priority and fairness)
+                // says how long to wait.
+                retry_after: s
+                    .details
+                    .as_ref()
+                    .map(|d| Duration::from_secs(d.retry_after_seconds.into()))
+                    .filter(|d| !d.is_zero()),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(pod = %name, error = %e, "create outcome unknown; reading the name before creating again");
+            AnswerKind::Unknown
+        }
+    }
+}
+
+/// Reads the pod holding `name`.
+pub async fn read(api: &Api<Pod>, name: &str) -> AnswerKind {
+    match api.get_opt(name).await {
+        Ok(found) => AnswerKind::Read(found.map(|p| Existing {
+            uid: p.uid().unwrap_or_default(),
+            labels: p.labels().clone(),
+            deleting: p.metadata.deletion_timestamp.is_some(),
+        })),
+        Err(e) => {
+            tracing::warn!(pod = %name, error = %e, "reading the pod holding the name failed; retrying");
+            AnswerKind::ReadFailed
+        }
+    }
+}
+
+/// Deletes pod `name` gracefully only if it is still `uid` (a pod of the same
+/// name created since is left alone). False if the API server could not be
+/// asked (the caller tries again later).
+pub async fn delete_exact(api: &Api<Pod>, name: &str, uid: &str) -> bool {
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    if let Err(e) = api.delete(name, &dp).await {
+        // 404: already gone; 409: the name holds another pod now.
+        if !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409) {
+            tracing::warn!(pod = %name, error = %e, "deleting the pod failed; trying again after a backoff");
+            return false;
+        }
+    }
+    true
+}

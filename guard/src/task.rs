@@ -1,0 +1,51 @@
+//! A task's identity and its status as a caller sees it.
+
+use serde::Serialize;
+
+use crate::naming;
+use crate::phase::FailureKind;
+
+/// A task's identity: its namespace and task label value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskKey {
+    pub namespace: String,
+    pub task: String,
+}
+
+impl TaskKey {
+    pub fn new(namespace: &str, task: &str) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            task: naming::task_label_value(task),
+        }
+    }
+
+    /// Whether task `task` in `namespace` is this one.
+    pub fn is(&self, namespace: &str, task: &str) -> bool {
+        namespace == self.namespace && naming::task_label_value(task) == self.task
+    }
+}
+
+/// A task as its caller sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TaskStatus {
+    pub namespace: String,
+    pub task: String,
+    pub attempt: u32,
+    pub pod: String,
+    /// The current pod's uid, once created.
+    pub uid: Option<String>,
+    pub phase: &'static str,
+    pub reason: Option<String>,
+    pub failure_kind: Option<FailureKind>,
+    pub user_failures: u32,
+    pub system_failures: u32,
+    pub terminal: bool,
+    pub succeeded: Option<bool>,
+    /// False until the instance's first pod list is in (the task is then
+    /// resumed from its pods, or launched).
+    pub started: bool,
+    /// Ended while its pod's uid was unknown: the pod is deleted when it
+    /// shows up (see `uid` then).
+    pub cleanup_pending: bool,
+}
