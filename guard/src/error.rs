@@ -10,6 +10,8 @@ use std::time::Duration;
 pub enum TaskError {
     #[error("task {0} is already submitted with a different pod template; use another task name or DELETE it first")]
     TemplateConflict(String),
+    #[error("task {0} is already known with other settings (retries, max_system_failures, bounds, rerun_done); submit the same ones, or use another task name")]
+    SpecConflict(String),
     #[error("task {0} is not known to this executor; PUT it first")]
     NotFound(String),
     #[error("task {0} has not ended; a retry is for a task that has ended (DELETE aborts it)")]

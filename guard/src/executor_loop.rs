@@ -99,7 +99,11 @@ struct Answer {
 
 struct Entry {
     spec: TaskSpec,
-    template: Pod,
+    /// `None` for a task taken up from its pods after a restart until it
+    /// is submitted again.
+    template: Option<Pod>,
+    /// A Create was decided while there was no template: held until it comes.
+    awaiting_template: bool,
     template_hash: String,
     /// `None` until the first list is in.
     state: Option<TaskState>,
@@ -153,6 +157,16 @@ pub(crate) fn spawn(
         deferred: Vec::new(),
     };
     tokio::spawn(inner.run(commands, answers_rx));
+}
+
+/// `template` marked with its hash (pods made from it carry it).
+fn with_hash(mut template: Pod, hash: &str) -> Pod {
+    template
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(TEMPLATE_ANNOTATION.into(), hash.to_string());
+    template
 }
 
 fn millis(d: Duration) -> i64 {
@@ -242,6 +256,7 @@ impl Loop {
             Ok(Event::InitApply(p)) => self.index.relisted(&p),
             Ok(Event::InitDone) => {
                 self.index.end_relist();
+                self.take_up_unfinished();
                 let first = !self.synced;
                 self.synced = true;
                 self.stats.synced.store(true, Ordering::Relaxed);
@@ -270,6 +285,32 @@ impl Loop {
         }
     }
 
+    /// Tasks this instance's pods say are unfinished, not known here (a
+    /// restart): known from now on, resumed from their pods, and served.
+    fn take_up_unfinished(&mut self) {
+        for (key, recorded, hash) in self.index.unfinished() {
+            if self.tasks.contains_key(&key) {
+                continue;
+            }
+            let spec = TaskSpec::from_record(&recorded, &key.namespace, &self.config.instance);
+            tracing::info!(task = %spec.task, namespace = %key.namespace, "taking up an unfinished task from its pods");
+            self.tasks.insert(
+                key,
+                Entry {
+                    spec,
+                    template: None,
+                    awaiting_template: false,
+                    template_hash: hash.unwrap_or_default(),
+                    state: None,
+                    wake_at_ms: None,
+                    transient: self.config.transient_backoff.build(),
+                    reported: false,
+                    aborted: false,
+                },
+            );
+        }
+    }
+
     fn pods(&self, key: &TaskKey) -> Vec<PodView> {
         self.index.views(key)
     }
@@ -294,6 +335,7 @@ impl Loop {
                 succeeded: None,
                 started: false,
                 cleanup_pending: e.aborted,
+                needs_template: e.template.is_none(),
             });
         };
         let (reason, failure_kind) = s.phase.reason_and_kind();
@@ -315,6 +357,7 @@ impl Loop {
             succeeded: s.outcome.as_ref().map(|o| o.succeeded),
             started: true,
             cleanup_pending: s.delete_on_sight,
+            needs_template: e.template.is_none(),
         })
     }
 
@@ -372,9 +415,28 @@ impl Loop {
         }
         let key = TaskKey::new(&spec.namespace, &spec.task);
         let hash = pod_api::hash_of(&template);
-        if let Some(e) = self.tasks.get(&key) {
-            if e.template_hash != hash || e.spec.task != spec.task {
+        if let Some(e) = self.tasks.get_mut(&key) {
+            let known_hash = !e.template_hash.is_empty() || e.template.is_some();
+            if (known_hash && e.template_hash != hash) || e.spec.task != spec.task {
                 return Err(TaskError::TemplateConflict(spec.task));
+            }
+            if !e.spec.same_settings(&spec) {
+                return Err(TaskError::SpecConflict(spec.task));
+            }
+            if e.template.is_none() {
+                // Taken up after a restart: now it can launch again.
+                e.template = Some(with_hash(template, &hash));
+                e.template_hash = hash;
+                if std::mem::take(&mut e.awaiting_template) {
+                    // The held Create: its outcome is "unknown", so the name
+                    // is read first, then created.
+                    let attempt = e.state.as_ref().map_or(0, |s| s.attempt);
+                    let _ = self.answers_tx.send(Answer {
+                        key: key.clone(),
+                        attempt,
+                        kind: AnswerKind::Unknown,
+                    });
+                }
             }
             return self.status(&key).ok_or(TaskError::NotFound(spec.task));
         }
@@ -384,17 +446,13 @@ impl Loop {
         }
         let mut spec = spec;
         spec.instance = self.config.instance.clone();
-        let mut template = template;
-        template
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(TEMPLATE_ANNOTATION.into(), hash.clone());
+        let template = with_hash(template, &hash);
         self.tasks.insert(
             key.clone(),
             Entry {
                 spec,
-                template,
+                template: Some(template),
+                awaiting_template: false,
                 template_hash: hash,
                 state: None,
                 wake_at_ms: None,
@@ -597,10 +655,17 @@ impl Loop {
                 attempt,
                 record,
             } => {
-                let Some(e) = self.tasks.get(&key) else {
+                let fenced = self.fenced();
+                let Some(e) = self.tasks.get_mut(&key) else {
                     return;
                 };
-                if self.fenced() {
+                let Some(template) = &e.template else {
+                    // Taken up after a restart and not submitted again:
+                    // held until its template comes with a PUT.
+                    e.awaiting_template = true;
+                    return;
+                };
+                if fenced {
                     // Decided just before the fence closed: not sent. Its
                     // outcome is "unknown" (the name is read first once the
                     // fence opens again).
@@ -624,7 +689,7 @@ impl Loop {
                     });
                     return;
                 }
-                let mut pod = pod_for(&e.template, spec, &name, attempt);
+                let mut pod = pod_for(template, spec, &name, attempt);
                 pod.metadata
                     .annotations
                     .get_or_insert_with(BTreeMap::new)

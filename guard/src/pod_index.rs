@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use crate::naming::{ATTEMPT_LABEL, DONE_LABEL, TASK_LABEL};
-use crate::pod_record::{PodRecord, TEMPLATE_ANNOTATION};
+use crate::pod_record::{PodRecord, RecordedSpec, TEMPLATE_ANNOTATION};
 use crate::reconcile::PodView;
 use crate::task::TaskKey;
 
@@ -150,6 +150,22 @@ impl PodIndex {
             m.values()
                 .any(|i| i.template_hash.as_ref().is_some_and(|h| h != hash))
         })
+    }
+
+    /// Tasks whose newest pod records its spec and is not marked done (its
+    /// result not yet delivered): what a restarted executor takes up before
+    /// anyone submits them again. With the template hash that pod carries.
+    pub fn unfinished(&self) -> Vec<(TaskKey, RecordedSpec, Option<String>)> {
+        self.pods
+            .iter()
+            .filter_map(|(key, m)| {
+                let newest = m
+                    .values()
+                    .max_by_key(|i| (i.view.attempt, i.view.created_ms))?;
+                let spec = newest.view.record.as_ref()?.spec.clone()?;
+                (!newest.view.done).then(|| (key.clone(), spec, newest.template_hash.clone()))
+            })
+            .collect()
     }
 
     /// Pods indexed.

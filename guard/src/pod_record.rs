@@ -4,12 +4,16 @@
 //! carries the task's counters as they were when it was created (annotation
 //! `graceguard.io/record`), and the template's hash, so a restarted executor
 //! rebuilds the task from its newest pod ([`crate::reconcile::restore`]) and
-//! refuses a different template for the same task.
+//! refuses a different template for the same task. The task's settings are
+//! recorded too ([`RecordedSpec`]), so a restarted executor knows its tasks
+//! before anyone submits them again.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::bounds::Bounds;
 
 /// Annotation: the [`PodRecord`] as JSON.
 pub const RECORD_ANNOTATION: &str = "graceguard.io/record";
@@ -25,6 +29,21 @@ pub struct PodRecord {
     pub consecutive_system_failures: u32,
     /// When the task was first launched (ms since the epoch).
     pub started_ms: Option<i64>,
+    /// The task as submitted (absent on pods of older versions).
+    pub spec: Option<RecordedSpec>,
+}
+
+/// A task's settings as submitted, less its namespace and instance (the
+/// pod's own).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordedSpec {
+    /// The task name as given (its label holds the normalized form).
+    pub task: String,
+    pub retries: u32,
+    pub max_system_failures: u32,
+    pub bounds: Bounds,
+    pub rerun_done: bool,
 }
 
 impl PodRecord {
@@ -65,6 +84,11 @@ mod tests {
             system_failures: 2,
             consecutive_system_failures: 1,
             started_ms: Some(1_700_000_000_000),
+            spec: Some(RecordedSpec {
+                task: "Train_A".into(),
+                retries: 2,
+                ..Default::default()
+            }),
         };
         let mut a = BTreeMap::new();
         a.insert(RECORD_ANNOTATION.to_string(), r.to_annotation());

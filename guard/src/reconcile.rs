@@ -16,7 +16,7 @@ use crate::bounds::{after, Bounds};
 use crate::classify::CreateRefusal;
 use crate::naming::{self, ATTEMPT_LABEL, INSTANCE_LABEL, TASK_LABEL};
 use crate::phase::{FailureKind, Phase, Transition};
-use crate::pod_record::PodRecord;
+use crate::pod_record::{PodRecord, RecordedSpec};
 
 /// How long a created pod may be missing from the watch before its name is
 /// read directly (the watch is normally a few milliseconds behind).
@@ -64,6 +64,35 @@ impl TaskSpec {
     /// The pod name of `attempt`.
     pub fn pod_name(&self, attempt: u32) -> String {
         naming::pod_name(&self.task, attempt)
+    }
+
+    /// What a pod records of this spec.
+    pub fn recorded(&self) -> RecordedSpec {
+        RecordedSpec {
+            task: self.task.clone(),
+            retries: self.retries,
+            max_system_failures: self.max_system_failures,
+            bounds: self.bounds.clone(),
+            rerun_done: self.rerun_done,
+        }
+    }
+
+    /// The spec a pod of `namespace` and `instance` recorded.
+    pub fn from_record(r: &RecordedSpec, namespace: &str, instance: &str) -> Self {
+        Self {
+            task: r.task.clone(),
+            namespace: namespace.to_string(),
+            instance: instance.to_string(),
+            retries: r.retries,
+            max_system_failures: r.max_system_failures.max(1),
+            bounds: r.bounds.clone(),
+            rerun_done: r.rerun_done,
+        }
+    }
+
+    /// Whether `other` asks for the same task (the instance aside).
+    pub fn same_settings(&self, other: &TaskSpec) -> bool {
+        self.recorded() == other.recorded() && self.namespace == other.namespace
     }
 }
 
@@ -667,6 +696,7 @@ impl<'a> Task<'a> {
             system_failures: self.s.system_failures,
             consecutive_system_failures: self.s.consecutive_system_failures,
             started_ms: Some(self.s.started_ms),
+            spec: Some(self.spec.recorded()),
         };
         self.d.actions.push(Action::Create {
             name: self.pod_name(),

@@ -553,6 +553,7 @@ fn a_restarted_executor_resumes_from_the_newest_pod_without_a_create() {
         system_failures: 1,
         consecutive_system_failures: 1,
         started_ms: Some(T0 - 5_000),
+        spec: None,
     };
     let old = PodView {
         phase: "Failed".into(),
@@ -611,7 +612,8 @@ fn each_create_carries_the_record_a_restart_needs() {
             user_failures: 1,
             system_failures: 0,
             consecutive_system_failures: 0,
-            started_ms: Some(T0)
+            started_ms: Some(T0),
+            spec: Some(r.spec.recorded()),
         }
     );
 }

@@ -132,6 +132,7 @@ impl From<TaskError> for ApiFailure {
     fn from(e: TaskError) -> Self {
         let (status, code) = match &e {
             TaskError::TemplateConflict(_) => (StatusCode::CONFLICT, "template_conflict"),
+            TaskError::SpecConflict(_) => (StatusCode::CONFLICT, "spec_conflict"),
             TaskError::NotEnded(_) => (StatusCode::CONFLICT, "not_ended"),
             TaskError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             TaskError::Template(_) => (StatusCode::BAD_REQUEST, "bad_template"),

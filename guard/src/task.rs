@@ -48,4 +48,8 @@ pub struct TaskStatus {
     /// Ended while its pod's uid was unknown: the pod is deleted when it
     /// shows up (see `uid` then).
     pub cleanup_pending: bool,
+    /// Taken up from its pods after a restart, never submitted to this
+    /// process: it is waited out and its result delivered, but a new attempt
+    /// needs its template: PUT the task again (the same body).
+    pub needs_template: bool,
 }

@@ -516,3 +516,111 @@ async fn two_sidecars_of_one_instance_never_both_act() -> R {
     assert_eq!(creates(&bed, &ns)?, ["one-0", "two-0"]);
     Ok(())
 }
+
+/// A sidecar SIGKILLed mid-task and restarted knows the task at once, from
+/// its pods, before anyone submits it again: GET answers, a deletion is
+/// waited out, and the next attempt waits for the template (PUT again with
+/// the same body; another body is 409); the result is delivered without
+/// the client ever re-submitting a task whose pod simply ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_sidecar_knows_its_tasks_before_they_are_submitted_again() -> R {
+    let (bed, ns, template) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    let body = serde_json::json!({"template": tpl, "retries": 1});
+    let mut sidecar = SidecarProcess::start(&bed, "exec-r", &ns).await?;
+    for task in ["keep", "ends"] {
+        let (code, st) = sidecar
+            .request("PUT", &format!("/v1/tasks/{ns}/{task}"), Some(&body))
+            .await?;
+        assert_eq!(code, 200, "{st}");
+    }
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    pods::wait_running(&api, "keep-0").await?;
+    pods::wait_running(&api, "ends-0").await?;
+    sidecar.kill();
+    sidecar.restart().await?;
+
+    // Known at once, from its pod: no PUT since the restart.
+    let (code, st) = sidecar
+        .request("GET", &format!("/v1/tasks/{ns}/keep"), None)
+        .await?;
+    assert_eq!(code, 200, "{st}");
+    assert_eq!(
+        (st["attempt"].as_u64(), st["needs_template"].as_bool()),
+        (Some(0), Some(true)),
+        "{st}"
+    );
+    // One task simply ends: its result is delivered without a PUT.
+    kubelet.end_pod(&ns, "ends-0", Terminal::Succeeded).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let result = loop {
+        let (_, batch) = sidecar
+            .request("GET", "/v1/events?after=0&wait=1", None)
+            .await?;
+        let found = batch["events"]
+            .as_array()
+            .and_then(|es| {
+                es.iter()
+                    .find(|e| e["type"] == "result" && e["task"] == "ends")
+            })
+            .cloned();
+        if let Some(mut r) = found {
+            r["epoch"] = batch["epoch"].clone();
+            break r;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no result for ends within 30 s: {batch}"
+        );
+    };
+    assert_eq!(result["outcome"]["succeeded"], true, "{result}");
+    let (code, acked) = sidecar
+        .request(
+            "POST",
+            "/v1/events/ack",
+            Some(&serde_json::json!({"epoch": result["epoch"], "seqs": [result["seq"]]})),
+        )
+        .await?;
+    assert_eq!(code, 200, "{acked}");
+    assert_eq!(acked["acked"][0]["marked"], "done", "{acked}");
+
+    // The other is deleted (a system failure): waited out; the next
+    // attempt waits for its template, nothing is created.
+    pods::delete_gracefully(&api, "keep-0", Some(0)).await?;
+    eventually(Duration::from_secs(30), "keep at attempt 1", || async {
+        let (_, st) = sidecar
+            .request("GET", &format!("/v1/tasks/{ns}/keep"), None)
+            .await?;
+        Ok(st["attempt"] == 1)
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    assert_eq!(
+        sorted(creates(&bed, &ns)?),
+        ["ends-0", "keep-0"],
+        "no Create without a template"
+    );
+    // Another body: 409; the same body: launched.
+    let other = serde_json::json!({"template": tpl, "retries": 5});
+    let (code, err) = sidecar
+        .request("PUT", &format!("/v1/tasks/{ns}/keep"), Some(&other))
+        .await?;
+    assert_eq!(
+        (code, err["code"].as_str()),
+        (409, Some("spec_conflict")),
+        "{err}"
+    );
+    let (code, st) = sidecar
+        .request("PUT", &format!("/v1/tasks/{ns}/keep"), Some(&body))
+        .await?;
+    assert_eq!(code, 200, "{st}");
+    assert_eq!(st["needs_template"], false, "{st}");
+    pods::wait_running(&api, "keep-1").await?;
+    assert_eq!(sorted(creates(&bed, &ns)?), ["ends-0", "keep-0", "keep-1"]);
+    Ok(())
+}
