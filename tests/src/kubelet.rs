@@ -341,17 +341,24 @@ async fn run(client: Client, opts: KubeletOptions) {
                     let wait = Duration::from_secs_f64((grace * share).max(0.0));
                     tokio::spawn(async move {
                         tokio::time::sleep(wait).await;
-                        // The pod as it is now: a test may have ended it meanwhile.
-                        let current = match api.get_opt(&name).await {
-                            Ok(Some(p)) if p.uid().as_deref() == Some(uid.as_str()) => p,
-                            Ok(_) => return,
-                            Err(e) => {
-                                eprintln!("simulated kubelet: reading {name}: {e}");
-                                pod
+                        // As a kubelet does, it keeps trying until the pod is
+                        // gone (an API server down a while included).
+                        for _ in 0..120 {
+                            // The pod as it is now: a test may have ended it meanwhile.
+                            let current = match api.get_opt(&name).await {
+                                Ok(Some(p)) if p.uid().as_deref() == Some(uid.as_str()) => p,
+                                Ok(_) => return,
+                                Err(e) => {
+                                    eprintln!("simulated kubelet: reading {name}: {e}");
+                                    tokio::time::sleep(Duration::from_secs(1)).await;
+                                    continue;
+                                }
+                            };
+                            match finish(&api, &current).await {
+                                Ok(()) => return,
+                                Err(e) => eprintln!("simulated kubelet: {e:#}; retrying"),
                             }
-                        };
-                        if let Err(e) = finish(&api, &current).await {
-                            eprintln!("simulated kubelet: {e:#}");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
                         }
                     });
                 }

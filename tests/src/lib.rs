@@ -23,6 +23,7 @@ pub mod disruptions;
 pub mod executor;
 pub mod faults;
 pub mod go_build;
+pub mod guard_chaos;
 pub mod guard_task;
 pub mod helm;
 pub mod kubelet;

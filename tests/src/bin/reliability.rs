@@ -113,7 +113,49 @@ async fn run(args: &Args) -> Result<bool> {
     if wanted("port_attack") {
         pass &= port_attack(Duration::from_secs(if q { 12 } else { 60 })).await?;
     }
+    // Not part of the default set: its quick form is an end-to-end test
+    // (tests/tests/guard_chaos.rs); `--only guard_chaos` runs the full one.
+    if args.only.iter().any(|o| o == "guard_chaos") {
+        pass &= guard_chaos(if q { 40 } else { 1000 }).await?;
+    }
     Ok(pass)
+}
+
+/// `tasks` tasks through one sidecar while it is SIGKILLed five times, the
+/// API server restarts twice, and every fourth running pod is deleted or
+/// evicted (see `testbed::guard_chaos`).
+async fn guard_chaos(tasks: usize) -> Result<bool> {
+    use testbed::guard_chaos::{run, ChaosOptions};
+    let (mut bed, ns) = testbed::guard_task::audited_bed("chaos").await?;
+    let opts = ChaosOptions {
+        tasks,
+        sidecar_kills: 5,
+        apiserver_restarts: 2,
+        disrupt_every: 4,
+        deadline: Duration::from_secs(1800),
+    };
+    let r = run(&mut bed, &ns, &opts).await?;
+    let line = format!(
+        "guard_chaos        {} tasks in {:.0} s: {} results acknowledged ({} delivered), {} sidecar kills, {} API server restarts, {} pods deleted, {} evicted; {} pods created, {} Creates answered 409, {} names created twice ({} of tasks never disrupted), {} done-marks before their acknowledgement, {} pods left running",
+        r.tasks,
+        r.seconds,
+        r.results_acknowledged,
+        r.results_delivered,
+        r.sidecar_kills,
+        r.apiserver_restarts,
+        r.pods_deleted,
+        r.pods_evicted,
+        r.pods_created,
+        r.create_conflicts,
+        r.names_created_twice.len(),
+        r.names_created_twice_undisrupted.len(),
+        r.done_before_ack.len(),
+        r.left_running.len()
+    );
+    let mut v = serde_json::to_value(&r)?;
+    v["group"] = json!("guard_chaos");
+    v["pass"] = json!(r.pass());
+    Ok(report(v, line))
 }
 
 /// The attack port_attack runs: slow clients from four addresses, 100
