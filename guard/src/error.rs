@@ -16,6 +16,8 @@ pub enum TaskError {
     NotFound(String),
     #[error("task {0} has not ended; a retry is for a task that has ended (DELETE aborts it)")]
     NotEnded(String),
+    #[error("task {0} has ended but a pod of it still runs (its deletion was asked for); forget it once that pod is terminating or gone")]
+    CleanupPending(String),
     #[error("the pod template is not usable: {0}")]
     Template(String),
     #[error("this executor watches namespace {watched} only, not {asked}; run a sidecar for {asked} or one without --namespace")]

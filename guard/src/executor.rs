@@ -110,6 +110,16 @@ impl Executor {
             .unwrap_or(Err(TaskError::Stopped))
     }
 
+    /// Forgets a task that has ended and has no pod left running: its status
+    /// is no longer served and its memory is freed ([`TaskError::NotEnded`],
+    /// [`TaskError::CleanupPending`] otherwise).
+    pub async fn forget(&self, key: &TaskKey) -> Result<(), TaskError> {
+        let key = key.clone();
+        self.ask(|reply| Command::Forget { key, reply })
+            .await
+            .unwrap_or(Err(TaskError::Stopped))
+    }
+
     /// The event log (transitions, results, adoptions).
     pub fn log(&self) -> &Arc<EventLog> {
         &self.log
@@ -165,8 +175,10 @@ impl Executor {
                 task,
                 outcome,
             } => {
-                let uid = outcome.uid.clone()?;
                 let key = TaskKey::new(namespace, task);
+                // Acknowledged: forgotten after the retention period.
+                let _ = self.tx.send(Command::Acknowledged { key: key.clone() });
+                let uid = outcome.uid.clone()?;
                 let found = self
                     .ask(|reply| Command::PodVersion { key, uid, reply })
                     .await

@@ -27,6 +27,11 @@ pub struct ExecutorConfig {
     /// [`crate::lease::InstanceLease::hold`]): while it does not, nothing is
     /// launched and nothing is marked done. Open by default.
     pub fence: Fence,
+    /// A task whose result was acknowledged is forgotten this long after
+    /// (its status is no longer served; `None`: kept until the process
+    /// ends). Default 10 minutes: memory stays bounded in a long-lived
+    /// sidecar.
+    pub forget_after: Option<Duration>,
 }
 
 impl ExecutorConfig {
@@ -43,6 +48,7 @@ impl ExecutorConfig {
             publish_events: true,
             max_in_flight: 16,
             fence: Fence::open(),
+            forget_after: Some(Duration::from_secs(600)),
         }
     }
 }

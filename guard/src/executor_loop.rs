@@ -74,6 +74,12 @@ pub(crate) enum Command {
         key: TaskKey,
         reply: oneshot::Sender<Result<TaskStatus, TaskError>>,
     },
+    Forget {
+        key: TaskKey,
+        reply: oneshot::Sender<Result<(), TaskError>>,
+    },
+    /// The task's Result was acknowledged.
+    Acknowledged { key: TaskKey },
     /// The pod a Result event is about, with its last resourceVersion.
     PodVersion {
         key: TaskKey,
@@ -114,6 +120,8 @@ struct Entry {
     /// Aborted before the first pod list was in: never launched, and its
     /// pods (if it had any) deleted once the list is in.
     aborted: bool,
+    /// Its result was acknowledged: forgotten at this time.
+    forget_at_ms: Option<i64>,
 }
 
 struct Loop {
@@ -202,7 +210,7 @@ impl Loop {
             let wake = self
                 .tasks
                 .values()
-                .filter_map(|e| e.wake_at_ms)
+                .flat_map(|e| e.wake_at_ms.into_iter().chain(e.forget_at_ms))
                 .min()
                 .map(|at| {
                     // At most a day ahead: a bound of u64::MAX seconds must
@@ -306,6 +314,7 @@ impl Loop {
                     transient: self.config.transient_backoff.build(),
                     reported: false,
                     aborted: false,
+                    forget_at_ms: None,
                 },
             );
         }
@@ -379,10 +388,44 @@ impl Loop {
             Command::Abort { key, reply } => {
                 let _ = reply.send(self.abort(&key));
             }
+            Command::Forget { key, reply } => {
+                let _ = reply.send(self.forget(&key));
+            }
+            Command::Acknowledged { key } => {
+                let at = self
+                    .config
+                    .forget_after
+                    .map(|d| now_ms().saturating_add(millis(d)));
+                if let Some(e) = self.tasks.get_mut(&key) {
+                    let ended = e.state.as_ref().is_some_and(|s| s.outcome.is_some());
+                    if ended {
+                        e.forget_at_ms = at;
+                    }
+                }
+            }
             Command::PodVersion { key, uid, reply } => {
                 let _ = reply.send(self.index.version(&key, &uid));
             }
         }
+    }
+
+    /// Removes an ended task none of whose pods still runs.
+    fn forget(&mut self, key: &TaskKey) -> Result<(), TaskError> {
+        let Some(e) = self.tasks.get(key) else {
+            return Err(TaskError::NotFound(key.task.clone()));
+        };
+        let Some(s) = e.state.as_ref().filter(|s| s.outcome.is_some()) else {
+            return Err(TaskError::NotEnded(key.task.clone()));
+        };
+        let live = self
+            .pods(key)
+            .iter()
+            .any(|p| !p.deleting() && !matches!(p.phase.as_str(), "Succeeded" | "Failed"));
+        if live || s.delete_on_sight {
+            return Err(TaskError::CleanupPending(key.task.clone()));
+        }
+        self.tasks.remove(key);
+        Ok(())
     }
 
     fn abort(&mut self, key: &TaskKey) -> Result<TaskStatus, TaskError> {
@@ -459,6 +502,7 @@ impl Loop {
                 transient: self.config.transient_backoff.build(),
                 reported: false,
                 aborted: false,
+                forget_at_ms: None,
             },
         );
         if self.synced {
@@ -481,6 +525,7 @@ impl Loop {
         let spec = e.spec.clone();
         let (s, d) = reconcile::retry(&spec, s, now_ms());
         e.reported = false;
+        e.forget_at_ms = None;
         self.perform(key, s, d);
         self.reconcile(key);
         self.status(key)
@@ -500,6 +545,22 @@ impl Loop {
                 e.wake_at_ms = None;
             }
             self.reconcile(&k);
+        }
+        let forget: Vec<TaskKey> = self
+            .tasks
+            .iter()
+            .filter(|(_, e)| e.forget_at_ms.is_some_and(|w| w <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in forget {
+            if let Some(e) = self.tasks.get_mut(&k) {
+                e.forget_at_ms = None;
+            }
+            // Run again since, or a pod still running: kept (a later
+            // acknowledgement arms it again).
+            if self.forget(&k).is_ok() {
+                tracing::debug!(task = %k.task, namespace = %k.namespace, "forgot a task whose result was acknowledged");
+            }
         }
     }
 

@@ -68,6 +68,10 @@ struct SidecarArgs {
     /// (events of type `adopted` and `gone`).
     #[arg(long, requires = "namespace")]
     adopt: bool,
+    /// Forget a task this long after its result was acknowledged (its
+    /// status is no longer served; 0: never), so memory stays bounded.
+    #[arg(long, default_value_t = 600)]
+    forget_after_seconds: u64,
     #[command(flatten)]
     lease: LeaseArgs,
 }
@@ -447,6 +451,8 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     let mut config = GuardConfig::new(&args.instance);
     config.namespace = args.namespace.clone();
     config.fence = holding.fence();
+    config.forget_after =
+        (args.forget_after_seconds > 0).then(|| Duration::from_secs(args.forget_after_seconds));
     let executor = Executor::start(client.clone(), config);
     let adoption = match (&args.namespace, args.adopt) {
         (Some(ns), true) => {

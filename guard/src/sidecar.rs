@@ -134,6 +134,7 @@ impl From<TaskError> for ApiFailure {
             TaskError::TemplateConflict(_) => (StatusCode::CONFLICT, "template_conflict"),
             TaskError::SpecConflict(_) => (StatusCode::CONFLICT, "spec_conflict"),
             TaskError::NotEnded(_) => (StatusCode::CONFLICT, "not_ended"),
+            TaskError::CleanupPending(_) => (StatusCode::CONFLICT, "cleanup_pending"),
             TaskError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             TaskError::Template(_) => (StatusCode::BAD_REQUEST, "bad_template"),
             TaskError::WrongNamespace { .. } => (StatusCode::BAD_REQUEST, "wrong_namespace"),
@@ -249,11 +250,25 @@ async fn get_task(
     }
 }
 
+#[derive(Debug, Deserialize)]
+pub struct DeleteQuery {
+    /// Also forget the task once it has ended (its status is no longer
+    /// served; memory is freed).
+    #[serde(default)]
+    pub forget: bool,
+}
+
 async fn delete_task(
     State(s): State<Sidecar>,
     Path((namespace, task)): Path<(String, String)>,
+    q: Result<Query<DeleteQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiFailure> {
-    let st = s.executor.abort(&TaskKey::new(&namespace, &task)).await?;
+    let Query(q) = q.map_err(|e| bad_request(format!("{e}; forget is true or false")))?;
+    let key = TaskKey::new(&namespace, &task);
+    let st = s.executor.abort(&key).await?;
+    if q.forget {
+        s.executor.forget(&key).await?;
+    }
     Ok(Json(st).into_response())
 }
 

@@ -26,6 +26,8 @@ pub struct SidecarProcess {
     dir: PathBuf,
     starts: u32,
     adopt: bool,
+    /// More arguments for `graceguard sidecar`.
+    extra: Vec<String>,
     process: Option<Managed>,
 }
 
@@ -67,8 +69,22 @@ impl SidecarProcess {
             kubeconfig: bed.kubeconfig_for("alice")?,
             dir: bed.dir().to_path_buf(),
             starts: 0,
+            extra: Vec::new(),
             process: None,
         })
+    }
+
+    /// [`SidecarProcess::start`] with more arguments.
+    pub async fn start_with_args(
+        bed: &TestBed,
+        instance: &str,
+        namespace: &str,
+        extra: &[&str],
+    ) -> Result<Self> {
+        let mut s = Self::unstarted(bed, instance, namespace, false, instance)?;
+        s.extra = extra.iter().map(ToString::to_string).collect();
+        s.spawn().await?;
+        Ok(s)
     }
 
     /// A second process for `instance` (on its own socket `socket`), started
@@ -117,6 +133,7 @@ impl SidecarProcess {
         if self.adopt {
             cmd.arg("--adopt");
         }
+        cmd.args(&self.extra);
         self.starts += 1;
         let log = self.log_path();
         self.process = Some(Managed::spawn("graceguard sidecar", cmd, &log)?);

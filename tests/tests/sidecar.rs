@@ -624,3 +624,96 @@ async fn a_restarted_sidecar_knows_its_tasks_before_they_are_submitted_again() -
     assert_eq!(sorted(creates(&bed, &ns)?), ["ends-0", "keep-0", "keep-1"]);
     Ok(())
 }
+
+/// Memory stays bounded: a task is forgotten once its result was
+/// acknowledged and the retention has passed (`--forget-after-seconds`), or
+/// at once with `DELETE …?forget=true` once none of its pods runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_and_deleted_tasks_are_forgotten() -> R {
+    use testbed::sidecar::http;
+    let (bed, ns, template) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    let body = serde_json::json!({"template": tpl});
+    let sidecar =
+        SidecarProcess::start_with_args(&bed, "exec-m", &ns, &["--forget-after-seconds", "2"])
+            .await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    for task in ["acked", "dropped"] {
+        let (code, st) = sidecar
+            .request("PUT", &format!("/v1/tasks/{ns}/{task}"), Some(&body))
+            .await?;
+        assert_eq!(code, 200, "{st}");
+    }
+    pods::wait_running(&api, "acked-0").await?;
+    pods::wait_running(&api, "dropped-0").await?;
+    // Still running: not forgotten, only aborted.
+    let (code, err) = sidecar
+        .request(
+            "DELETE",
+            &format!("/v1/tasks/{ns}/dropped?forget=true"),
+            None,
+        )
+        .await?;
+    assert!(
+        code == 200 || (code, err["code"].as_str()) == (409, Some("cleanup_pending")),
+        "{code} {err}"
+    );
+    eventually(Duration::from_secs(30), "dropped forgotten", || async {
+        let (code, _) = http(
+            &sidecar.socket,
+            "DELETE",
+            &format!("/v1/tasks/{ns}/dropped?forget=true"),
+            None,
+        )
+        .await?;
+        Ok(code == 200 || code == 404)
+    })
+    .await?;
+    let (code, _) = sidecar
+        .request("GET", &format!("/v1/tasks/{ns}/dropped"), None)
+        .await?;
+    assert_eq!(code, 404, "forgotten");
+    // The other ends; its result is acknowledged; 2 s later it is gone.
+    kubelet.end_pod(&ns, "acked-0", Terminal::Succeeded).await?;
+    let (mut seq, mut epoch) = (None, serde_json::Value::Null);
+    for _ in 0..30 {
+        let (_, batch) = sidecar
+            .request("GET", "/v1/events?after=0&wait=1", None)
+            .await?;
+        epoch = batch["epoch"].clone();
+        seq = batch["events"].as_array().and_then(|es| {
+            es.iter()
+                .find(|e| e["type"] == "result" && e["task"] == "acked")
+                .map(|e| e["seq"].clone())
+        });
+        if seq.is_some() {
+            break;
+        }
+    }
+    let seq = seq.ok_or_else(|| anyhow::anyhow!("no result for acked"))?;
+    let (code, _) = sidecar
+        .request("GET", &format!("/v1/tasks/{ns}/acked"), None)
+        .await?;
+    assert_eq!(code, 200, "kept until acknowledged");
+    let (code, acked) = sidecar
+        .request(
+            "POST",
+            "/v1/events/ack",
+            Some(&serde_json::json!({"epoch": epoch, "seqs": [seq]})),
+        )
+        .await?;
+    assert_eq!(code, 200, "{acked}");
+    eventually(Duration::from_secs(20), "acked forgotten", || async {
+        let (code, _) = http(
+            &sidecar.socket,
+            "GET",
+            &format!("/v1/tasks/{ns}/acked"),
+            None,
+        )
+        .await?;
+        Ok(code == 404)
+    })
+    .await?;
+    Ok(())
+}
