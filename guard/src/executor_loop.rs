@@ -532,30 +532,26 @@ impl Loop {
             .ok_or(TaskError::NotFound(key.task.clone()))
     }
 
+    /// The tasks whose timer `slot` has come, with the timer cleared.
+    fn take_due(&mut self, now: i64, slot: fn(&mut Entry) -> &mut Option<i64>) -> Vec<TaskKey> {
+        self.tasks
+            .iter_mut()
+            .filter_map(|(k, e)| {
+                let t = slot(e);
+                t.is_some_and(|w| w <= now).then(|| {
+                    *t = None;
+                    k.clone()
+                })
+            })
+            .collect()
+    }
+
     fn wake(&mut self) {
         let now = now_ms();
-        let due: Vec<TaskKey> = self
-            .tasks
-            .iter()
-            .filter(|(_, e)| e.wake_at_ms.is_some_and(|w| w <= now))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in due {
-            if let Some(e) = self.tasks.get_mut(&k) {
-                e.wake_at_ms = None;
-            }
+        for k in self.take_due(now, |e| &mut e.wake_at_ms) {
             self.reconcile(&k);
         }
-        let forget: Vec<TaskKey> = self
-            .tasks
-            .iter()
-            .filter(|(_, e)| e.forget_at_ms.is_some_and(|w| w <= now))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in forget {
-            if let Some(e) = self.tasks.get_mut(&k) {
-                e.forget_at_ms = None;
-            }
+        for k in self.take_due(now, |e| &mut e.forget_at_ms) {
             // Run again since, or a pod still running: kept (a later
             // acknowledgement arms it again).
             if self.forget(&k).is_ok() {
