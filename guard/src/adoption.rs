@@ -85,6 +85,11 @@ pub struct Adopter {
     delivered: HashSet<String>,
     /// Completed pods of live owners, by the time (s) their Lease expires.
     waiting: HashMap<String, (Pod, i64)>,
+    /// Pods deleted while their owner's Lease looked alive (an owner this
+    /// adopter had only just seen), looked at again when it would lapse:
+    /// lapsed, they are reported gone; renewed, the owner lives and handles
+    /// them itself.
+    gone_waiting: HashMap<String, (Pod, i64)>,
     /// Completed pods whose claim failed, tried again at the next sync.
     retry: Vec<Pod>,
     /// The uids of a re-list in progress.
@@ -111,6 +116,7 @@ impl Adopter {
             events,
             delivered: HashSet::new(),
             waiting: HashMap::new(),
+            gone_waiting: HashMap::new(),
             retry: Vec::new(),
             relisted: None,
             leases_seen: Observer::default(),
@@ -143,6 +149,27 @@ impl Adopter {
         }
         let mut found = Vec::new();
         let mut expiry: HashMap<String, Option<i64>> = HashMap::new();
+        let gone_due: Vec<String> = self
+            .gone_waiting
+            .iter()
+            .filter(|(_, (_, at))| *at <= now)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in gone_due {
+            let Some((p, _)) = self.gone_waiting.remove(&uid) else {
+                continue;
+            };
+            let owner = label(&p, INSTANCE_LABEL);
+            match self.lease_expiry(&owner, &mut expiry, now).await {
+                Ok(None) => found.push(Found::Gone(adopted(&p, phase_of(&p)))),
+                // Renewed since: the owner lives and sees the deletion itself.
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, pod = %p.name_any(), "a deleted pod's owner could not be checked; reporting it gone");
+                    found.push(Found::Gone(adopted(&p, phase_of(&p))));
+                }
+            }
+        }
         for ev in batch {
             match ev {
                 Ok(Event::InitApply(p)) => {
@@ -280,7 +307,13 @@ impl Adopter {
             .await
         {
             Ok(None) => Some(adopted(pod, phase)),
-            Ok(Some(_)) => None,
+            Ok(Some(at)) => {
+                // Alive as far as this adopter can tell (it may have only
+                // just seen the owner's Lease): decided when it would lapse.
+                let uid = pod.uid().unwrap_or_default();
+                self.gone_waiting.insert(uid, (pod.clone(), at + 1));
+                None
+            }
             Err(e) => {
                 tracing::warn!(error = %e, pod = %pod.name_any(), "a deleted pod's owner could not be checked; reporting it gone");
                 Some(adopted(pod, phase))
