@@ -136,29 +136,10 @@ impl Adopter {
         }
         let now = Timestamp::now().as_second();
         let mut todo: Vec<Pod> = std::mem::take(&mut self.retry);
-        let due: Vec<String> = self
-            .waiting
-            .iter()
-            .filter(|(_, (_, at))| *at <= now)
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        for uid in due {
-            if let Some((p, _)) = self.waiting.remove(&uid) {
-                todo.push(p);
-            }
-        }
+        todo.extend(take_due(&mut self.waiting, now));
         let mut found = Vec::new();
         let mut expiry: HashMap<String, Option<i64>> = HashMap::new();
-        let gone_due: Vec<String> = self
-            .gone_waiting
-            .iter()
-            .filter(|(_, (_, at))| *at <= now)
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        for uid in gone_due {
-            let Some((p, _)) = self.gone_waiting.remove(&uid) else {
-                continue;
-            };
+        for p in take_due(&mut self.gone_waiting, now) {
             let owner = label(&p, INSTANCE_LABEL);
             match self.lease_expiry(&owner, &mut expiry, now).await {
                 Ok(None) => found.push(Found::Gone(adopted(&p, phase_of(&p)))),
@@ -370,6 +351,13 @@ impl Adopter {
         cache.insert(owner.to_string(), at);
         Ok(at)
     }
+}
+
+/// The pods of `held` whose time (s) has come, taken out.
+fn take_due(held: &mut HashMap<String, (Pod, i64)>, now: i64) -> Vec<Pod> {
+    held.extract_if(|_, (_, at)| *at <= now)
+        .map(|(_, (p, _))| p)
+        .collect()
 }
 
 fn phase_of(pod: &Pod) -> String {

@@ -124,6 +124,24 @@ struct Entry {
     forget_at_ms: Option<i64>,
 }
 
+impl Entry {
+    /// A task not yet launched nor resumed (that waits for the first list).
+    fn new(spec: TaskSpec, template: Option<Pod>, hash: String, config: &ExecutorConfig) -> Self {
+        Self {
+            spec,
+            template,
+            awaiting_template: false,
+            template_hash: hash,
+            state: None,
+            wake_at_ms: None,
+            transient: config.transient_backoff.build(),
+            reported: false,
+            aborted: false,
+            forget_at_ms: None,
+        }
+    }
+}
+
 struct Loop {
     client: Client,
     config: ExecutorConfig,
@@ -302,21 +320,8 @@ impl Loop {
             }
             let spec = TaskSpec::from_record(&recorded, &key.namespace, &self.config.instance);
             tracing::info!(task = %spec.task, namespace = %key.namespace, "taking up an unfinished task from its pods");
-            self.tasks.insert(
-                key,
-                Entry {
-                    spec,
-                    template: None,
-                    awaiting_template: false,
-                    template_hash: hash.unwrap_or_default(),
-                    state: None,
-                    wake_at_ms: None,
-                    transient: self.config.transient_backoff.build(),
-                    reported: false,
-                    aborted: false,
-                    forget_at_ms: None,
-                },
-            );
+            let entry = Entry::new(spec, None, hash.unwrap_or_default(), &self.config);
+            self.tasks.insert(key, entry);
         }
     }
 
@@ -490,21 +495,8 @@ impl Loop {
         let mut spec = spec;
         spec.instance = self.config.instance.clone();
         let template = with_hash(template, &hash);
-        self.tasks.insert(
-            key.clone(),
-            Entry {
-                spec,
-                template: Some(template),
-                awaiting_template: false,
-                template_hash: hash,
-                state: None,
-                wake_at_ms: None,
-                transient: self.config.transient_backoff.build(),
-                reported: false,
-                aborted: false,
-                forget_at_ms: None,
-            },
-        );
+        let entry = Entry::new(spec, Some(template), hash, &self.config);
+        self.tasks.insert(key.clone(), entry);
         if self.synced {
             self.reconcile(&key);
         }
