@@ -16,6 +16,9 @@
 //!    conditional on the claim's resourceVersion), which takes it out of the
 //!    watch's selector and so out of memory.
 //!
+//! The done-mark also lets go of the pod's result finalizer
+//! ([`crate::result_finalizer`]), which kept it until then.
+//!
 //! A crash between claim and acknowledgement loses nothing: the pod is still
 //! claimed by this instance and not done, so the restarted instance delivers
 //! it again (at least once), and once this instance's Lease has expired,
@@ -63,6 +66,10 @@ pub struct AdoptedPod {
     pub reason: Option<String>,
     /// After the claim: what the done-mark is conditional on.
     pub resource_version: String,
+    /// Its finalizers after the claim (the done-mark writes them back
+    /// without graceguard's result finalizer).
+    #[serde(skip)]
+    pub finalizers: Vec<String>,
 }
 
 /// What a sync found.
@@ -211,7 +218,7 @@ impl Adopter {
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(pod = %pod.name_any(), error = %e, "claiming a completed pod failed; retrying at the next sync");
-                    self.retry.push(pod);
+                    self.retry.push(slim(&pod));
                 }
             }
         }
@@ -236,7 +243,7 @@ impl Adopter {
         }
         if let Some(at) = self.lease_expiry(&owner, cache, now).await? {
             // The owner lives: look again when its Lease would expire.
-            self.waiting.insert(uid, (pod.clone(), at + 1));
+            self.waiting.insert(uid, (slim(pod), at + 1));
             return Ok(None);
         }
         let claimant = pod
@@ -247,7 +254,7 @@ impl Adopter {
         if !claimant.is_empty() && claimant != self.instance {
             if let Some(at) = self.lease_expiry(&claimant, cache, now).await? {
                 // Another adopter has it; if that one dies, take it over.
-                self.waiting.insert(uid, (pod.clone(), at + 1));
+                self.waiting.insert(uid, (slim(pod), at + 1));
                 return Ok(None);
             }
         }
@@ -292,7 +299,7 @@ impl Adopter {
                 // Alive as far as this adopter can tell (it may have only
                 // just seen the owner's Lease): decided when it would lapse.
                 let uid = pod.uid().unwrap_or_default();
-                self.gone_waiting.insert(uid, (pod.clone(), at + 1));
+                self.gone_waiting.insert(uid, (slim(pod), at + 1));
                 None
             }
             Err(e) => {
@@ -310,6 +317,7 @@ impl Adopter {
             &pod.namespace,
             &pod.name,
             &pod.resource_version,
+            &pod.finalizers,
             &self.instance,
         )
         .await
@@ -360,11 +368,61 @@ fn take_due(held: &mut HashMap<String, (Pod, i64)>, now: i64) -> Vec<Pod> {
         .collect()
 }
 
+/// What adoption needs of a pod it holds on to (waiting for its owner's
+/// Lease, or for a claim to be tried again): its metadata without the
+/// managed fields and other annotations, its phase and DisruptionTarget
+/// condition; no spec. Thousands of held pods stay small.
+fn slim(pod: &Pod) -> Pod {
+    use k8s_openapi::api::core::v1::PodStatus;
+    let m = &pod.metadata;
+    let claimed = m
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CLAIMED_BY_ANNOTATION))
+        .map(|c| [(CLAIMED_BY_ANNOTATION.to_string(), c.clone())].into());
+    let status = pod.status.as_ref().map(|s| PodStatus {
+        phase: s.phase.clone(),
+        conditions: s.conditions.as_ref().map(|cs| {
+            cs.iter()
+                .filter(|c| c.type_ == "DisruptionTarget")
+                .cloned()
+                .collect()
+        }),
+        ..Default::default()
+    });
+    Pod {
+        metadata: kube::api::ObjectMeta {
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            uid: m.uid.clone(),
+            resource_version: m.resource_version.clone(),
+            labels: m.labels.clone(),
+            annotations: claimed,
+            finalizers: m.finalizers.clone(),
+            deletion_timestamp: m.deletion_timestamp.clone(),
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            ..Default::default()
+        },
+        spec: None,
+        status,
+    }
+}
+
+/// Its phase; a pod whose deletion has finished (grace 0) but that a
+/// finalizer keeps, and whose kubelet posted no terminal phase (before
+/// Kubernetes 1.22), ended `Failed`: it was stopped before it ended.
 fn phase_of(pod: &Pod) -> String {
-    pod.status
+    let phase = pod
+        .status
         .as_ref()
         .and_then(|s| s.phase.clone())
-        .unwrap_or_else(|| "Pending".into())
+        .unwrap_or_else(|| "Pending".into());
+    let finished = pod.metadata.deletion_timestamp.is_some()
+        && pod.metadata.deletion_grace_period_seconds == Some(0);
+    match (finished, phase.as_str()) {
+        (true, p) if p != "Succeeded" && p != "Failed" => "Failed".into(),
+        _ => phase,
+    }
 }
 
 fn label(pod: &Pod, key: &str) -> String {
@@ -387,5 +445,6 @@ fn adopted(pod: &Pod, phase: String) -> AdoptedPod {
                 .map(|_| "Deleted".into())
         }),
         resource_version: pod.resource_version().unwrap_or_default(),
+        finalizers: pod.finalizers().to_vec(),
     }
 }

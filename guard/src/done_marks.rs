@@ -1,7 +1,9 @@
 //! Done-marks: a result (or an adopted pod) acknowledged by its caller is
 //! labelled `graceguard.io/done=true` on its pod, conditionally on the
 //! resourceVersion it was delivered with, so of two instances that both
-//! believe they own it, one marks it and the other learns it lost.
+//! believe they own it, one marks it and the other learns it lost. The same
+//! write lets go of the result finalizer ([`crate::result_finalizer`]): an
+//! acknowledged result needs no keeping.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
@@ -9,6 +11,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::naming::{CLAIMED_BY_ANNOTATION, DONE_LABEL};
+use crate::result_finalizer;
 
 /// What a done-mark came to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -26,24 +29,30 @@ pub enum Marked {
     Failed(String),
 }
 
-/// Labels pod `name` done for `instance`, conditionally on resourceVersion
-/// `rv`: a pod changed since is re-read, and if another instance has marked
-/// or claimed it meanwhile, this one has lost it.
+/// Labels pod `name` done for `instance` and removes graceguard's result
+/// finalizer from `finalizers` (the pod's, as seen at resourceVersion
+/// `rv`), conditionally on `rv`: a pod changed since is re-read, and if
+/// another instance has marked or claimed it meanwhile, this one has lost
+/// it.
 pub async fn mark_done(
     client: &Client,
     namespace: &str,
     name: &str,
     rv: &str,
+    finalizers: &[String],
     instance: &str,
 ) -> Marked {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let mut rv = rv.to_string();
+    let mut finalizers = finalizers.to_vec();
     // A conflict from an unrelated change (a status update) is retried on
     // the new version, unless the pod is done by then.
     for _ in 0..3 {
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": rv, "labels": {DONE_LABEL: "true"}}
-        });
+        let mut meta = serde_json::json!({"resourceVersion": rv, "labels": {DONE_LABEL: "true"}});
+        if result_finalizer::holds(&finalizers) {
+            meta["finalizers"] = serde_json::json!(result_finalizer::without(&finalizers));
+        }
+        let patch = serde_json::json!({ "metadata": meta });
         match api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -63,7 +72,10 @@ pub async fn mark_done(
                 {
                     return Marked::Lost
                 }
-                Ok(Some(p)) => rv = p.resource_version().unwrap_or_default(),
+                Ok(Some(p)) => {
+                    rv = p.resource_version().unwrap_or_default();
+                    finalizers = p.finalizers().to_vec();
+                }
                 Ok(None) => return Marked::Gone,
                 Err(e) => return Marked::Failed(format!("re-reading pod {name}: {e}")),
             },

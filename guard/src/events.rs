@@ -2,12 +2,15 @@
 //!
 //! A result is delivered at least once and marked done only after the caller
 //! acknowledged it: events stay in the log (and are served again after a
-//! reconnect) until acknowledged. Transitions are informational and the
-//! oldest of them give way when the log is full; results never do.
+//! reconnect) until acknowledged. Transitions are informational: the oldest
+//! of them give way when the log is full, and any older than
+//! [`TRANSITION_MAX_AGE`] go. Results stay until acknowledged, or until their
+//! task is forgotten ([`EventLog::forget`]); their pods keep them too (the
+//! result finalizer), so a restarted process delivers them again.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::Notify;
@@ -18,6 +21,12 @@ use crate::reconcile::Outcome;
 
 /// Unacknowledged events kept at most (results are kept beyond it).
 pub const CAPACITY: usize = 100_000;
+
+/// Unacknowledged transitions older than this are dropped.
+pub const TRANSITION_MAX_AGE: Duration = Duration::from_secs(3600);
+
+/// Every how many pushes old transitions are looked for.
+const AGE_SWEEP_EVERY: u64 = 1024;
 
 /// What happened.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -69,7 +78,8 @@ pub struct Logged {
 #[derive(Default)]
 struct Inner {
     next: u64,
-    events: VecDeque<Logged>,
+    /// Each with when it was logged.
+    events: VecDeque<(Logged, Instant)>,
     dropped: u64,
 }
 
@@ -101,12 +111,19 @@ impl EventLog {
             let mut i = self.lock();
             i.next += 1;
             let seq = i.next;
-            i.events.push_back(Logged { seq, body });
+            let now = Instant::now();
+            i.events.push_back((Logged { seq, body }, now));
             if i.events.len() > CAPACITY {
-                if let Some(pos) = i.events.iter().position(|e| !e.body.needs_ack()) {
+                if let Some(pos) = i.events.iter().position(|(e, _)| !e.body.needs_ack()) {
                     i.events.remove(pos);
                     i.dropped += 1;
                 }
+            }
+            if seq.is_multiple_of(AGE_SWEEP_EVERY) {
+                let before = i.events.len();
+                i.events
+                    .retain(|(e, at)| e.body.needs_ack() || now - *at < TRANSITION_MAX_AGE);
+                i.dropped += (before - i.events.len()) as u64;
             }
             seq
         };
@@ -126,6 +143,7 @@ impl EventLog {
                 .lock()
                 .events
                 .iter()
+                .map(|(e, _)| e)
                 .filter(|e| e.seq > after)
                 .take(limit)
                 .cloned()
@@ -143,8 +161,8 @@ impl EventLog {
     pub fn ack(&self, seq: u64) -> Vec<Logged> {
         let mut i = self.lock();
         let mut acked = Vec::new();
-        while i.events.front().is_some_and(|e| e.seq <= seq) {
-            if let Some(e) = i.events.pop_front() {
+        while i.events.front().is_some_and(|(e, _)| e.seq <= seq) {
+            if let Some((e, _)) = i.events.pop_front() {
                 if e.body.needs_ack() {
                     acked.push(e);
                 }
@@ -158,7 +176,7 @@ impl EventLog {
     pub fn ack_only(&self, seqs: &HashSet<u64>) -> Vec<Logged> {
         let mut i = self.lock();
         let mut acked = Vec::new();
-        i.events.retain(|e| {
+        i.events.retain(|(e, _)| {
             if !seqs.contains(&e.seq) {
                 return true;
             }
@@ -168,6 +186,23 @@ impl EventLog {
             false
         });
         acked
+    }
+
+    /// Drops every event about task `task` in `namespace` (a task
+    /// forgotten: nobody acknowledges its result now).
+    pub fn forget(&self, namespace: &str, task: &str) {
+        self.lock().events.retain(|(e, _)| match &e.body {
+            EventBody::Result {
+                namespace: n,
+                task: t,
+                ..
+            } => !(n == namespace && t == task),
+            EventBody::Transition {
+                namespace: n,
+                transition,
+            } => !(n == namespace && transition.task == task),
+            _ => true,
+        });
     }
 
     /// Changes whenever the log starts anew (a restarted sidecar): sequence
@@ -236,6 +271,31 @@ mod tests {
         assert_eq!(json["type"], "transition");
         assert_eq!(json["seq"], 2);
         assert_eq!(json["task"], "b");
+    }
+
+    #[tokio::test]
+    async fn a_forgotten_tasks_events_go_and_others_stay() {
+        let log = EventLog::default();
+        log.push(transition("a"));
+        log.push(transition("b"));
+        log.push(EventBody::Result {
+            namespace: "ns".into(),
+            task: "a".into(),
+            outcome: Outcome {
+                succeeded: true,
+                failure_kind: None,
+                reason: None,
+                attempts: 1,
+                user_failures: 0,
+                system_failures: 0,
+                pod: "a-0".into(),
+                uid: None,
+            },
+        });
+        log.forget("ns", "a");
+        let left = log.after(0, 10, Duration::ZERO).await;
+        assert_eq!(left.iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
+        assert_eq!(log.counts(), (1, 0));
     }
 
     #[tokio::test]

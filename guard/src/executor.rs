@@ -120,6 +120,14 @@ impl Executor {
             .unwrap_or(Err(TaskError::Stopped))
     }
 
+    /// Waits (up to `within`) until no result finalizer is being let go
+    /// of: a process that stops right after a result waits for its last
+    /// releases.
+    pub async fn settle(&self, within: Duration) {
+        let asked = self.ask(|reply| Command::Settle { reply });
+        let _ = tokio::time::timeout(within, asked).await;
+    }
+
     /// The event log (transitions, results, adoptions).
     pub fn log(&self) -> &Arc<EventLog> {
         &self.log
@@ -169,7 +177,7 @@ impl Executor {
     }
 
     async fn mark_one(&self, body: &EventBody) -> Option<Marked> {
-        let (namespace, name, rv) = match body {
+        let (namespace, name, rv, finalizers) = match body {
             EventBody::Result {
                 namespace,
                 task,
@@ -184,7 +192,7 @@ impl Executor {
                     .await
                     .flatten();
                 match found {
-                    Some((name, rv)) => (namespace.clone(), name, rv),
+                    Some(v) => (namespace.clone(), v.name, v.resource_version, v.finalizers),
                     None => return Some(Marked::Gone),
                 }
             }
@@ -192,6 +200,7 @@ impl Executor {
                 pod.namespace.clone(),
                 pod.name.clone(),
                 pod.resource_version.clone(),
+                pod.finalizers.clone(),
             ),
             _ => return None,
         };
@@ -201,7 +210,17 @@ impl Executor {
                 self.instance
             )));
         }
-        Some(mark_done(&self.client, &namespace, &name, &rv, &self.instance).await)
+        Some(
+            mark_done(
+                &self.client,
+                &namespace,
+                &name,
+                &rv,
+                &finalizers,
+                &self.instance,
+            )
+            .await,
+        )
     }
 
     /// Runs `adopter` in the background: what it finds goes into the event

@@ -2,7 +2,7 @@
 //! each watch event, command, API answer and timer into a call of the pure
 //! reconciler, and carries out what that decided. It decides nothing itself.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,12 +22,13 @@ use crate::events::{EventBody, EventLog};
 use crate::executor_config::ExecutorConfig;
 use crate::kube_events::Publisher;
 use crate::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::pod_api::{self, pod_for, AnswerKind};
+use crate::pod_api::{self, pod_for, AnswerKind, Released};
 use crate::pod_index::PodIndex;
 use crate::pod_record::{RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::reconcile::{
     self, apply, reconcile, resume, Action, Decision, Input, PodView, TaskSpec, TaskState,
 };
+use crate::result_finalizer::{releasable, Keep};
 use crate::task::{TaskKey, TaskStatus};
 
 /// The pod watch's health, for `/healthz`.
@@ -80,20 +81,31 @@ pub(crate) enum Command {
     },
     /// The task's Result was acknowledged.
     Acknowledged { key: TaskKey },
+    /// Answered once no result finalizer is being let go of (a process
+    /// about to stop waits for its releases).
+    Settle { reply: oneshot::Sender<()> },
     /// The pod a Result event is about, with its last resourceVersion.
     PodVersion {
         key: TaskKey,
         uid: String,
-        reply: oneshot::Sender<Option<(String, String)>>,
+        reply: oneshot::Sender<Option<crate::pod_index::Version>>,
     },
 }
 
-/// Milliseconds since the epoch.
+/// Milliseconds since the epoch as of this process's start, advanced by
+/// the monotonic clock: a step of the wall clock (NTP) after the start moves
+/// no bound. (A task's deadline is counted from its start as recorded on its
+/// pod, which a restarted process reads by its own clock.)
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    static ANCHOR: std::sync::OnceLock<(Instant, i64)> = std::sync::OnceLock::new();
+    let (at, wall) = ANCHOR.get_or_init(|| {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        (Instant::now(), wall)
+    });
+    wall.saturating_add(millis(at.elapsed()))
 }
 
 /// An answer from an API call, for the task that asked.
@@ -157,7 +169,25 @@ struct Loop {
     synced: bool,
     /// Answers that came while the fence was closed, applied once it opens.
     deferred: Vec<Answer>,
+    /// Pods (uids) whose result finalizer is being let go of.
+    releasing: HashSet<String>,
+    /// Tasks forgotten while pods of theirs still held the finalizer.
+    forgotten: HashSet<TaskKey>,
+    /// What is known of namespaces where a held pod is being deleted.
+    namespaces: HashMap<String, NamespaceSeen>,
+    /// Waiting for the releases in flight to end.
+    settling: Vec<oneshot::Sender<()>>,
 }
+
+/// A namespace as asked about ([`crate::namespace_state`]).
+struct NamespaceSeen {
+    terminating: bool,
+    asked_at: Instant,
+    asking: bool,
+}
+
+/// How often a namespace where a held pod is being deleted is asked about.
+const NAMESPACE_RECHECK: Duration = Duration::from_secs(10);
 
 /// Starts the loop for `config` on the current runtime.
 pub(crate) fn spawn(
@@ -181,6 +211,10 @@ pub(crate) fn spawn(
         index: PodIndex::default(),
         synced: false,
         deferred: Vec::new(),
+        releasing: HashSet::new(),
+        forgotten: HashSet::new(),
+        namespaces: HashMap::new(),
+        settling: Vec::new(),
     };
     tokio::spawn(inner.run(commands, answers_rx));
 }
@@ -271,6 +305,9 @@ impl Loop {
         for k in keys {
             self.reconcile(&k);
         }
+        for k in self.index.tasks() {
+            self.release(&k);
+        }
     }
 
     fn watched(&mut self, ev: Result<Event<Pod>, watcher::Error>) {
@@ -279,7 +316,7 @@ impl Loop {
         }
         match ev {
             Ok(Event::Init) => self.index.begin_relist(),
-            Ok(Event::InitApply(p)) => self.index.relisted(&p),
+            Ok(Event::InitApply(p)) => self.index.relisted(&p, now_ms()),
             Ok(Event::InitDone) => {
                 self.index.end_relist();
                 self.take_up_unfinished();
@@ -293,15 +330,20 @@ impl Loop {
                 for k in keys {
                     self.reconcile(&k);
                 }
+                for k in self.index.tasks() {
+                    self.release(&k);
+                }
             }
             Ok(Event::Apply(p)) => {
-                if let Some(key) = self.index.apply(&p) {
+                if let Some(key) = self.index.apply(&p, now_ms()) {
                     self.reconcile(&key);
+                    self.release(&key);
                 }
             }
             Ok(Event::Delete(p)) => {
                 if let Some(key) = self.index.delete(&p) {
                     self.reconcile(&key);
+                    self.release(&key);
                 }
             }
             Err(e) => {
@@ -411,7 +453,161 @@ impl Loop {
             Command::PodVersion { key, uid, reply } => {
                 let _ = reply.send(self.index.version(&key, &uid));
             }
+            Command::Settle { reply } => match self.releasing.is_empty() {
+                true => {
+                    let _ = reply.send(());
+                }
+                false => self.settling.push(reply),
+            },
         }
+    }
+
+    /// Lets go of the result finalizer on the task's pods that no longer
+    /// need it ([`releasable`]); asks whether the namespace is being deleted
+    /// when a pod that keeps it is.
+    fn release(&mut self, key: &TaskKey) {
+        if !self.synced {
+            return;
+        }
+        let held = self.index.holding_result(key);
+        if held.is_empty() {
+            self.forgotten.remove(key);
+            return;
+        }
+        let pods = self.pods(key);
+        let aborted = self
+            .tasks
+            .get(key)
+            .and_then(|e| e.state.as_ref())
+            .is_some_and(|s| s.aborted);
+        let terminating = self
+            .namespaces
+            .get(&key.namespace)
+            .is_some_and(|n| n.terminating);
+        let keep = match aborted || terminating || self.forgotten.contains(key) {
+            true => Keep::Nothing,
+            false => Keep::NewestUntilDone,
+        };
+        // Only a process holding the Lease writes, except in a namespace
+        // being deleted (its Lease may go with it): releasing there decides
+        // nothing for anyone.
+        let go = match !self.fenced() || terminating {
+            true => releasable(&pods, keep),
+            false => Vec::new(),
+        };
+        for v in held {
+            if !go.contains(&v.uid) {
+                if pods.iter().any(|p| p.uid == v.uid && p.deleting()) {
+                    self.ask_namespace(key);
+                }
+                continue;
+            }
+            if !self.releasing.insert(v.uid.clone()) {
+                continue;
+            }
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+            let tx = self.answers_tx.clone();
+            let slots = self.slots.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let _slot = slots.acquire_owned().await;
+                let outcome = pod_api::release(&api, &v).await;
+                let kind = AnswerKind::Released {
+                    uid: v.uid,
+                    outcome,
+                };
+                let _ = tx.send(Answer {
+                    key,
+                    attempt: 0,
+                    kind,
+                });
+            });
+        }
+    }
+
+    /// Asks whether `key`'s namespace is being deleted (at most every
+    /// [`NAMESPACE_RECHECK`]; asked again then while a held pod is deleted).
+    fn ask_namespace(&mut self, key: &TaskKey) {
+        let now = Instant::now();
+        self.namespaces
+            .retain(|_, n| n.terminating || n.asking || now - n.asked_at < NAMESPACE_RECHECK * 6);
+        if let Some(n) = self.namespaces.get(&key.namespace) {
+            if n.terminating || n.asking || now - n.asked_at < NAMESPACE_RECHECK {
+                return;
+            }
+        }
+        self.namespaces.insert(
+            key.namespace.clone(),
+            NamespaceSeen {
+                terminating: false,
+                asked_at: now,
+                asking: true,
+            },
+        );
+        let client = self.client.clone();
+        let tx = self.answers_tx.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let answer = crate::namespace_state::is_terminating(&client, &key.namespace).await;
+            let _ = tx.send(Answer {
+                key,
+                attempt: 0,
+                kind: AnswerKind::Namespace(answer),
+            });
+        });
+    }
+
+    /// Answers about result finalizers and namespaces (any task's, also of
+    /// tasks not known here): false if `kind` is none of those.
+    fn release_answer(&mut self, key: &TaskKey, kind: &AnswerKind) -> bool {
+        match kind {
+            AnswerKind::Released { uid, outcome } => {
+                self.releasing.remove(uid);
+                match outcome {
+                    Released::Done => {}
+                    // The new version may be in the index already.
+                    Released::Changed => self.release(key),
+                    Released::Failed => self.recheck_later(key, Duration::from_secs(5)),
+                }
+                if self.releasing.is_empty() {
+                    for r in self.settling.drain(..) {
+                        let _ = r.send(());
+                    }
+                }
+            }
+            AnswerKind::Namespace(answer) => {
+                let terminating = *answer == Some(true);
+                if let Some(n) = self.namespaces.get_mut(&key.namespace) {
+                    n.asking = false;
+                    n.terminating = terminating;
+                }
+                if terminating {
+                    tracing::info!(namespace = %key.namespace, "the namespace is being deleted; letting go of the result finalizers of its task pods");
+                    for k in self.index.tasks_in(&key.namespace) {
+                        self.release(&k);
+                    }
+                } else {
+                    // Asked again while a held pod there is being deleted.
+                    self.recheck_later(key, NAMESPACE_RECHECK);
+                }
+            }
+            AnswerKind::Recheck => self.release(key),
+            _ => return false,
+        }
+        true
+    }
+
+    fn recheck_later(&self, key: &TaskKey, after: Duration) {
+        let tx = self.answers_tx.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = tx.send(Answer {
+                key,
+                attempt: 0,
+                kind: AnswerKind::Recheck,
+            });
+        });
     }
 
     /// Removes an ended task none of whose pods still runs.
@@ -430,6 +626,10 @@ impl Loop {
             return Err(TaskError::CleanupPending(key.task.clone()));
         }
         self.tasks.remove(key);
+        self.log.forget(&key.namespace, &key.task);
+        // Nobody will acknowledge its result now: its pods let go.
+        self.forgotten.insert(key.clone());
+        self.release(key);
         Ok(())
     }
 
@@ -589,6 +789,9 @@ impl Loop {
     }
 
     fn answer(&mut self, a: Answer) {
+        if self.release_answer(&a.key, &a.kind) {
+            return;
+        }
         if self.fenced() {
             self.deferred.push(a);
             return;
@@ -653,6 +856,11 @@ impl Loop {
             AnswerKind::DeleteFailed => Input::DeleteFailed {
                 retry_at_ms: now.saturating_add(millis(e.transient.next().unwrap_or(policy.max))),
             },
+            // Taken by `release_answer`.
+            AnswerKind::Released { .. } | AnswerKind::Namespace(_) | AnswerKind::Recheck => {
+                e.state = Some(state);
+                return;
+            }
         };
         let spec = e.spec.clone();
         let (s, d) = apply(&spec, state, input, &pods, now);
@@ -691,6 +899,7 @@ impl Loop {
                 outcome: o,
             });
         }
+        self.release(key);
     }
 
     fn act(&mut self, key: &TaskKey, spec: &TaskSpec, attempt: u32, action: Action) {

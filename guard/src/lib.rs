@@ -56,12 +56,15 @@ pub mod executor_config;
 mod executor_loop;
 pub mod kube_events;
 pub mod lease;
+pub mod namespace_state;
 pub mod naming;
 pub mod phase;
 pub mod pod_api;
 pub mod pod_index;
 pub mod pod_record;
 pub mod reconcile;
+pub mod result_finalizer;
+pub mod result_release;
 pub mod sidecar;
 pub mod task;
 

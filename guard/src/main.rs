@@ -37,6 +37,34 @@ enum Command {
     /// Serve the executor core as a local HTTP+JSON API (see /openapi.json)
     /// for executors in any language; runs until SIGTERM or SIGINT (exit 0).
     Sidecar(SidecarArgs),
+    /// Remove graceguard's result finalizer (graceguard.io/result) from the task pods no
+    /// executor will let go of: those of instances gone for good, and all of them in a
+    /// namespace being deleted. Prints one JSON line per pod; exit 1 if any was not released.
+    /// Results still held are not delivered: run adoption (sidecar --adopt) first to deliver
+    /// a dead instance's results.
+    ReleaseResults(ReleaseArgs),
+}
+
+#[derive(clap::Args)]
+struct ReleaseArgs {
+    /// The namespace whose task pods to look at.
+    #[arg(long, short = 'n')]
+    namespace: String,
+    /// Only this instance's pods (default: every instance's).
+    #[arg(long)]
+    instance: Option<String>,
+    /// Where the instances' Leases live (default: --namespace).
+    #[arg(long)]
+    lease_namespace: Option<String>,
+    /// Release without looking at the owners' Leases.
+    #[arg(long)]
+    force: bool,
+    /// How long to watch a Lease that looks held for renewals (longer than
+    /// its duration, else a live owner's pods are released).
+    #[arg(long, default_value_t = 60)]
+    lease_wait_seconds: u64,
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -203,6 +231,8 @@ enum Ended {
     Task(Outcome),
     /// Stopped by a signal: the shell's exit code for it (128 + number).
     Signal(i32),
+    /// A command that runs no task ended with this exit code.
+    Exit(i32),
 }
 
 #[tokio::main]
@@ -212,11 +242,12 @@ async fn main() {
     let ended = match cli.command {
         Command::Run(args) => run(args).await,
         Command::Sidecar(args) => sidecar(args).await,
+        Command::ReleaseResults(args) => release_results(args).await,
     };
     let code = match ended {
         Ok(Ended::Task(o)) if o.succeeded => 0,
         Ok(Ended::Task(_)) => 1,
-        Ok(Ended::Signal(code)) => code,
+        Ok(Ended::Signal(code)) | Ok(Ended::Exit(code)) => code,
         Err(Usage(msg)) => {
             eprintln!("graceguard: {msg}");
             2
@@ -389,6 +420,8 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
         }
     };
     progress.finish();
+    // The result's done-mark let go of its pod; earlier attempts' pods too.
+    executor.settle(Duration::from_secs(10)).await;
     holding.stop(true).await;
     match result {
         Ok(o) => {
@@ -472,6 +505,37 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     holding.stop(true).await;
     served.map_err(Usage)?;
     Ok(Ended::Signal(0))
+}
+
+async fn release_results(args: ReleaseArgs) -> Result<Ended, Usage> {
+    if let Some(i) = &args.instance {
+        graceguard::naming::check_instance(i).map_err(Usage)?;
+    }
+    let (client, _) = client(args.kubeconfig.as_ref()).await?;
+    let req = graceguard::result_release::ReleaseRequest {
+        lease_namespace: args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| args.namespace.clone()),
+        namespace: args.namespace,
+        instance: args.instance,
+        force: args.force,
+        lease_wait: Duration::from_secs(args.lease_wait_seconds),
+    };
+    let done = graceguard::result_release::release_results(&client, &req)
+        .await
+        .map_err(|e| Usage(e.to_string()))?;
+    for r in &done {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+    }
+    let all = done.iter().all(|r| r.outcome == "released");
+    eprintln!(
+        "{} of {} pods holding the result finalizer in {} released",
+        done.iter().filter(|r| r.outcome == "released").count(),
+        done.len(),
+        req.namespace
+    );
+    Ok(Ended::Exit(if all { 0 } else { 1 }))
 }
 
 /// Refuses a token file others can read (or write): the token is the

@@ -6,15 +6,18 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 
 use crate::classify::{classify, ApiError, CreateRefusal};
 use crate::naming::{
-    self, ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
+    self, ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL,
+    RESULT_FINALIZER, TASK_LABEL,
 };
+use crate::pod_index::Version;
 use crate::pod_record::template_hash;
 use crate::reconcile::{Existing, TaskSpec};
+use crate::result_finalizer;
 
 /// What an API call answered, for the task that asked.
 #[derive(Debug)]
@@ -32,10 +35,19 @@ pub enum AnswerKind {
     /// the window's probe ([`crate::backoff::NamespaceBackoffs::probe`]);
     /// ask again at this instant.
     Held(std::time::Instant),
+    /// The result finalizer of pod `uid` was let go of (or not).
+    Released {
+        uid: String,
+        outcome: Released,
+    },
+    /// Whether the task's namespace is being deleted (`None`: not known).
+    Namespace(Option<bool>),
+    /// Look at the task's result finalizers again (after a failed release).
+    Recheck,
 }
 
 /// The attempt's pod: the template under the attempt's name, with
-/// graceguard's labels and the task's record.
+/// graceguard's labels, the task's record and the result finalizer.
 pub fn pod_for(template: &Pod, spec: &TaskSpec, name: &str, attempt: u32) -> Pod {
     let mut pod = template.clone();
     let meta = &mut pod.metadata;
@@ -54,6 +66,10 @@ pub fn pod_for(template: &Pod, spec: &TaskSpec, name: &str, attempt: u32) -> Pod
     labels.insert(INSTANCE_LABEL.into(), spec.instance.clone());
     labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
     labels.remove(DONE_LABEL);
+    let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
+    if !result_finalizer::holds(finalizers) {
+        finalizers.push(RESULT_FINALIZER.into());
+    }
     pod.status = None;
     pod
 }
@@ -133,4 +149,37 @@ pub async fn delete_exact(api: &Api<Pod>, name: &str, uid: &str) -> bool {
         }
     }
     true
+}
+
+/// What letting go of a pod's result finalizer came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// Written, or nothing to write (gone, or no longer holding it).
+    Done,
+    /// The pod changed since it was seen: its next version is decided again.
+    Changed,
+    /// The API server could not be asked.
+    Failed,
+}
+
+/// Removes graceguard's result finalizer from pod `v`, conditionally on the
+/// resourceVersion it was seen at (the other finalizers are written back as
+/// they were then).
+pub async fn release(api: &Api<Pod>, v: &Version) -> Released {
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": v.resource_version,
+        "finalizers": result_finalizer::without(&v.finalizers),
+    }});
+    match api
+        .patch(&v.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Released::Done,
+        Err(kube::Error::Api(s)) if s.code == 404 => Released::Done,
+        Err(kube::Error::Api(s)) if s.code == 409 => Released::Changed,
+        Err(e) => {
+            tracing::warn!(pod = %v.name, error = %e, "removing the result finalizer failed; trying again at the pod's next change or sync");
+            Released::Failed
+        }
+    }
 }

@@ -1,5 +1,11 @@
 //! The executor's index of its pods, fed by its one pod watch: per task, by
 //! uid, only what the reconciler and the done-marks need (not whole Pods).
+//!
+//! Times are this process's: a pod's `created_ms` is when the watch first
+//! showed it here, its `deletion_ms` when its deletion was first seen here
+//! plus the grace period it had then. No server timestamp is compared with
+//! the local clock, so skew between the API server's and this host's
+//! clocks (or a step of either) moves no bound.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -9,6 +15,7 @@ use kube::ResourceExt;
 use crate::naming::{ATTEMPT_LABEL, DONE_LABEL, TASK_LABEL};
 use crate::pod_record::{PodRecord, RecordedSpec, TEMPLATE_ANNOTATION};
 use crate::reconcile::PodView;
+use crate::result_finalizer;
 use crate::task::TaskKey;
 
 /// A pod in the index.
@@ -17,6 +24,19 @@ struct Indexed {
     name: String,
     resource_version: String,
     template_hash: Option<String>,
+    /// Its finalizers (a release and a done-mark write them back without
+    /// graceguard's).
+    finalizers: Vec<String>,
+}
+
+/// What a write to a pod is conditional on: the version the index last
+/// saw, and the finalizers it had then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub finalizers: Vec<String>,
 }
 
 type ByTask = HashMap<TaskKey, BTreeMap<String, Indexed>>;
@@ -27,10 +47,6 @@ pub struct PodIndex {
     pods: ByTask,
     /// A re-list in progress: replaces `pods` when it is complete.
     relist: Option<ByTask>,
-}
-
-fn time_ms(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i64 {
-    t.0.as_millisecond()
 }
 
 /// The reason of a pod's `DisruptionTarget=True` condition (preemption,
@@ -45,13 +61,24 @@ pub fn disruption_reason(pod: &Pod) -> Option<String> {
         .map(|c| c.reason.clone().unwrap_or_default())
 }
 
-/// The pod as the index keeps it; `None` for a pod without valid task labels.
-fn indexed(pod: &Pod) -> Option<(TaskKey, Indexed)> {
+/// The pod as the index keeps it, seen at `now_ms` (local), `before` being
+/// what the index had of it; `None` for a pod without valid task labels.
+fn indexed(pod: &Pod, before: Option<&Indexed>, now_ms: i64) -> Option<(TaskKey, Indexed)> {
     let labels = pod.labels();
     let task = labels.get(TASK_LABEL)?;
     let attempt: u32 = labels.get(ATTEMPT_LABEL)?.parse().ok()?;
     let status = pod.status.as_ref();
     let meta = &pod.metadata;
+    let before = before.map(|b| &b.view);
+    // The grace period left, counted from now; a later delete with a
+    // shorter one (the kubelet's final 0) brings the end nearer, never later.
+    let deletion_ms = meta.deletion_timestamp.as_ref().map(|_| {
+        let grace = meta.deletion_grace_period_seconds.unwrap_or(0).max(0);
+        let end = now_ms.saturating_add(grace.saturating_mul(1000));
+        before
+            .and_then(|b| b.deletion_ms)
+            .map_or(end, |was| was.min(end))
+    });
     let view = PodView {
         uid: pod.uid()?,
         attempt,
@@ -59,8 +86,10 @@ fn indexed(pod: &Pod) -> Option<(TaskKey, Indexed)> {
             .and_then(|s| s.phase.clone())
             .unwrap_or_else(|| "Pending".into()),
         disruption: disruption_reason(pod),
-        created_ms: meta.creation_timestamp.as_ref().map_or(0, time_ms),
-        deletion_ms: meta.deletion_timestamp.as_ref().map(time_ms),
+        created_ms: before.map_or(now_ms, |b| b.created_ms),
+        deletion_ms,
+        finished: meta.deletion_timestamp.is_some()
+            && meta.deletion_grace_period_seconds == Some(0),
         done: labels.get(DONE_LABEL).is_some_and(|v| v == "true"),
         record: PodRecord::from_annotations(pod.annotations()),
     };
@@ -75,8 +104,20 @@ fn indexed(pod: &Pod) -> Option<(TaskKey, Indexed)> {
             name: pod.name_any(),
             resource_version: pod.resource_version().unwrap_or_default(),
             template_hash: pod.annotations().get(TEMPLATE_ANNOTATION).cloned(),
+            finalizers: pod.finalizers().to_vec(),
         },
     ))
+}
+
+impl Indexed {
+    fn version(&self) -> Version {
+        Version {
+            name: self.name.clone(),
+            uid: self.view.uid.clone(),
+            resource_version: self.resource_version.clone(),
+            finalizers: self.finalizers.clone(),
+        }
+    }
 }
 
 impl PodIndex {
@@ -85,9 +126,22 @@ impl PodIndex {
         self.relist = Some(HashMap::new());
     }
 
-    /// A pod of the re-list.
-    pub fn relisted(&mut self, pod: &Pod) {
-        if let (Some(buf), Some((key, ix))) = (self.relist.as_mut(), indexed(pod)) {
+    /// What the index has of `pod` (by its labels and uid).
+    fn known(&self, pod: &Pod) -> Option<&Indexed> {
+        let labels = pod.labels();
+        let key = TaskKey {
+            namespace: pod.namespace()?,
+            task: labels.get(TASK_LABEL)?.clone(),
+        };
+        self.pods.get(&key)?.get(pod.uid()?.as_str())
+    }
+
+    /// A pod of the re-list, seen at `now_ms`.
+    pub fn relisted(&mut self, pod: &Pod, now_ms: i64) {
+        let Some((key, ix)) = indexed(pod, self.known(pod), now_ms) else {
+            return;
+        };
+        if let Some(buf) = self.relist.as_mut() {
             buf.entry(key).or_default().insert(ix.view.uid.clone(), ix);
         }
     }
@@ -99,9 +153,10 @@ impl PodIndex {
         }
     }
 
-    /// A pod was added or changed; its task, if it is a task pod.
-    pub fn apply(&mut self, pod: &Pod) -> Option<TaskKey> {
-        let (key, ix) = indexed(pod)?;
+    /// A pod was added or changed (seen at `now_ms`); its task, if it is a
+    /// task pod.
+    pub fn apply(&mut self, pod: &Pod, now_ms: i64) -> Option<TaskKey> {
+        let (key, ix) = indexed(pod, self.known(pod), now_ms)?;
         self.pods
             .entry(key.clone())
             .or_default()
@@ -111,7 +166,7 @@ impl PodIndex {
 
     /// A pod was deleted; its task, if it is a task pod.
     pub fn delete(&mut self, pod: &Pod) -> Option<TaskKey> {
-        let (key, ix) = indexed(pod)?;
+        let (key, ix) = indexed(pod, None, 0)?;
         if let Some(m) = self.pods.get_mut(&key) {
             m.remove(&ix.view.uid);
             if m.is_empty() {
@@ -129,10 +184,36 @@ impl PodIndex {
             .unwrap_or_default()
     }
 
-    /// The name and last resourceVersion of the task's pod `uid`.
-    pub fn version(&self, key: &TaskKey, uid: &str) -> Option<(String, String)> {
-        let i = self.pods.get(key)?.get(uid)?;
-        Some((i.name.clone(), i.resource_version.clone()))
+    /// The task's pod `uid` as last seen (what a write is conditional on).
+    pub fn version(&self, key: &TaskKey, uid: &str) -> Option<Version> {
+        self.pods.get(key)?.get(uid).map(Indexed::version)
+    }
+
+    /// The task's pods that hold graceguard's result finalizer.
+    pub fn holding_result(&self, key: &TaskKey) -> Vec<Version> {
+        self.pods
+            .get(key)
+            .map(|m| {
+                m.values()
+                    .filter(|i| result_finalizer::holds(&i.finalizers))
+                    .map(Indexed::version)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The tasks in `namespace` that have pods.
+    pub fn tasks_in(&self, namespace: &str) -> Vec<TaskKey> {
+        self.pods
+            .keys()
+            .filter(|k| k.namespace == namespace)
+            .cloned()
+            .collect()
+    }
+
+    /// Every task that has pods.
+    pub fn tasks(&self) -> Vec<TaskKey> {
+        self.pods.keys().cloned().collect()
     }
 
     /// The uid of the task's pod named `name` that is not being deleted.
@@ -155,6 +236,9 @@ impl PodIndex {
     /// Tasks whose newest pod records its spec and is not marked done (its
     /// result not yet delivered): what a restarted executor takes up before
     /// anyone submits them again. With the template hash that pod carries.
+    /// A newest pod being deleted that no longer holds the result finalizer
+    /// was let go of (its task aborted or forgotten, its namespace being
+    /// deleted): not taken up.
     pub fn unfinished(&self) -> Vec<(TaskKey, RecordedSpec, Option<String>)> {
         self.pods
             .iter()
@@ -163,7 +247,9 @@ impl PodIndex {
                     .values()
                     .max_by_key(|i| (i.view.attempt, i.view.created_ms))?;
                 let spec = newest.view.record.as_ref()?.spec.clone()?;
-                (!newest.view.done).then(|| (key.clone(), spec, newest.template_hash.clone()))
+                let let_go = newest.view.deleting() && !result_finalizer::holds(&newest.finalizers);
+                (!newest.view.done && !let_go)
+                    .then(|| (key.clone(), spec, newest.template_hash.clone()))
             })
             .collect()
     }
@@ -175,5 +261,74 @@ impl PodIndex {
 
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(deleting: Option<i64>) -> Pod {
+        let record = PodRecord {
+            spec: Some(crate::reconcile::TaskSpec::new("t", "ns", "i").recorded()),
+            ..Default::default()
+        };
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "t-0", "namespace": "ns", "uid": "u",
+                "labels": {TASK_LABEL: "t", ATTEMPT_LABEL: "0"},
+                "annotations": {crate::pod_record::RECORD_ANNOTATION: record.to_annotation()},
+                "finalizers": [crate::naming::RESULT_FINALIZER],
+                // An hour ahead of this host's clock: never compared with it.
+                "creationTimestamp": "2099-01-01T00:00:00Z",
+            },
+            "status": {"phase": "Running"},
+        }))
+        .unwrap_or_default();
+        if let Some(grace) = deleting {
+            p.metadata.deletion_timestamp = p.metadata.creation_timestamp.clone();
+            p.metadata.deletion_grace_period_seconds = Some(grace);
+        }
+        p
+    }
+
+    #[test]
+    fn bounds_count_from_what_this_process_saw_not_from_server_timestamps() {
+        let mut ix = PodIndex::default();
+        let key = ix.apply(&pod(None), 1_000);
+        let key = key.unwrap_or_else(|| TaskKey::new("ns", "t"));
+        assert_eq!(ix.views(&key)[0].created_ms, 1_000);
+        // Seen again later: still first seen at 1 000.
+        ix.apply(&pod(None), 5_000);
+        assert_eq!(ix.views(&key)[0].created_ms, 1_000);
+        // Deleted with 30 s of grace, seen at 6 000: ends at 36 000.
+        ix.apply(&pod(Some(30)), 6_000);
+        assert_eq!(ix.views(&key)[0].deletion_ms, Some(36_000));
+        // The same deletion seen again: unchanged; the final one (grace 0)
+        // brings it to now.
+        ix.apply(&pod(Some(30)), 9_000);
+        assert_eq!(ix.views(&key)[0].deletion_ms, Some(36_000));
+        ix.apply(&pod(Some(0)), 10_000);
+        let v = &ix.views(&key)[0];
+        assert_eq!((v.deletion_ms, v.finished), (Some(10_000), true));
+        // A re-list keeps what was seen.
+        ix.begin_relist();
+        ix.relisted(&pod(Some(0)), 20_000);
+        ix.end_relist();
+        assert_eq!(ix.views(&key)[0].created_ms, 1_000);
+    }
+
+    #[test]
+    fn a_restart_takes_up_a_deleted_task_pod_unless_it_was_let_go_of() {
+        let mut ix = PodIndex::default();
+        ix.apply(&pod(Some(30)), 1_000);
+        assert_eq!(ix.unfinished().len(), 1, "deleted, its result kept");
+        let mut released = pod(Some(30));
+        released.metadata.finalizers = None;
+        ix.apply(&released, 2_000);
+        assert!(ix.unfinished().is_empty(), "aborted or forgotten: let go");
+        released.metadata.deletion_timestamp = None;
+        ix.apply(&released, 3_000);
+        assert_eq!(ix.unfinished().len(), 1, "not deleted: taken up");
     }
 }

@@ -112,6 +112,11 @@ pub struct PodView {
     pub deletion_ms: Option<i64>,
     /// Labelled done: its result was delivered and acknowledged.
     pub done: bool,
+    /// Deleted with no grace left (the kubelet's final delete, a force
+    /// delete, a pod that never reached a node): it would be gone but for a
+    /// finalizer (graceguard's result finalizer keeps it until its result is
+    /// acknowledged), so it counts as gone.
+    pub finished: bool,
     /// What the task had spent when this pod was created.
     pub record: Option<PodRecord>,
 }
@@ -202,6 +207,10 @@ pub struct TaskState {
     /// The read in flight follows an AlreadyExists.
     #[serde(default)]
     pub name_taken: bool,
+    /// Ended by an abort: no result to keep, so its pods let go of the
+    /// result finalizer ([`crate::result_finalizer`]).
+    #[serde(default)]
+    pub aborted: bool,
 }
 
 /// One thing for the I/O layer to do.
@@ -279,6 +288,7 @@ pub fn start(now_ms: i64) -> TaskState {
         stray_deletes: Vec::new(),
         stray_retry_ms: None,
         name_taken: false,
+        aborted: false,
     }
 }
 
@@ -301,6 +311,7 @@ pub fn retry(spec: &TaskSpec, state: TaskState, _now_ms: i64) -> (TaskState, Dec
         t.s.transient_retries = 0;
         t.s.deleting_for = None;
         t.s.not_before_ms = None;
+        t.s.aborted = false;
         t.s.pod = PodTrack::ToCreate;
         t.record(Phase::Launching);
     }
@@ -335,6 +346,7 @@ pub fn restore(pods: &[PodView], now_ms: i64) -> TaskState {
         stray_deletes: Vec::new(),
         stray_retry_ms: None,
         name_taken: false,
+        aborted: false,
     }
 }
 
@@ -504,7 +516,7 @@ impl<'a> Task<'a> {
                         seen: true,
                         at_ms: now,
                     };
-                    self.observe(p, now);
+                    self.seen(p, now);
                 }
             }
             PodTrack::ToCreate => match self.s.not_before_ms {
@@ -532,7 +544,7 @@ impl<'a> Task<'a> {
                         seen: true,
                         at_ms,
                     };
-                    self.observe(p, now);
+                    self.seen(p, now);
                 }
                 // Another pod under our attempt's labels: ours is gone.
                 Some(_) => self.gone(),
@@ -680,6 +692,7 @@ impl<'a> Task<'a> {
                 self.hold_until(retry_at_ms);
             }
             Input::Abort => {
+                self.s.aborted = true;
                 self.delete_current();
                 self.fail(
                     FailureKind::User,
@@ -813,6 +826,15 @@ impl<'a> Task<'a> {
                 self.s.attempt, self.spec.task, self.spec.instance
             ),
         );
+    }
+
+    /// The current attempt's pod as the watch shows it: a finished pod that
+    /// had not ended is gone (only a finalizer keeps it), else observed.
+    fn seen(&mut self, p: &PodView, now: i64) {
+        if p.finished && !matches!(p.phase.as_str(), "Succeeded" | "Failed") {
+            return self.gone();
+        }
+        self.observe(p, now);
     }
 
     fn observe(&mut self, p: &PodView, now: i64) {
@@ -1043,9 +1065,9 @@ impl<'a> Task<'a> {
     }
 }
 
-/// A pod that has not ended and is not marked done.
+/// A pod that has not ended, is not finished and is not marked done.
 fn is_live(p: &PodView) -> bool {
-    !p.done && !matches!(p.phase.as_str(), "Succeeded" | "Failed")
+    !p.done && !p.finished && !matches!(p.phase.as_str(), "Succeeded" | "Failed")
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ fn pod(uid: &str, attempt: u32, phase: &str) -> PodView {
         created_ms: T0,
         deletion_ms: None,
         done: false,
+        finished: false,
         record: None,
     }
 }
@@ -941,4 +942,53 @@ fn already_exists_with_nothing_holding_the_name_waits_and_is_bounded() {
         .reason
         .unwrap_or_default()
         .contains("TransientRetriesExhausted"));
+}
+
+#[test]
+fn a_pod_kept_only_by_a_finalizer_after_its_final_delete_counts_as_gone() {
+    // Attempt 0 was deleted; the kubelet's final delete (grace 0) came, but
+    // the result finalizer keeps the object, still "Running" (a kubelet that
+    // posts no terminal phase, as before 1.22): the task must not wait for
+    // it to vanish, but count a system failure and launch attempt 1.
+    let spec = spec(0, 3);
+    let (s, _) = launch(&spec, T0);
+    let (s, _) = apply(
+        &spec,
+        s,
+        Input::Created { uid: "u0".into() },
+        &[pod("u0", 0, "Running")],
+        T0,
+    );
+    let grace = deleting("u0", 0, None, T0 + 30_000);
+    let (s, d) = reconcile(&spec, s, std::slice::from_ref(&grace), T0 + 1_000);
+    assert!(d.actions.is_empty(), "{d:?}");
+    assert_eq!(s.attempt, 0);
+    let finished = PodView {
+        finished: true,
+        ..grace
+    };
+    let (s, d) = reconcile(&spec, s, std::slice::from_ref(&finished), T0 + 2_000);
+    assert_eq!(s.attempt, 1, "{s:?}");
+    assert_eq!(s.system_failures, 1);
+    assert!(
+        matches!(d.actions.as_slice(), [Action::Create { name, .. }] if name == "train-1"),
+        "{d:?}"
+    );
+    // An earlier attempt's finished pod never holds a later Create back.
+    let (s, d) = apply(
+        &spec,
+        s,
+        Input::Refused {
+            refusal: CreateRefusal::Transient,
+            retry_at_ms: T0 + 3_000,
+        },
+        std::slice::from_ref(&finished),
+        T0 + 2_500,
+    );
+    assert!(d.actions.is_empty(), "{d:?}");
+    let (_, d) = reconcile(&spec, s, &[finished], T0 + 3_000);
+    assert!(
+        matches!(d.actions.as_slice(), [Action::Create { .. }]),
+        "{d:?}"
+    );
 }

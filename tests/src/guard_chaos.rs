@@ -9,11 +9,9 @@
 //! * every task's result is delivered and acknowledged;
 //! * a pod is marked done only after its task's result was acknowledged;
 //! * no Create meets a pod holding its name (no 409), and no attempt's name
-//!   is created twice unless its pod was deleted and gone while the sidecar
-//!   was down (`names_created_twice` lists every name created twice: with no
-//!   pod left to say which attempt a task had reached, a restarted sidecar
-//!   starts it at attempt 0 again; the finalizer of issue #24 item 4 closes
-//!   this, and until then the full form reports it);
+//!   is created twice (the result finalizer keeps a task's newest pod, and
+//!   with it the attempt reached, through any deletion until the result is
+//!   acknowledged);
 //! * once every task has ended, no pod of it is left Pending or Running.
 //!
 //! The quick form runs in `scripts/test` (tests/tests/guard_chaos.rs), the
@@ -89,6 +87,9 @@ struct Mine {
     /// a kill, after the done-mark).
     first_ack_sent_us: Option<i64>,
     results: usize,
+    /// The pods its results name (their done-marks are the patches that
+    /// count; other patches let go of earlier attempts' finalizers).
+    result_pods: std::collections::HashSet<String>,
 }
 
 fn now_us() -> i64 {
@@ -290,6 +291,9 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
                 let task = ev["task"].as_str().unwrap_or_default().to_string();
                 if let Some(m) = mine.get_mut(&task) {
                     m.results += 1;
+                    if let Some(pod) = ev["outcome"]["pod"].as_str() {
+                        m.result_pods.insert(pod.to_string());
+                    }
                     report.results_delivered += 1;
                     results.push((task, ev["seq"].clone()));
                 }
@@ -348,7 +352,8 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
         .filter(|n| !disrupted.contains(task_of(n)))
         .cloned()
         .collect();
-    // Done-marks are alice's pod patches (no adoption runs here).
+    // Done-marks are alice's patches of the pods results named (no
+    // adoption runs here).
     for e in events.iter().filter(|e| {
         e.verb == "patch"
             && e.user.username == "alice"
@@ -356,6 +361,9 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
                 o.resource == "pods" && o.namespace == ns && o.subresource.is_empty()
             })
             && e.response_status.as_ref().is_some_and(|s| s.code == 200)
+            && mine
+                .get(task_of(e.name()))
+                .is_some_and(|m| m.result_pods.contains(e.name()))
     }) {
         let acked = mine
             .get(task_of(e.name()))

@@ -26,12 +26,9 @@ async fn under_kills_restarts_and_disruptions_every_result_arrives_and_no_name_i
     assert_eq!(report.apiserver_restarts, 1, "{report:?}");
     assert!(report.pods_deleted + report.pods_evicted > 0, "{report:?}");
     assert_eq!(report.create_conflicts, 0, "{report:?}");
-    // A name is created again only for a task whose pods were all deleted
-    // while the sidecar was down (the open part of issue #24 item 4).
-    assert!(
-        report.names_created_twice_undisrupted.is_empty(),
-        "{report:?}"
-    );
+    // The result finalizer keeps each task's newest pod through any
+    // deletion: a restarted sidecar never starts a task over.
+    assert!(report.names_created_twice.is_empty(), "{report:?}");
     assert!(report.done_before_ack.is_empty(), "{report:?}");
     assert!(report.left_running.is_empty(), "{report:?}");
     Ok(())

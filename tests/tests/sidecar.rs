@@ -422,6 +422,209 @@ where
     }
 }
 
+/// The first `result` event for `task`, read from 0 (up to 30 s), with
+/// its epoch.
+async fn result_of(sidecar: &SidecarProcess, task: &str) -> anyhow::Result<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, batch) = sidecar
+            .request("GET", "/v1/events?after=0&wait=1", None)
+            .await?;
+        let found = batch["events"]
+            .as_array()
+            .and_then(|es| {
+                es.iter()
+                    .find(|e| e["type"] == "result" && e["task"] == task)
+            })
+            .cloned();
+        if let Some(mut r) = found {
+            r["epoch"] = batch["epoch"].clone();
+            return Ok(r);
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no result for {task} within 30 s: {batch}"
+        );
+    }
+}
+
+/// Acknowledges `result` (as [`result_of`] returns it); the answer's body.
+async fn ack(
+    sidecar: &SidecarProcess,
+    result: &serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let body = serde_json::json!({"epoch": result["epoch"], "seqs": [result["seq"]]});
+    let (code, acked) = sidecar
+        .request("POST", "/v1/events/ack", Some(&body))
+        .await?;
+    anyhow::ensure!(code == 200, "acknowledging {result}: {code} {acked}");
+    Ok(acked)
+}
+
+fn holds_result(p: &Pod) -> bool {
+    p.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == graceguard::naming::RESULT_FINALIZER)
+}
+
+/// A result outlives its pod's deletion until it is acknowledged: the
+/// `graceguard.io/result` finalizer keeps a Succeeded pod deleted (as a TTL
+/// or PodGC would) while the sidecar is down, so the restarted sidecar still
+/// finds it, delivers its result without a re-run, and lets it go after the
+/// acknowledgement. Without the finalizer the pod is gone before the restart
+/// and the task with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_outlives_its_pods_deletion_while_the_sidecar_is_down() -> R {
+    let (bed, ns, template) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    let body = serde_json::json!({"template": tpl});
+    let mut sidecar = SidecarProcess::start(&bed, "exec-f", &ns).await?;
+    let (code, st) = sidecar
+        .request("PUT", &format!("/v1/tasks/{ns}/kept"), Some(&body))
+        .await?;
+    assert_eq!(code, 200, "{st}");
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    pods::wait_running(&api, "kept-0").await?;
+    let pod = api.get("kept-0").await?;
+    assert!(holds_result(&pod), "{:?}", pod.metadata.finalizers);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+
+    sidecar.kill();
+    kubelet.end_pod(&ns, "kept-0", Terminal::Succeeded).await?;
+    pods::delete_gracefully(&api, "kept-0", Some(0)).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = api.get_opt("kept-0").await?;
+    assert!(
+        held.as_ref()
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        "the deleted pod is kept until its result is acknowledged: {held:?}"
+    );
+
+    sidecar.restart().await?;
+    let result = result_of(&sidecar, "kept").await?;
+    assert_eq!(result["outcome"]["succeeded"], true, "{result}");
+    assert_eq!(result["outcome"]["attempts"], 1, "{result}");
+    let acked = ack(&sidecar, &result).await?;
+    assert_eq!(acked["acked"][0]["marked"], "done", "{acked}");
+    pods::wait_gone(&api, "kept-0", &uid).await?;
+    assert_eq!(creates(&bed, &ns)?, ["kept-0"], "no re-run");
+    Ok(())
+}
+
+/// Waits until `ns` is gone (a bed with kube-controller-manager, whose
+/// namespace controller deletes its content) or, on a bed without one,
+/// until pod `pod` is gone after this test deleted it as that controller
+/// would.
+async fn wait_namespace_emptied(bed: &TestBed, ns: &str, pod: &str) -> R {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(bed.client.clone());
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+    let controllers = bed.version.has_controllers();
+    eventually(Duration::from_secs(90), "the namespace emptied", || async {
+        Ok(match controllers {
+            true => namespaces.get_opt(ns).await?.is_none(),
+            false => api.get_opt(pod).await?.is_none(),
+        })
+    })
+    .await
+}
+
+/// Deletes namespace `ns` and, on a bed without a namespace controller,
+/// pod `pod` in it as that controller would.
+async fn delete_namespace(bed: &TestBed, ns: &str, pod: &str) -> R {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(bed.client.clone());
+    namespaces.delete(ns, &Default::default()).await?;
+    if !bed.version.has_controllers() {
+        let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+        pods::delete_gracefully(&api, pod, Some(0)).await?;
+    }
+    Ok(())
+}
+
+/// A namespace being deleted never waits for results nobody acknowledged:
+/// a running sidecar sees its pods deleted, learns the namespace is being
+/// deleted, and lets go of their finalizers; for an instance that is gone,
+/// `graceguard release-results` does (and until it runs, the pod is held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_deletion_is_not_held_up_by_unacknowledged_results() -> R {
+    let (bed, live_ns, template) = bed().await?;
+    let gone_ns = bed.namespace("sidecar-gone").await?;
+    let kubelet = Kubelet::start(
+        &bed,
+        KubeletOptions {
+            finish_deletions: testbed::kubelet::FinishDeletions::AfterShareOfGrace(0.0),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    let body = serde_json::json!({"template": tpl});
+    let mut live = SidecarProcess::start(&bed, "exec-live", &live_ns).await?;
+    let mut gone = SidecarProcess::start(&bed, "exec-gone", &gone_ns).await?;
+    for (sidecar, ns) in [(&live, &live_ns), (&gone, &gone_ns)] {
+        let (code, st) = sidecar
+            .request("PUT", &format!("/v1/tasks/{ns}/left"), Some(&body))
+            .await?;
+        assert_eq!(code, 200, "{st}");
+        let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
+        pods::wait_running(&api, "left-0").await?;
+        kubelet.end_pod(ns, "left-0", Terminal::Succeeded).await?;
+        // Delivered, never acknowledged.
+        let result = result_of(sidecar, "left").await?;
+        assert_eq!(result["outcome"]["succeeded"], true, "{result}");
+    }
+
+    // The live sidecar lets go once it learns the namespace is being deleted.
+    delete_namespace(&bed, &live_ns, "left-0").await?;
+    wait_namespace_emptied(&bed, &live_ns, "left-0").await?;
+    assert!(
+        live.log().contains("the namespace is being deleted"),
+        "{}",
+        live.log()
+    );
+
+    // A dead instance's pod is held until the cleanup command runs.
+    gone.kill();
+    delete_namespace(&bed, &gone_ns, "left-0").await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &gone_ns);
+    let held = api.get_opt("left-0").await?;
+    assert!(
+        held.as_ref().is_some_and(holds_result),
+        "held until released: {held:?}"
+    );
+    let bin = testbed::binaries::workspace_bin("graceguard", "GRACEGUARD_BIN")?;
+    let out = tokio::process::Command::new(&bin)
+        .args(["release-results", "--namespace", &gone_ns, "--kubeconfig"])
+        .arg(bed.kubeconfig_for("alice")?)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert_eq!(
+        (lines[0]["pod"].as_str(), lines[0]["outcome"].as_str()),
+        (Some("left-0"), Some("released")),
+        "{stdout}"
+    );
+    wait_namespace_emptied(&bed, &gone_ns, "left-0").await?;
+    drop(live);
+    Ok(())
+}
+
 /// Sets the instance Lease's holder (`None`: released), as another process
 /// taking it over (or giving it up) would.
 async fn set_lease_holder(bed: &TestBed, ns: &str, instance: &str, holder: Option<&str>) -> R {
@@ -553,36 +756,9 @@ async fn a_restarted_sidecar_knows_its_tasks_before_they_are_submitted_again() -
     );
     // One task simply ends: its result is delivered without a PUT.
     kubelet.end_pod(&ns, "ends-0", Terminal::Succeeded).await?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let result = loop {
-        let (_, batch) = sidecar
-            .request("GET", "/v1/events?after=0&wait=1", None)
-            .await?;
-        let found = batch["events"]
-            .as_array()
-            .and_then(|es| {
-                es.iter()
-                    .find(|e| e["type"] == "result" && e["task"] == "ends")
-            })
-            .cloned();
-        if let Some(mut r) = found {
-            r["epoch"] = batch["epoch"].clone();
-            break r;
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "no result for ends within 30 s: {batch}"
-        );
-    };
+    let result = result_of(&sidecar, "ends").await?;
     assert_eq!(result["outcome"]["succeeded"], true, "{result}");
-    let (code, acked) = sidecar
-        .request(
-            "POST",
-            "/v1/events/ack",
-            Some(&serde_json::json!({"epoch": result["epoch"], "seqs": [result["seq"]]})),
-        )
-        .await?;
-    assert_eq!(code, 200, "{acked}");
+    let acked = ack(&sidecar, &result).await?;
     assert_eq!(acked["acked"][0]["marked"], "done", "{acked}");
 
     // The other is deleted (a system failure): waited out; the next

@@ -1,0 +1,156 @@
+//! `graceguard release-results`: lets go of the result finalizers no
+//! executor will: those on pods of an instance gone for good (its Lease
+//! released, missing, or not renewed for its duration as seen here), and
+//! every one in a namespace being deleted. A running executor lets go of its
+//! own; adoption (`graceguard sidecar --adopt`) delivers a dead instance's
+//! results and lets go after their acknowledgement. This is the cleanup for
+//! what neither will reach; results still held are not delivered by it.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+
+use crate::error::GuardError;
+use crate::lease::{lease_name, Liveness, Observer};
+use crate::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::pod_api::{self, Released};
+use crate::pod_index::Version;
+use crate::result_finalizer;
+
+/// What to release.
+#[derive(Clone, Debug)]
+pub struct ReleaseRequest {
+    pub namespace: String,
+    /// Only this instance's pods (default: every instance's).
+    pub instance: Option<String>,
+    /// Where the instances' Leases live.
+    pub lease_namespace: String,
+    /// Release without looking at the owners' Leases (an instance known to
+    /// be gone for good whose Lease is still renewed by mistake: careful).
+    pub force: bool,
+    /// How long to watch a Lease that looks held for a renewal.
+    pub lease_wait: Duration,
+}
+
+/// What became of one pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodReleased {
+    pub namespace: String,
+    pub pod: String,
+    pub instance: String,
+    /// `released`, `kept` (its owner lives and releases it itself),
+    /// `changed` (it changed meanwhile: run again) or `failed`.
+    pub outcome: &'static str,
+    pub detail: String,
+}
+
+/// Releases what `req` asks for; one entry per pod that held the finalizer.
+pub async fn release_results(
+    client: &Client,
+    req: &ReleaseRequest,
+) -> Result<Vec<PodReleased>, GuardError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &req.namespace);
+    let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+    if let Some(i) = &req.instance {
+        selector.push_str(&format!(",{INSTANCE_LABEL}={i}"));
+    }
+    let listed = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| {
+            GuardError::api(format!("listing graceguard's pods in {}", req.namespace), e)
+        })?;
+    let mut by_owner: BTreeMap<String, Vec<Pod>> = BTreeMap::new();
+    for p in listed.items {
+        if result_finalizer::holds(p.finalizers()) {
+            let owner = p.labels().get(INSTANCE_LABEL).cloned().unwrap_or_default();
+            by_owner.entry(owner).or_default().push(p);
+        }
+    }
+    let terminating =
+        crate::namespace_state::is_terminating(client, &req.namespace).await == Some(true);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &req.lease_namespace);
+    let mut out = Vec::new();
+    for (owner, held) in by_owner {
+        let why = match (req.force, terminating) {
+            (true, _) => "forced".to_string(),
+            (_, true) => format!("namespace {} is being deleted", req.namespace),
+            _ => match owner_alive(&leases, &owner, req.lease_wait).await? {
+                Some(holder) => {
+                    for p in held {
+                        out.push(report(&req.namespace, &p, &owner, "kept", format!(
+                            "instance {owner}'s Lease is held by {holder} and renewed: its executor lets go itself; pass --force only if it is gone for good"
+                        )));
+                    }
+                    continue;
+                }
+                None => format!("instance {owner}'s Lease is missing, released or lapsed"),
+            },
+        };
+        for p in held {
+            let v = Version {
+                name: p.name_any(),
+                uid: p.uid().unwrap_or_default(),
+                resource_version: p.resource_version().unwrap_or_default(),
+                finalizers: p.finalizers().to_vec(),
+            };
+            let (outcome, detail) = match pod_api::release(&pods, &v).await {
+                Released::Done => ("released", why.clone()),
+                Released::Changed => (
+                    "changed",
+                    "the pod changed since it was listed; run the command again".into(),
+                ),
+                Released::Failed => (
+                    "failed",
+                    "the API server refused or could not be asked (see the log); run the command again".into(),
+                ),
+            };
+            out.push(report(&req.namespace, &p, &owner, outcome, detail));
+        }
+    }
+    Ok(out)
+}
+
+fn report(ns: &str, p: &Pod, owner: &str, outcome: &'static str, detail: String) -> PodReleased {
+    PodReleased {
+        namespace: ns.to_string(),
+        pod: p.name_any(),
+        instance: owner.to_string(),
+        outcome,
+        detail,
+    }
+}
+
+/// The holder of `owner`'s Lease if it is renewed within `wait` (or held
+/// past it); `None` if it is missing, released, or lapses unrenewed.
+async fn owner_alive(
+    leases: &Api<Lease>,
+    owner: &str,
+    wait: Duration,
+) -> Result<Option<String>, GuardError> {
+    let name = lease_name(owner);
+    let mut seen = Observer::default();
+    let started = Instant::now();
+    loop {
+        let l = leases
+            .get_opt(&name)
+            .await
+            .map_err(|e| GuardError::api(format!("reading the Lease of instance {owner}"), e))?;
+        match seen.observe(&name, l.as_ref()) {
+            Liveness::Free => return Ok(None),
+            Liveness::Held { holder, remaining } => {
+                // A renewal seen restarts `remaining`: a live owner is held
+                // past `wait`.
+                if started.elapsed() + remaining > wait {
+                    return Ok(Some(holder));
+                }
+                tokio::time::sleep(remaining.min(Duration::from_secs(2))).await;
+            }
+        }
+    }
+}
