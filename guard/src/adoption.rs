@@ -408,9 +408,10 @@ fn slim(pod: &Pod) -> Pod {
     }
 }
 
-/// Its phase; a pod whose deletion has finished (grace 0) but that a
-/// finalizer keeps, and whose kubelet posted no terminal phase (before
-/// Kubernetes 1.22), ended `Failed`: it was stopped before it ended.
+/// Its phase; a pod whose deletion has finished (grace 0) but that the
+/// result finalizer keeps, and whose kubelet posted no terminal phase
+/// (before Kubernetes 1.22), ended `Failed`: it was stopped before it
+/// ended. (Without that finalizer it is about to vanish: reported gone.)
 fn phase_of(pod: &Pod) -> String {
     let phase = pod
         .status
@@ -418,7 +419,8 @@ fn phase_of(pod: &Pod) -> String {
         .and_then(|s| s.phase.clone())
         .unwrap_or_else(|| "Pending".into());
     let finished = pod.metadata.deletion_timestamp.is_some()
-        && pod.metadata.deletion_grace_period_seconds == Some(0);
+        && pod.metadata.deletion_grace_period_seconds == Some(0)
+        && crate::result_finalizer::holds(pod.finalizers());
     match (finished, phase.as_str()) {
         (true, p) if p != "Succeeded" && p != "Failed" => "Failed".into(),
         _ => phase,

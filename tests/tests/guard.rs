@@ -409,6 +409,70 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     Ok(())
 }
 
+/// A dead instance's pods that the result finalizer keeps after their
+/// deletion are still delivered: one that had succeeded, and one stopped
+/// before it ended whose kubelet posted no terminal phase (as before 1.22:
+/// delivered `Failed`, reason `Deleted`). The done-mark after each
+/// acknowledgement lets go, and the pod leaves the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instances_pods_kept_by_the_finalizer_are_delivered_then_let_go() -> R {
+    let (bed, ns, alice) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    instance_lease(&bed, &ns, "dead-exec", DEAD).await?;
+    let mut uids = Vec::new();
+    for name in ["ok-0", "cut-0"] {
+        let mut p = managed_pod(name, "dead-exec");
+        p.metadata.finalizers = Some(vec![graceguard::naming::RESULT_FINALIZER.into()]);
+        let made = api.create(&PostParams::default(), &p).await?;
+        uids.push(made.metadata.uid.unwrap_or_default());
+        pods::wait_running(&api, name).await?;
+    }
+    kubelet.end_pod(&ns, "ok-0", Terminal::Succeeded).await?;
+    for name in ["ok-0", "cut-0"] {
+        pods::delete_gracefully(&api, name, Some(0)).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        api.get_opt("cut-0").await?.is_some(),
+        "kept by the finalizer"
+    );
+    let mut adopter = Adopter::new(alice, &ns, &ns, "me");
+    let mut delivered = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while delivered.len() < 2 && Instant::now() < deadline {
+        for found in adopter.sync(Duration::from_millis(300)).await? {
+            match found {
+                Found::Completed(p) => {
+                    assert_eq!(adopter.ack(&p).await, Marked::Done, "{p:?}");
+                    delivered.push((p.name, p.phase, p.reason));
+                }
+                Found::Gone(p) => anyhow::bail!("reported gone, not delivered: {p:?}"),
+            }
+        }
+    }
+    delivered.sort();
+    assert_eq!(
+        delivered,
+        [
+            (
+                "cut-0".to_string(),
+                "Failed".to_string(),
+                Some("Deleted".to_string())
+            ),
+            (
+                "ok-0".to_string(),
+                "Succeeded".to_string(),
+                Some("Deleted".to_string())
+            ),
+        ]
+    );
+    for (name, uid) in ["ok-0", "cut-0"].iter().zip(&uids) {
+        pods::wait_gone(&api, name, uid).await?;
+    }
+    Ok(())
+}
+
 /// Two adopters racing for the same completed pods: each pod is claimed by
 /// exactly one of them (conditional writes), and marked done once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -563,7 +563,7 @@ async fn a_namespace_deletion_is_not_held_up_by_unacknowledged_results() -> R {
     .await?;
     let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
     let body = serde_json::json!({"template": tpl});
-    let mut live = SidecarProcess::start(&bed, "exec-live", &live_ns).await?;
+    let live = SidecarProcess::start(&bed, "exec-live", &live_ns).await?;
     let mut gone = SidecarProcess::start(&bed, "exec-gone", &gone_ns).await?;
     for (sidecar, ns) in [(&live, &live_ns), (&gone, &gone_ns)] {
         let (code, st) = sidecar

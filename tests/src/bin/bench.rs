@@ -194,7 +194,7 @@ async fn run(args: &Args) -> Result<()> {
         sidecar_scale(args.scale_tasks.unwrap_or(if q { 50 } else { 1000 })).await?;
     }
     if wanted("sidecar_rss") {
-        sidecar_rss(if q { 1000 } else { 10_000 }).await?;
+        sidecar_rss(if q { 300 } else { 10_000 }).await?;
     }
     if wanted("executor_storm") {
         executor_storm(q).await?;
