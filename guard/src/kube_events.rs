@@ -9,22 +9,30 @@ use kube::Client;
 use crate::phase::Transition;
 
 /// Publishes Events as `graceguard`, reporting instance `instance`.
+///
+/// Each Event goes through a recorder of its own: kube's `Recorder` keeps
+/// every Event it published for six minutes to aggregate repeats into a
+/// series, which for a sidecar running thousands of tasks is tens of
+/// megabytes of Events of pods long gone (`scripts/bench`, `sidecar_rss`),
+/// while graceguard's transitions never repeat on one pod.
 #[derive(Clone)]
 pub struct Publisher {
-    recorder: Recorder,
+    client: Client,
+    reporter: Reporter,
     enabled: bool,
 }
 
 impl Publisher {
     pub fn new(client: Client, instance: &str, enabled: bool) -> Self {
-        let recorder = Recorder::new(
+        let reporter = Reporter {
+            controller: "graceguard".into(),
+            instance: Some(instance.to_string()),
+        };
+        Self {
             client,
-            Reporter {
-                controller: "graceguard".into(),
-                instance: Some(instance.to_string()),
-            },
-        );
-        Self { recorder, enabled }
+            reporter,
+            enabled,
+        }
     }
 
     /// Publishes `t` as an Event on its pod.
@@ -72,7 +80,7 @@ impl Publisher {
             action: "Launch".into(),
             secondary: None,
         };
-        let recorder = self.recorder.clone();
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
         tokio::spawn(async move {
             if let Err(e) = recorder.publish(&ev, &reference).await {
                 tracing::debug!(error = %e, "publishing an event failed");

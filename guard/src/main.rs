@@ -100,6 +100,11 @@ struct SidecarArgs {
     /// status is no longer served; 0: never), so memory stays bounded.
     #[arg(long, default_value_t = 600)]
     forget_after_seconds: u64,
+    /// Publish no Kubernetes Event per transition (they cost about four API
+    /// writes per task, and kube's event recorder keeps each for six minutes
+    /// to aggregate repeats).
+    #[arg(long)]
+    no_kube_events: bool,
     #[command(flatten)]
     lease: LeaseArgs,
 }
@@ -486,6 +491,7 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     config.fence = holding.fence();
     config.forget_after =
         (args.forget_after_seconds > 0).then(|| Duration::from_secs(args.forget_after_seconds));
+    config.publish_events = !args.no_kube_events;
     let executor = Executor::start(client.clone(), config);
     let adoption = match (&args.namespace, args.adopt) {
         (Some(ns), true) => {

@@ -194,7 +194,9 @@ async fn run(args: &Args) -> Result<()> {
         sidecar_scale(args.scale_tasks.unwrap_or(if q { 50 } else { 1000 })).await?;
     }
     if wanted("sidecar_rss") {
-        sidecar_rss(if q { 300 } else { 10_000 }).await?;
+        for events in [false, true] {
+            sidecar_rss(if q { 300 } else { 10_000 }, events).await?;
+        }
     }
     if wanted("executor_storm") {
         executor_storm(q).await?;
@@ -359,13 +361,19 @@ async fn sidecar_scale(n: usize) -> Result<()> {
 /// sidecar forgets it a second later (`--forget-after-seconds 1`). Its RSS
 /// after the first tenth of the tasks is the same-run baseline; RSS at the
 /// end over it should stay near 1 (memory does not grow with tasks run).
-async fn sidecar_rss(n: usize) -> Result<()> {
+/// With `kube_events`, kube's event recorder also keeps every Event it
+/// published for six minutes (its series cache): memory then grows with the
+/// Events of the last six minutes, whatever the tasks.
+async fn sidecar_rss(n: usize, kube_events: bool) -> Result<()> {
     const WAVE: usize = 100;
     let bed = TestBed::start().await?;
     let ns = bed.namespace("rss").await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
-    let sidecar =
-        SidecarProcess::start_with_args(&bed, "rss", &ns, &["--forget-after-seconds", "1"]).await?;
+    let mut args = vec!["--forget-after-seconds", "1"];
+    if !kube_events {
+        args.push("--no-kube-events");
+    }
+    let sidecar = SidecarProcess::start_with_args(&bed, "rss", &ns, &args).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     let template = serde_json::to_value(pods::task_pod("template", 30))?;
     let started = Instant::now();
@@ -473,13 +481,14 @@ async fn sidecar_rss(n: usize) -> Result<()> {
     let ratio = rss_end as f64 / rss_base.max(1) as f64;
     let seconds = started.elapsed().as_secs_f64();
     emit(
-        json!({"group": "sidecar_rss", "tasks": n, "wave": WAVE, "rss_bytes_baseline": rss_base,
+        json!({"group": "sidecar_rss", "kube_events": kube_events, "tasks": n, "wave": WAVE, "rss_bytes_baseline": rss_base,
         "baseline_after_tasks": baseline_at, "rss_bytes_end": rss_end, "end_over_baseline": round3(ratio),
         "samples": samples, "healthz": health, "seconds": round3(seconds),
         "note": "one sidecar, tasks in waves of 100: PUT, Running, Succeeded, acknowledged, pod deleted, forgotten after 1 s; RSS from /proc"}),
     );
     table(format!(
-        "sidecar_rss    {n} tasks in {seconds:.0} s: RSS {:.1} MB after {baseline_at}, {:.1} MB after {n} ({ratio:.2}x)",
+        "sidecar_rss    {n} tasks in {seconds:.0} s (Kubernetes Events {}): RSS {:.1} MB after {baseline_at}, {:.1} MB after {n} ({ratio:.2}x)",
+        if kube_events { "on" } else { "off" },
         mb(rss_base),
         mb(rss_end)
     ));
