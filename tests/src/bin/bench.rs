@@ -222,25 +222,12 @@ async fn sidecar_scale(n: usize) -> Result<()> {
     let mark = bed.audit_log()?.events()?.len();
     let template = serde_json::to_value(pods::task_pod("template", 30))?;
     let started = Instant::now();
-    stream::iter(0..n)
-        .map(|i| {
-            let body = json!({"template": template, "retries": 0});
-            let (sidecar, ns) = (&sidecar, &ns);
-            async move {
-                let (code, v) = sidecar
-                    .request("PUT", &format!("/v1/tasks/{ns}/task-{i}"), Some(&body))
-                    .await?;
-                if code != 200 {
-                    bail!("PUT task-{i}: {code} {v}");
-                }
-                Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<Result<()>>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<()>>>()?;
+    let body = json!({"template": template, "retries": 0});
+    create_all(n, |i| {
+        let (sidecar, ns, body) = (&sidecar, &ns, &body);
+        async move { put_task(sidecar, ns, &format!("task-{i}"), body).await }
+    })
+    .await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
@@ -375,7 +362,7 @@ async fn sidecar_rss(n: usize, kube_events: bool) -> Result<()> {
     }
     let sidecar = SidecarProcess::start_with_args(&bed, "rss", &ns, &args).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    let template = serde_json::to_value(pods::task_pod("template", 30))?;
+    let body = json!({"template": pods::task_pod("template", 30)});
     let started = Instant::now();
     let (mut after, mut epoch) = (0u64, String::new());
     let (mut rss_base, mut samples) = (0u64, Vec::new());
@@ -384,25 +371,7 @@ async fn sidecar_rss(n: usize, kube_events: bool) -> Result<()> {
         let names: Vec<String> = (wave * WAVE..((wave + 1) * WAVE).min(n))
             .map(|i| format!("t{i}"))
             .collect();
-        stream::iter(&names)
-            .map(|t| {
-                let body = json!({"template": template});
-                let (sidecar, ns) = (&sidecar, &ns);
-                async move {
-                    let (code, v) = sidecar
-                        .request("PUT", &format!("/v1/tasks/{ns}/{t}"), Some(&body))
-                        .await?;
-                    if code != 200 {
-                        bail!("PUT {t}: {code} {v}");
-                    }
-                    Ok(())
-                }
-            })
-            .buffer_unordered(16)
-            .collect::<Vec<Result<()>>>()
-            .await
-            .into_iter()
-            .collect::<Result<Vec<()>>>()?;
+        create_all(names.len(), |i| put_task(&sidecar, &ns, &names[i], &body)).await?;
         let deadline = Instant::now() + Duration::from_secs(300);
         for t in &names {
             while !api.get_opt(&format!("{t}-0")).await?.is_some_and(|p| {
@@ -455,16 +424,11 @@ async fn sidecar_rss(n: usize, kube_events: bool) -> Result<()> {
                 bail!("ack: {code} {v}");
             }
         }
-        stream::iter(&names)
-            .map(|t| {
-                let api = &api;
-                async move { pods::delete_gracefully(api, &format!("{t}-0"), None).await }
-            })
-            .buffer_unordered(16)
-            .collect::<Vec<Result<()>>>()
-            .await
-            .into_iter()
-            .collect::<Result<Vec<()>>>()?;
+        create_all(names.len(), |i| {
+            let (api, pod) = (&api, format!("{}-0", names[i]));
+            async move { pods::delete_gracefully(api, &pod, None).await }
+        })
+        .await?;
         let done = (wave + 1) * WAVE;
         if done == baseline_at || done >= n || done.is_multiple_of(n / 5) {
             // Forgotten after a second; the deleted pods leave the index.
@@ -1408,6 +1372,17 @@ async fn kind_index_peak(n: usize) -> Result<()> {
 }
 
 /// Runs `create(i)` for every i below `n`, 16 at a time; any error fails it.
+/// PUTs task `task` in `ns` with `body`; any answer but 200 is an error.
+async fn put_task(sidecar: &SidecarProcess, ns: &str, task: &str, body: &Value) -> Result<()> {
+    let (code, v) = sidecar
+        .request("PUT", &format!("/v1/tasks/{ns}/{task}"), Some(body))
+        .await?;
+    if code != 200 {
+        bail!("PUT {task}: {code} {v}");
+    }
+    Ok(())
+}
+
 async fn create_all<F, Fut>(n: usize, create: F) -> Result<()>
 where
     F: Fn(usize) -> Fut,
