@@ -50,14 +50,15 @@ use crate::pod_index::disruption_reason;
 
 /// A pod of a dead instance, as delivered (and as the sidecar's `adopted`
 /// and `gone` events carry it).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct AdoptedPod {
     pub namespace: String,
     #[serde(rename = "pod")]
     pub name: String,
     pub uid: String,
     pub task: String,
-    pub attempt: String,
+    /// Its attempt label, when that is a number.
+    pub attempt: Option<u32>,
     pub instance: String,
     /// `Succeeded` or `Failed` (for [`Found::Gone`], its last phase).
     pub phase: String,
@@ -69,6 +70,7 @@ pub struct AdoptedPod {
     /// Its finalizers after the claim (the done-mark writes them back
     /// without graceguard's result finalizer).
     #[serde(skip)]
+    #[schema(ignore)]
     pub finalizers: Vec<String>,
 }
 
@@ -437,7 +439,7 @@ fn adopted(pod: &Pod, phase: String) -> AdoptedPod {
         name: pod.name_any(),
         uid: pod.uid().unwrap_or_default(),
         task: label(pod, TASK_LABEL),
-        attempt: label(pod, ATTEMPT_LABEL),
+        attempt: label(pod, ATTEMPT_LABEL).parse().ok(),
         instance: label(pod, INSTANCE_LABEL),
         phase,
         reason: disruption_reason(pod).or_else(|| {

@@ -14,7 +14,7 @@ use crate::naming::{CLAIMED_BY_ANNOTATION, DONE_LABEL};
 use crate::result_finalizer;
 
 /// What a done-mark came to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Marked {
     /// This instance labelled the pod done.

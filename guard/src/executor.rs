@@ -27,7 +27,7 @@ pub use crate::executor_loop::Stats;
 use crate::lease::Fence;
 use crate::phase::Transition;
 use crate::reconcile::{Outcome, TaskSpec};
-use crate::task::{TaskKey, TaskStatus};
+use crate::task::{Submitted, TaskKey, TaskStatus};
 
 /// A running executor; cheap to clone. Dropping every clone stops it.
 #[derive(Clone)]
@@ -68,6 +68,18 @@ impl Executor {
     /// Submits a task (idempotent: the same task with the same template
     /// returns its status; another template is a [`TaskError::TemplateConflict`]).
     pub async fn submit(&self, spec: TaskSpec, template: Pod) -> Result<TaskStatus, TaskError> {
+        self.put(spec, template, false).await.map(|s| s.status)
+    }
+
+    /// [`Executor::submit`], saying whether it created the task; with
+    /// `replace`, an ended task submitted with another template or settings
+    /// is forgotten and run anew under the name after its last pod's.
+    pub async fn put(
+        &self,
+        spec: TaskSpec,
+        template: Pod,
+        replace: bool,
+    ) -> Result<Submitted, TaskError> {
         if template
             .spec
             .as_ref()
@@ -79,10 +91,30 @@ impl Executor {
         self.ask(|reply| Command::Submit {
             spec,
             template,
+            replace,
             reply,
         })
         .await
         .unwrap_or(Err(TaskError::Stopped))
+    }
+
+    /// Up to `limit` tasks (of `namespace`, if given) after `after`, in
+    /// (namespace, task) order, and whether more follow.
+    pub async fn list(
+        &self,
+        namespace: Option<String>,
+        after: Option<(String, String)>,
+        limit: usize,
+    ) -> Result<(Vec<TaskStatus>, bool), TaskError> {
+        let after = after.map(|(ns, task)| TaskKey::new(&ns, &task));
+        self.ask(|reply| Command::List {
+            namespace,
+            after,
+            limit,
+            reply,
+        })
+        .await
+        .ok_or(TaskError::Stopped)
     }
 
     pub async fn status(&self, key: &TaskKey) -> Option<TaskStatus> {

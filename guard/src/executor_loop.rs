@@ -29,7 +29,7 @@ use crate::reconcile::{
     self, apply, reconcile, resume, Action, Decision, Input, PodView, TaskSpec, TaskState,
 };
 use crate::result_finalizer::{releasable, Keep};
-use crate::task::{TaskKey, TaskStatus};
+use crate::task::{Submitted, TaskKey, TaskStatus};
 
 /// The pod watch's health, for `/healthz`.
 #[derive(Debug, Default)]
@@ -61,7 +61,16 @@ pub(crate) enum Command {
     Submit {
         spec: TaskSpec,
         template: Box<Pod>,
-        reply: oneshot::Sender<Result<TaskStatus, TaskError>>,
+        /// Forget an ended task submitted otherwise and run this one anew.
+        replace: bool,
+        reply: oneshot::Sender<Result<Submitted, TaskError>>,
+    },
+    /// One page of tasks in key order, after `after`; with whether more follow.
+    List {
+        namespace: Option<String>,
+        after: Option<TaskKey>,
+        limit: usize,
+        reply: oneshot::Sender<(Vec<TaskStatus>, bool)>,
     },
     Status {
         key: TaskKey,
@@ -108,6 +117,12 @@ fn now_ms() -> i64 {
     wall.saturating_add(millis(at.elapsed()))
 }
 
+/// A pod neither being deleted nor ended: a task with one cannot be
+/// forgotten or replaced.
+fn still_runs(p: &crate::reconcile::PodView) -> bool {
+    !p.deleting() && !matches!(p.phase.as_str(), "Succeeded" | "Failed")
+}
+
 /// An answer from an API call, for the task that asked.
 struct Answer {
     key: TaskKey,
@@ -134,6 +149,9 @@ struct Entry {
     aborted: bool,
     /// Its result was acknowledged: forgotten at this time.
     forget_at_ms: Option<i64>,
+    /// Submitted with `replace` over an earlier run's pods: it starts under
+    /// the name after theirs ([`reconcile::replace`]).
+    replacing: bool,
 }
 
 impl Entry {
@@ -150,6 +168,7 @@ impl Entry {
             reported: false,
             aborted: false,
             forget_at_ms: None,
+            replacing: false,
         }
     }
 }
@@ -422,9 +441,18 @@ impl Loop {
             Command::Submit {
                 spec,
                 template,
+                replace,
                 reply,
             } => {
-                let _ = reply.send(self.submit(spec, *template));
+                let _ = reply.send(self.submit(spec, *template, replace));
+            }
+            Command::List {
+                namespace,
+                after,
+                limit,
+                reply,
+            } => {
+                let _ = reply.send(self.list(namespace.as_deref(), after.as_ref(), limit));
             }
             Command::Status { key, reply } => {
                 let _ = reply.send(self.status(&key));
@@ -618,11 +646,7 @@ impl Loop {
         let Some(s) = e.state.as_ref().filter(|s| s.outcome.is_some()) else {
             return Err(TaskError::NotEnded(key.task.clone()));
         };
-        let live = self
-            .pods(key)
-            .iter()
-            .any(|p| !p.deleting() && !matches!(p.phase.as_str(), "Succeeded" | "Failed"));
-        if live || s.delete_on_sight {
+        if self.pods(key).iter().any(still_runs) || s.delete_on_sight {
             return Err(TaskError::CleanupPending(key.task.clone()));
         }
         self.tasks.remove(key);
@@ -651,7 +675,12 @@ impl Loop {
             .ok_or(TaskError::NotFound(key.task.clone()))
     }
 
-    fn submit(&mut self, spec: TaskSpec, template: Pod) -> Result<TaskStatus, TaskError> {
+    fn submit(
+        &mut self,
+        spec: TaskSpec,
+        template: Pod,
+        replace: bool,
+    ) -> Result<Submitted, TaskError> {
         if let Some(watched) = &self.config.namespace {
             if *watched != spec.namespace {
                 // Its pods would never reach the watch.
@@ -665,42 +694,99 @@ impl Loop {
         let hash = pod_api::hash_of(&template);
         if let Some(e) = self.tasks.get_mut(&key) {
             let known_hash = !e.template_hash.is_empty() || e.template.is_some();
-            if (known_hash && e.template_hash != hash) || e.spec.task != spec.task {
-                return Err(TaskError::TemplateConflict(spec.task));
-            }
-            if !e.spec.same_settings(&spec) {
-                return Err(TaskError::SpecConflict(spec.task));
-            }
-            if e.template.is_none() {
-                // Taken up after a restart: now it can launch again.
-                e.template = Some(with_hash(template, &hash));
-                e.template_hash = hash;
-                if std::mem::take(&mut e.awaiting_template) {
-                    // The held Create: its outcome is "unknown", so the name
-                    // is read first, then created.
-                    let attempt = e.state.as_ref().map_or(0, |s| s.attempt);
-                    let _ = self.answers_tx.send(Answer {
-                        key: key.clone(),
-                        attempt,
-                        kind: AnswerKind::Unknown,
-                    });
+            let conflict = if (known_hash && e.template_hash != hash) || e.spec.task != spec.task {
+                Some(TaskError::TemplateConflict(spec.task.clone()))
+            } else if !e.spec.same_settings(&spec) {
+                Some(TaskError::SpecConflict(spec.task.clone()))
+            } else {
+                None
+            };
+            match (conflict, replace) {
+                (Some(e), false) => return Err(e),
+                // Ended and no pod of it left running, or refused.
+                (Some(_), true) => self.forget(&key)?,
+                (None, _) => {
+                    self.take_template(&key, template, hash);
+                    return self.submitted(&key, false);
                 }
             }
-            return self.status(&key).ok_or(TaskError::NotFound(spec.task));
         }
         // Pods of this task made from another template (before a restart).
         if self.index.other_template(&key, &hash) {
-            return Err(TaskError::TemplateConflict(spec.task));
+            if !replace {
+                return Err(TaskError::TemplateConflict(spec.task));
+            }
+            if self.pods(&key).iter().any(still_runs) {
+                return Err(TaskError::CleanupPending(spec.task));
+            }
         }
         let mut spec = spec;
         spec.instance = self.config.instance.clone();
         let template = with_hash(template, &hash);
-        let entry = Entry::new(spec, Some(template), hash, &self.config);
+        let mut entry = Entry::new(spec, Some(template), hash, &self.config);
+        entry.replacing = replace;
         self.tasks.insert(key.clone(), entry);
+        // A task forgotten before under this key lets go of its pods by the
+        // new task's rule now (they are not its newest).
+        self.forgotten.remove(&key);
         if self.synced {
             self.reconcile(&key);
         }
-        self.status(&key).ok_or(TaskError::NotFound(key.task))
+        self.submitted(&key, true)
+    }
+
+    /// A task submitted again with its template: one taken up after a
+    /// restart (it had none) can launch again.
+    fn take_template(&mut self, key: &TaskKey, template: Pod, hash: String) {
+        let Some(e) = self.tasks.get_mut(key) else {
+            return;
+        };
+        if e.template.is_some() {
+            return;
+        }
+        e.template = Some(with_hash(template, &hash));
+        e.template_hash = hash;
+        if std::mem::take(&mut e.awaiting_template) {
+            // The held Create: its outcome is "unknown", so the name
+            // is read first, then created.
+            let attempt = e.state.as_ref().map_or(0, |s| s.attempt);
+            let _ = self.answers_tx.send(Answer {
+                key: key.clone(),
+                attempt,
+                kind: AnswerKind::Unknown,
+            });
+        }
+    }
+
+    fn submitted(&self, key: &TaskKey, created: bool) -> Result<Submitted, TaskError> {
+        let status = self
+            .status(key)
+            .ok_or_else(|| TaskError::NotFound(key.task.clone()))?;
+        Ok(Submitted { status, created })
+    }
+
+    /// Up to `limit` tasks after `after` in key order (of `namespace`, if
+    /// given), and whether more follow.
+    fn list(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&TaskKey>,
+        limit: usize,
+    ) -> (Vec<TaskStatus>, bool) {
+        let mut keys: Vec<&TaskKey> = self
+            .tasks
+            .keys()
+            .filter(|k| namespace.is_none_or(|n| k.namespace == n))
+            .filter(|k| after.is_none_or(|a| *k > a))
+            .collect();
+        keys.sort_unstable();
+        let more = keys.len() > limit;
+        let page = keys
+            .into_iter()
+            .take(limit)
+            .filter_map(|k| self.status(k))
+            .collect();
+        (page, more)
     }
 
     fn retry(&mut self, key: &TaskKey) -> Result<TaskStatus, TaskError> {
@@ -769,6 +855,7 @@ impl Loop {
             // Aborted before it was launched: no Create, ever; pods it had
             // from before a restart are deleted by the abort.
             None if aborted => (reconcile::restore(&pods, now), Decision::default()),
+            None if std::mem::take(&mut e.replacing) => reconcile::replace(&e.spec, &pods, now),
             None => {
                 if !pods.is_empty() {
                     tracing::info!(task = %e.spec.task, namespace = %key.namespace, "resuming a task from its pods");

@@ -43,6 +43,9 @@ enum Command {
     /// Results still held are not delivered: run adoption (sidecar --adopt) first to deliver
     /// a dead instance's results.
     ReleaseResults(ReleaseArgs),
+    /// Print the sidecar API's OpenAPI document (what it serves at /openapi.json;
+    /// guard/openapi.json is this output).
+    Openapi,
 }
 
 #[derive(clap::Args)]
@@ -240,6 +243,13 @@ enum Ended {
     Exit(i32),
 }
 
+fn print_openapi() -> Result<Ended, Usage> {
+    let doc = graceguard::sidecar::openapi::generate()
+        .map_err(|e| Usage(format!("generating the OpenAPI document: {e}")))?;
+    print!("{doc}");
+    Ok(Ended::Exit(0))
+}
+
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
@@ -248,6 +258,7 @@ async fn main() {
         Command::Run(args) => run(args).await,
         Command::Sidecar(args) => sidecar(args).await,
         Command::ReleaseResults(args) => release_results(args).await,
+        Command::Openapi => print_openapi(),
     };
     let code = match ended {
         Ok(Ended::Task(o)) if o.succeeded => 0,

@@ -158,7 +158,7 @@ pub enum PodTrack {
 }
 
 /// How a task ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Outcome {
     pub succeeded: bool,
     pub failure_kind: Option<FailureKind>,
@@ -364,14 +364,11 @@ pub fn resume(spec: &TaskSpec, pods: &[PodView], now_ms: i64) -> (TaskState, Dec
     if !finished {
         return (restore(pods, now_ms), Decision::default());
     }
+    if spec.rerun_done && newest.attempt < MAX_ATTEMPT {
+        return next_run(spec, newest.attempt, now_ms);
+    }
     let mut t = Task::new(spec, start(now_ms));
     t.s.attempt = newest.attempt;
-    if spec.rerun_done && newest.attempt < MAX_ATTEMPT {
-        // A new run: its own counters, the next pod name.
-        t.s.attempt = newest.attempt + 1;
-        t.record(Phase::Launching);
-        return t.finish();
-    }
     let succeeded = newest.phase == "Succeeded";
     let reason = format!(
         "AlreadyDone: pod {} (attempt {}) ended {} and its result was delivered and acknowledged before this submission; submit the task with rerun_done to run it again",
@@ -395,6 +392,27 @@ pub fn resume(spec: &TaskSpec, pods: &[PodView], now_ms: i64) -> (TaskState, Dec
         Some(kind) => t.record(Phase::Failed { kind, reason }),
     }
     t.finish()
+}
+
+/// A new run after the pods of an earlier one: its own counters, the pod
+/// name after `last_attempt`'s.
+fn next_run(spec: &TaskSpec, last_attempt: u32, now_ms: i64) -> (TaskState, Decision) {
+    let mut t = Task::new(spec, start(now_ms));
+    t.s.attempt = last_attempt + 1;
+    t.record(Phase::Launching);
+    t.finish()
+}
+
+/// A task submitted with `replace` over an earlier run's `pods` (another
+/// template or settings, none of them running): a new run under the name
+/// after the newest of them, so no name is ever reused. With no name left,
+/// it is taken up like any resubmission ([`resume`]).
+pub fn replace(spec: &TaskSpec, pods: &[PodView], now_ms: i64) -> (TaskState, Decision) {
+    match pods.iter().map(|p| p.attempt).max() {
+        None => launch(spec, now_ms),
+        Some(a) if a < MAX_ATTEMPT => next_run(spec, a, now_ms),
+        Some(_) => resume(spec, pods, now_ms),
+    }
 }
 
 /// Decides the next step of `state` given the task's `pods` at `now_ms`.

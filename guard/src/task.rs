@@ -27,7 +27,7 @@ impl TaskKey {
 }
 
 /// A task as its caller sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct TaskStatus {
     pub namespace: String,
     pub task: String,
@@ -35,6 +35,8 @@ pub struct TaskStatus {
     pub pod: String,
     /// The current pod's uid, once created.
     pub uid: Option<String>,
+    /// `Launching`, `Queued`, `WaitingForResources`, `Running`, `ShuttingDown`, `Succeeded` or `Failed`.
+    #[schema(value_type = String)]
     pub phase: &'static str,
     pub reason: Option<String>,
     pub failure_kind: Option<FailureKind>,
@@ -52,4 +54,12 @@ pub struct TaskStatus {
     /// process: it is waited out and its result delivered, but a new attempt
     /// needs its template: PUT the task again (the same body).
     pub needs_template: bool,
+}
+
+/// What a submission came to: the task's status, and whether this
+/// submission created it (else it was there, with the same body).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submitted {
+    pub status: TaskStatus,
+    pub created: bool,
 }

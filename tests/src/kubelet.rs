@@ -50,7 +50,15 @@ pub struct KubeletOptions {
     /// Move bound Pending pods to Running.
     pub run_pods: bool,
     pub finish_deletions: FinishDeletions,
+    /// End each pod this long after it started Running, as its container's
+    /// exit: in the phase its annotation [`END_ANNOTATION`] names
+    /// (`Succeeded`, the default, or `Failed`; `never` keeps it running).
+    /// A pod being deleted by then is left to its deletion.
+    pub end_after: Option<Duration>,
 }
+
+/// The pod annotation that says how [`KubeletOptions::end_after`] ends it.
+pub const END_ANNOTATION: &str = "testbed.graceguard.io/end";
 
 impl Default for KubeletOptions {
     fn default() -> Self {
@@ -58,6 +66,7 @@ impl Default for KubeletOptions {
             node: NODE.into(),
             run_pods: true,
             finish_deletions: FinishDeletions::Manual,
+            end_after: None,
         }
     }
 }
@@ -382,7 +391,11 @@ async fn run(client: Client, opts: KubeletOptions) {
                     )
                     .await
                 {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        if let Some(after) = opts.end_after {
+                            tokio::spawn(end_later(api.clone(), pod.clone(), after));
+                        }
+                    }
                     // Changed meanwhile (a conflict) or gone: a kubelet never
                     // resurrects a finished pod; the next event decides.
                     Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
@@ -394,5 +407,31 @@ async fn run(client: Client, opts: KubeletOptions) {
                 }
             }
         }
+    }
+}
+
+/// [`KubeletOptions::end_after`] for one pod.
+async fn end_later(api: Api<Pod>, pod: Pod, after: Duration) {
+    let phase = match pod.annotations().get(END_ANNOTATION).map(String::as_str) {
+        Some("never") => return,
+        Some("Failed") => Terminal::Failed,
+        _ => Terminal::Succeeded,
+    };
+    tokio::time::sleep(after).await;
+    let name = pod.name_any();
+    match api.get_opt(&name).await {
+        Ok(Some(p)) if p.uid() == pod.uid() && p.metadata.deletion_timestamp.is_none() => {}
+        Ok(_) => return,
+        Err(e) => {
+            eprintln!("simulated kubelet: reading {name} to end it: {e}");
+            return;
+        }
+    }
+    let status = terminal_status(phase, None);
+    if let Err(e) = api
+        .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
+        .await
+    {
+        eprintln!("simulated kubelet: ending {name}: {e}");
     }
 }

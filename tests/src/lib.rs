@@ -26,6 +26,7 @@ pub mod go_build;
 pub mod guard_chaos;
 pub mod guard_task;
 pub mod helm;
+pub mod kube_schemas;
 pub mod kubelet;
 pub mod node;
 pub mod objects;

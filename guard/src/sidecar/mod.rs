@@ -1,0 +1,353 @@
+//! `graceguard sidecar`: the executor core as a local HTTP+JSON API, so an
+//! executor in any language (Flyte's Go, Airflow's Python) gets the same
+//! rules from one process that holds the Lease and the pod watch.
+//!
+//! The API is described by `guard/openapi.json`, generated from
+//! [`handlers`] and [`api`] ([`openapi`]) and served at `/openapi.json`;
+//! every error is an [`status::ApiStatus`]. `/v1` stays compatible: a change
+//! that breaks a client is written in the CHANGELOG, with both clients
+//! (`clients/go`, `clients/python`) updated in the same change.
+
+pub mod api;
+pub mod handlers;
+mod listen;
+pub mod openapi;
+mod paging;
+pub mod status;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+
+pub use api::{MAX_ACK_SEQS, MAX_WAIT_SECONDS};
+pub use listen::{bind_socket, serve, Listen};
+use status::{ApiStatus, Reason};
+
+use crate::executor::Executor;
+
+/// Every (method, path) the router answers, in OpenAPI's path syntax; a
+/// test keeps it equal to the generated document's.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("put", "/v1/tasks/{namespace}/{task}"),
+    ("get", "/v1/tasks/{namespace}/{task}"),
+    ("delete", "/v1/tasks/{namespace}/{task}"),
+    ("post", "/v1/tasks/{namespace}/{task}/retry"),
+    ("get", "/v1/tasks"),
+    ("get", "/v1/events"),
+    ("post", "/v1/events/ack"),
+    ("get", "/healthz"),
+    ("get", "/openapi.json"),
+];
+
+/// The sidecar's state.
+#[derive(Clone)]
+pub struct Sidecar {
+    pub executor: Executor,
+    /// The bearer token a TCP listener requires (`None`: a Unix socket,
+    /// guarded by its file permissions).
+    pub token: Option<Arc<String>>,
+}
+
+/// The API's router.
+pub fn router(sidecar: Sidecar) -> Router {
+    use handlers::*;
+    let api = Router::new()
+        .route(
+            "/v1/tasks/{namespace}/{task}",
+            put(put_task).get(get_task).delete(delete_task),
+        )
+        .route("/v1/tasks/{namespace}/{task}/retry", post(retry_task))
+        .route("/v1/tasks", get(list_tasks))
+        .route("/v1/events", get(events))
+        .route("/v1/events/ack", post(ack))
+        .route_layer(middleware::from_fn_with_state(sidecar.clone(), auth));
+    Router::new()
+        .merge(api)
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi))
+        .fallback(|| async {
+            ApiStatus::new(
+                StatusCode::NOT_FOUND,
+                Reason::NotFound,
+                "no such endpoint; see /openapi.json",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiStatus::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                Reason::MethodNotAllowed,
+                "this endpoint does not take that method; see /openapi.json",
+            )
+        })
+        .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .with_state(sidecar)
+}
+
+/// Whether `given` is `token`, in time independent of where they differ.
+fn token_matches(given: Option<&str>, token: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())))
+}
+
+async fn auth(State(s): State<Sidecar>, req: Request, next: Next) -> Response {
+    if let Some(token) = &s.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !token_matches(given, token) {
+            return ApiStatus::new(
+                StatusCode::UNAUTHORIZED,
+                Reason::Unauthorized,
+                "missing or wrong bearer token; send Authorization: Bearer <the --token-file's content>",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_lists_exactly_the_served_routes() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("openapi.json is JSON");
+        assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
+        let mut documented: Vec<(String, String)> = Vec::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            for method in item.as_object().expect("path item").keys() {
+                if ["get", "put", "post", "delete", "patch"].contains(&method.as_str()) {
+                    documented.push((method.clone(), path.clone()));
+                }
+            }
+        }
+        let mut served: Vec<(String, String)> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        documented.sort();
+        served.sort();
+        assert_eq!(documented, served);
+    }
+
+    /// A router whose executor points at a closed port: enough for the
+    /// checks made before any task reaches the API server.
+    fn offline(token: Option<&str>) -> Result<Router, Box<dyn std::error::Error>> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse()?);
+        let client = kube::Client::try_from(config)?;
+        let executor = Executor::start(client, crate::executor::ExecutorConfig::new("unit"));
+        Ok(router(Sidecar {
+            executor,
+            token: token.map(|t| Arc::new(t.to_string())),
+        }))
+    }
+
+    async fn status_of(app: Router, path: &str, auth: Option<&str>) -> u16 {
+        use tower::ServiceExt;
+        let mut req = axum::http::Request::builder().uri(path);
+        if let Some(a) = auth {
+            req = req.header(header::AUTHORIZATION, a);
+        }
+        match req.body(axum::body::Body::empty()) {
+            Ok(r) => match app.oneshot(r).await {
+                Ok(resp) => resp.status().as_u16(),
+                Err(never) => match never {},
+            },
+            Err(_) => 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tcp_listener_wants_the_bearer_token_on_v1_but_not_on_healthz() {
+        let app = offline(Some("0123456789abcdef-secret")).expect("router");
+        let v1 = "/v1/tasks/ns/t";
+        assert_eq!(status_of(app.clone(), v1, None).await, 401);
+        assert_eq!(status_of(app.clone(), v1, Some("Bearer wrong")).await, 401);
+        assert_eq!(
+            status_of(app.clone(), v1, Some("Bearer 0123456789abcdef-secret")).await,
+            404,
+            "authorized: the task is simply unknown"
+        );
+        // Not synced (no API server): 503, but no token needed.
+        assert_eq!(status_of(app.clone(), "/healthz", None).await, 503);
+        assert_eq!(status_of(app, "/openapi.json", None).await, 200);
+        // A Unix socket needs no token.
+        let app = offline(None).expect("router");
+        assert_eq!(status_of(app, v1, None).await, 404);
+    }
+
+    #[tokio::test]
+    async fn healthz_says_why_the_watch_has_not_synced() {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let app = offline(None).expect("router");
+        // The watcher's first attempt fails at once (nothing listens there).
+        let mut body = serde_json::Value::Null;
+        for _ in 0..50 {
+            let req = axum::http::Request::builder()
+                .uri("/healthz")
+                .body(axum::body::Body::empty())
+                .expect("request");
+            let Ok(resp) = app.clone().oneshot(req).await;
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+            body = serde_json::from_slice(&bytes).expect("JSON");
+            if body["watch_error"].is_string() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(body["synced"], false);
+        assert!(body["watch_error"].is_string(), "{body}");
+    }
+
+    async fn call(app: Router, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(axum::body::Body::from(body.to_string()))
+            .expect("request");
+        let Ok(resp) = app.oneshot(req).await;
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn acknowledgements_and_reads_after_a_restart_are_refused_not_applied() {
+        let app = offline(None).expect("router");
+        let (_, health) = call(app.clone(), "GET", "/healthz", "").await;
+        let epoch = health["epoch"]
+            .as_str()
+            .expect("healthz names the epoch")
+            .to_string();
+        // No epoch: 400, saying what to send.
+        let (code, body) = call(app.clone(), "POST", "/v1/events/ack", r#"{"seq": 3}"#).await;
+        assert_eq!(code, 400, "{body}");
+        assert!(
+            body["error"].as_str().unwrap_or("").contains("epoch"),
+            "{body}"
+        );
+        // Another sidecar's epoch (this one restarted since): 409.
+        let (code, body) = call(
+            app.clone(),
+            "POST",
+            "/v1/events/ack",
+            r#"{"epoch": "0000000000000000", "seq": 3}"#,
+        )
+        .await;
+        assert_eq!(
+            (code, body["code"].as_str()),
+            (409, Some("epoch_changed")),
+            "{body}"
+        );
+        let (code, _) = call(app.clone(), "GET", "/v1/events?after=3", "").await;
+        assert_eq!(code, 400, "after > 0 without an epoch");
+        let (code, body) = call(app.clone(), "GET", "/v1/events?after=3&epoch=x", "").await;
+        assert_eq!(code, 409, "{body}");
+        // This epoch: accepted (nothing to acknowledge yet).
+        let ack = format!(r#"{{"epoch": "{epoch}", "seq": 3}}"#);
+        let (code, body) = call(app.clone(), "POST", "/v1/events/ack", &ack).await;
+        assert_eq!(
+            (code, body["acked"].as_array().map(Vec::len)),
+            (200, Some(0))
+        );
+        let q = format!("/v1/events?after=3&epoch={epoch}");
+        assert_eq!(call(app.clone(), "GET", &q, "").await.0, 200);
+        // Too many seqs at once: 400.
+        let seqs: Vec<u64> = (1..=(MAX_ACK_SEQS as u64 + 1)).collect();
+        let ack = serde_json::json!({"epoch": epoch, "seqs": seqs}).to_string();
+        let (code, body) = call(app, "POST", "/v1/events/ack", &ack).await;
+        assert_eq!(code, 400, "{body}");
+    }
+
+    #[test]
+    fn the_token_is_compared_whole() {
+        assert!(token_matches(Some("0123456789abcdef"), "0123456789abcdef"));
+        for wrong in [
+            None,
+            Some(""),
+            Some("0123456789abcde"),
+            Some("0123456789abcdef0"),
+        ] {
+            assert!(!token_matches(wrong, "0123456789abcdef"), "{wrong:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_socket_is_owner_only_and_only_a_stale_socket_is_replaced() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let dir = std::env::temp_dir().join(format!("gg-sock-{:08x}", fastrand::u32(..)));
+        std::fs::create_dir_all(&dir).expect("dir");
+        // Not a socket: refused, and left as it was.
+        let file = dir.join("not-a-socket");
+        std::fs::write(&file, "keep me").expect("file");
+        let e = bind_socket(&file)
+            .await
+            .expect_err("a regular file is not replaced");
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(&file).expect("still there"),
+            "keep me"
+        );
+        // A stale socket (its listener gone) is replaced; the new one is 0600.
+        let path = dir.join("s.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).expect("stale"));
+        let live = bind_socket(&path).await.expect("replaces the stale socket");
+        let meta = std::fs::symlink_metadata(&path).expect("socket");
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // A live one is not.
+        let e = bind_socket(&path).await.expect_err("in use");
+        assert!(e.contains("in use"), "{e}");
+        drop(live);
+        // Nothing of the private directory is left behind.
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_non_loopback_listen_address_is_refused() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let executor = Executor::start(client, crate::executor::ExecutorConfig::new("unit"));
+        let sidecar = Sidecar {
+            executor,
+            token: Some(Arc::new("0123456789abcdef".into())),
+        };
+        let addr: std::net::SocketAddr = "0.0.0.0:0".parse().expect("addr");
+        let e = serve(Listen::Tcp(addr), sidecar, async {})
+            .await
+            .expect_err("0.0.0.0 is refused");
+        assert!(e.contains("loopback"), "{e}");
+    }
+
+    #[test]
+    fn a_put_body_has_defaults_and_rejects_unknown_fields() {
+        let p: PutTask = serde_json::from_str(
+            r#"{"template": {"spec": {"containers": [{"name": "m", "image": "x"}]}}}"#,
+        )
+        .expect("minimal body parses");
+        assert_eq!((p.retries, p.max_system_failures), (0, 3));
+        assert_eq!(p.bounds, Bounds::default());
+        let e = serde_json::from_str::<PutTask>(r#"{"template": {}, "retry": 1}"#)
+            .expect_err("a misspelt field is an error");
+        assert!(e.to_string().contains("retry"), "{e}");
+    }
+}

@@ -1,0 +1,98 @@
+//! The Kubernetes schemas the sidecar's OpenAPI document includes for a pod
+//! template, read from a real kube-apiserver: v1.37 serves them as OpenAPI
+//! v3 (`/openapi/v3/api/v1`, what the document holds); v1.20 serves only
+//! v2 (`/openapi/v2`), compared by the properties each schema names.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::control_plane::TestBed;
+
+/// The schema the closure starts from.
+pub const ROOT: &str = "io.k8s.api.core.v1.PodTemplateSpec";
+
+async fn get_json(bed: &TestBed, path: &str) -> Result<Value> {
+    let req = http::Request::get(path)
+        .body(Vec::new())
+        .context("building the request")?;
+    let text = bed
+        .client
+        .request_text(req)
+        .await
+        .with_context(|| format!("GET {path} from the API server"))?;
+    serde_json::from_str(&text).with_context(|| format!("{path} is not JSON"))
+}
+
+/// `root` and every schema it reaches through `$ref`s starting with `prefix`.
+pub fn closure(schemas: &serde_json::Map<String, Value>, prefix: &str) -> Result<BTreeMap<String, Value>> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![ROOT.to_string()];
+    while let Some(name) = todo.pop() {
+        if out.contains_key(&name) {
+            continue;
+        }
+        let s = schemas
+            .get(&name)
+            .with_context(|| format!("the API server's document has no schema {name}"))?;
+        let mut refs = Vec::new();
+        collect_refs(s, &mut refs);
+        for r in refs {
+            match r.strip_prefix(prefix) {
+                Some(n) => todo.push(n.to_string()),
+                None => bail!("{name} refers to {r}, outside {prefix}"),
+            }
+        }
+        out.insert(name, s.clone());
+    }
+    Ok(out)
+}
+
+fn collect_refs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v.as_str()) {
+                    ("$ref", Some(r)) => out.push(r.to_string()),
+                    _ => collect_refs(v, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| collect_refs(v, out)),
+        _ => {}
+    }
+}
+
+/// The v3 schemas a v1.24+ API server serves for a pod template.
+pub async fn served_v3(bed: &TestBed) -> Result<BTreeMap<String, Value>> {
+    let doc = get_json(bed, "/openapi/v3/api/v1").await?;
+    let schemas = doc
+        .pointer("/components/schemas")
+        .and_then(Value::as_object)
+        .context("/openapi/v3/api/v1 has no components.schemas")?;
+    closure(schemas, "#/components/schemas/")
+}
+
+/// The property names of each schema a v1.20 API server serves (v2) for a
+/// pod template.
+pub async fn served_v2_properties(bed: &TestBed) -> Result<BTreeMap<String, BTreeSet<String>>> {
+    let doc = get_json(bed, "/openapi/v2").await?;
+    let defs = doc
+        .get("definitions")
+        .and_then(Value::as_object)
+        .context("/openapi/v2 has no definitions")?;
+    Ok(closure(defs, "#/definitions/")?
+        .into_iter()
+        .map(|(name, s)| (name, properties(&s)))
+        .collect())
+}
+
+/// The property names a schema lists.
+pub fn properties(schema: &Value) -> BTreeSet<String> {
+    schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
+}
