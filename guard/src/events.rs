@@ -29,7 +29,7 @@ pub const TRANSITION_MAX_AGE: Duration = Duration::from_secs(3600);
 const AGE_SWEEP_EVERY: u64 = 1024;
 
 /// What happened.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventBody {
     /// A task's phase changed.
@@ -68,7 +68,7 @@ impl EventBody {
 }
 
 /// One numbered event.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Logged {
     pub seq: u64,
     #[serde(flatten)]

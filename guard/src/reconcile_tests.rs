@@ -992,3 +992,25 @@ fn a_pod_kept_only_by_a_finalizer_after_its_final_delete_counts_as_gone() {
         "{d:?}"
     );
 }
+
+#[test]
+fn a_replaced_task_runs_anew_under_the_name_after_its_last_pods() {
+    // The earlier run's pods: attempt 2 failed, not marked done (a template
+    // changed after a restart), attempt 0 succeeded long ago.
+    let pods = [pod("u0", 0, "Succeeded"), pod("u2", 2, "Failed")];
+    let (s, d) = replace(&spec(0, 3), &pods, T0);
+    assert_eq!((s.attempt, s.outcome.is_none()), (3, true));
+    assert_eq!((s.user_failures, s.system_failures), (0, 0));
+    let _ = d;
+    let (_, d) = reconcile(&spec(0, 3), s, &pods, T0);
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Create { name, attempt: 3, .. } if name == "train-3")),
+        "{:?}",
+        d.actions
+    );
+    // No pods: a plain launch at attempt 0.
+    let (s, _) = replace(&spec(0, 3), &[], T0);
+    assert_eq!(s.attempt, 0);
+}

@@ -22,15 +22,35 @@ pub fn go_tool() -> PathBuf {
 /// keyed by its go.mod, go.sum and *.go files: a build under a temporary
 /// name, renamed into place, so parallel tests never see half a binary.
 pub fn cached(src: &Path, cache_name: &str, bin_name: &str) -> Result<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(src)
-        .with_context(|| format!("reading {}", src.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "go")
-                || p.file_name()
-                    .is_some_and(|n| n == "go.mod" || n == "go.sum")
-        })
-        .collect();
+    cached_package(src, ".", cache_name, bin_name)
+}
+
+/// Every go.mod, go.sum and *.go file under `dir`, sorted.
+fn go_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let p = e?.path();
+        if p.is_dir() {
+            go_files(&p, out)?;
+        } else if p.extension().is_some_and(|x| x == "go")
+            || p.file_name()
+                .is_some_and(|n| n == "go.mod" || n == "go.sum")
+        {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// [`cached`] for the command `package` (such as `./cmd/x`) of the module
+/// in `src`, keyed by every Go file of the module.
+pub fn cached_package(
+    src: &Path,
+    package: &str,
+    cache_name: &str,
+    bin_name: &str,
+) -> Result<PathBuf> {
+    let mut files = Vec::new();
+    go_files(src, &mut files)?;
     files.sort();
     let mut key = String::new();
     for f in &files {
@@ -49,7 +69,7 @@ pub fn cached(src: &Path, cache_name: &str, bin_name: &str) -> Result<PathBuf> {
     let out = std::process::Command::new(go_tool())
         .args(["build", "-trimpath", "-o"])
         .arg(&tmp)
-        .arg(".")
+        .arg(package)
         .current_dir(src)
         .env("GOTOOLCHAIN", "local")
         .env("GOFLAGS", "-mod=mod")

@@ -49,6 +49,34 @@ pub fn closure(schemas: &serde_json::Map<String, Value>, prefix: &str) -> Result
     Ok(out)
 }
 
+/// Drops the two kinds of `default` Kubernetes' generator writes for Go
+/// zero values that are not values of their schema: `""` on an enum that
+/// lacks `""` (openapi-spec-validator rejects it) and `{}` beside an
+/// `allOf`/`$ref` (code generators refuse a default on a model). Neither is
+/// a default the API server applies. Everything else is kept as served.
+pub fn drop_zero_defaults(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let invalid = match m.get("default") {
+                Some(Value::String(d)) if d.is_empty() => m
+                    .get("enum")
+                    .and_then(Value::as_array)
+                    .is_some_and(|e| !e.iter().any(|x| x == "")),
+                Some(Value::Object(d)) if d.is_empty() => {
+                    m.contains_key("allOf") || m.contains_key("$ref")
+                }
+                _ => false,
+            };
+            if invalid {
+                m.remove("default");
+            }
+            m.values_mut().for_each(drop_zero_defaults);
+        }
+        Value::Array(a) => a.iter_mut().for_each(drop_zero_defaults),
+        _ => {}
+    }
+}
+
 fn collect_refs(v: &Value, out: &mut Vec<String>) {
     match v {
         Value::Object(m) => {
@@ -64,14 +92,17 @@ fn collect_refs(v: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// The v3 schemas a v1.24+ API server serves for a pod template.
+/// The v3 schemas a v1.24+ API server serves for a pod template, with
+/// [`drop_zero_defaults`] applied.
 pub async fn served_v3(bed: &TestBed) -> Result<BTreeMap<String, Value>> {
     let doc = get_json(bed, "/openapi/v3/api/v1").await?;
     let schemas = doc
         .pointer("/components/schemas")
         .and_then(Value::as_object)
         .context("/openapi/v3/api/v1 has no components.schemas")?;
-    closure(schemas, "#/components/schemas/")
+    let mut out = closure(schemas, "#/components/schemas/")?;
+    out.values_mut().for_each(drop_zero_defaults);
+    Ok(out)
 }
 
 /// The property names of each schema a v1.20 API server serves (v2) for a

@@ -1,6 +1,6 @@
 //! `graceguard sidecar` as the end-to-end tests run it, and its clients in
-//! other languages (`tests/clients/python`, `tests/clients/go`) driven as
-//! child processes.
+//! other languages (`clients/python`, `clients/go`) driven as child
+//! processes.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -28,6 +28,8 @@ pub struct SidecarProcess {
     adopt: bool,
     /// More arguments for `graceguard sidecar`.
     extra: Vec<String>,
+    /// Listening on loopback TCP (with this bearer token) instead of `socket`.
+    tcp: Option<(std::net::SocketAddr, String)>,
     process: Option<Managed>,
 }
 
@@ -70,6 +72,7 @@ impl SidecarProcess {
             dir: bed.dir().to_path_buf(),
             starts: 0,
             extra: Vec::new(),
+            tcp: None,
             process: None,
         })
     }
@@ -85,6 +88,36 @@ impl SidecarProcess {
         s.extra = extra.iter().map(ToString::to_string).collect();
         s.spawn().await?;
         Ok(s)
+    }
+
+    /// [`SidecarProcess::start`] on loopback TCP with a bearer token
+    /// (`--listen`, `--token-file`): see [`SidecarProcess::url`] and
+    /// [`SidecarProcess::token_file`].
+    pub async fn start_tcp(bed: &TestBed, instance: &str, namespace: &str) -> Result<Self> {
+        let mut s = Self::unstarted(bed, instance, namespace, false, instance)?;
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.local_addr()?.port()
+        };
+        let token = format!("{:032x}", fastrand::u128(..));
+        std::fs::write(s.token_file(), &token)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(s.token_file(), std::fs::Permissions::from_mode(0o600))?;
+        }
+        s.tcp = Some((std::net::SocketAddr::from(([127, 0, 0, 1], port)), token));
+        s.spawn().await?;
+        Ok(s)
+    }
+
+    /// The TCP listener's URL (`None` on a socket).
+    pub fn url(&self) -> Option<String> {
+        self.tcp.as_ref().map(|(a, _)| format!("http://{a}"))
+    }
+
+    /// The file holding the TCP listener's token.
+    pub fn token_file(&self) -> PathBuf {
+        self.dir.join(format!("{}.token", self.instance))
     }
 
     /// A second process for `instance` (on its own socket `socket`), started
@@ -121,10 +154,14 @@ impl SidecarProcess {
     fn spawn_process(&mut self) -> Result<()> {
         let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;
         let mut cmd = std::process::Command::new(bin);
-        cmd.arg("sidecar")
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(["--instance", &self.instance, "--namespace", &self.namespace])
+        cmd.arg("sidecar");
+        match &self.tcp {
+            Some((addr, _)) => cmd
+                .args(["--listen", &addr.to_string(), "--token-file"])
+                .arg(self.token_file()),
+            None => cmd.arg("--socket").arg(&self.socket),
+        };
+        cmd.args(["--instance", &self.instance, "--namespace", &self.namespace])
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             // A restart after a SIGKILL waits for the killed process's
@@ -150,7 +187,7 @@ impl SidecarProcess {
         let log = self.log_path();
         let deadline = Instant::now() + within;
         loop {
-            if let Ok((200, _)) = http(&self.socket, "GET", "/healthz", None).await {
+            if let Ok((200, _)) = self.request("GET", "/healthz", None).await {
                 return Ok(());
             }
             if let Some(p) = self.process.as_mut() {
@@ -196,7 +233,15 @@ impl SidecarProcess {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<(u16, serde_json::Value)> {
-        http(&self.socket, method, path, body).await
+        match &self.tcp {
+            None => http(&self.socket, method, path, body).await,
+            Some((addr, token)) => {
+                let s = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .with_context(|| format!("connecting to {addr}"))?;
+                exchange(s, method, path, body, Some(token)).await
+            }
+        }
     }
 }
 
@@ -207,12 +252,26 @@ pub async fn http(
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> Result<(u16, serde_json::Value)> {
-    let mut s = tokio::net::UnixStream::connect(socket)
+    let s = tokio::net::UnixStream::connect(socket)
         .await
         .with_context(|| format!("connecting to {}", socket.display()))?;
+    exchange(s, method, path, body, None).await
+}
+
+/// One request on `s` (`Connection: close`), with a bearer token if given.
+async fn exchange(
+    mut s: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+    token: Option<&str>,
+) -> Result<(u16, serde_json::Value)> {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await?;
@@ -247,9 +306,8 @@ impl Lang {
     pub fn command(self, socket: &Path) -> Result<Command> {
         let mut cmd = match self {
             Lang::Python => {
-                let py = std::env::var("GRACEGUARD_PYTHON").unwrap_or_else(|_| "python3".into());
-                let mut c = Command::new(py);
-                c.arg(clients_dir().join("python/graceguard_client.py"));
+                let mut c = Command::new(clients_python()?);
+                c.args(["-m", "graceguard_client"]);
                 c
             }
             Lang::Go => Command::new(go_client()?),
@@ -263,14 +321,28 @@ impl Lang {
     }
 }
 
-fn clients_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients")
+/// The repository's `clients/` directory.
+pub fn clients_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients")
 }
 
-/// Builds the Go client once per source version into the cache.
+/// The Python that has `clients/python` installed (with pytest and the
+/// OpenAPI tools): `$GRACEGUARD_CLIENTS_PY`, set by `scripts/clients-venv.sh`.
+pub fn clients_python() -> Result<PathBuf> {
+    match std::env::var_os("GRACEGUARD_CLIENTS_PY") {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => bail!(
+            "GRACEGUARD_CLIENTS_PY is not set: run the tests through scripts/test, or `source scripts/clients-venv.sh` first (it installs clients/python into a venv)"
+        ),
+    }
+}
+
+/// Builds the Go client's command (`clients/go/cmd/graceguard-client`) once
+/// per source version into the cache.
 pub fn go_client() -> Result<PathBuf> {
-    crate::go_build::cached(
+    crate::go_build::cached_package(
         &clients_dir().join("go"),
+        "./cmd/graceguard-client",
         "go-client",
         "graceguard-go-client",
     )

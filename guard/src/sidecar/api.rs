@@ -7,7 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::bounds::Bounds;
 use crate::done_marks::Marked;
-use crate::events::Logged;
+use super::wire_events::Event;
 use crate::task::TaskStatus;
 
 /// Longest long poll a client may ask for.
@@ -126,7 +126,7 @@ fn default_limit() -> usize {
 /// `GET /v1/events`'s answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventsPage {
-    pub events: Vec<Logged>,
+    pub events: Vec<Event>,
     /// The newest sequence number so far.
     pub last_seq: u64,
     /// This process's numbering: reads after a sequence number and

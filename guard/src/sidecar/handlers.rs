@@ -212,7 +212,7 @@ pub async fn events(
     let log = s.executor.log();
     let events = log.after(q.after, q.limit.clamp(1, 10_000), wait).await;
     Ok(Json(EventsPage {
-        events,
+        events: events.into_iter().map(Into::into).collect(),
         last_seq: log.last_seq(),
         epoch: log.epoch().to_string(),
     }))

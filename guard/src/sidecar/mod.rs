@@ -14,6 +14,7 @@ mod listen;
 pub mod openapi;
 mod paging;
 pub mod status;
+pub mod wire_events;
 
 use std::sync::Arc;
 
@@ -115,11 +116,14 @@ async fn auth(State(s): State<Sidecar>, req: Request, next: Next) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use super::api::PutTask;
     use super::*;
+    use crate::bounds::Bounds;
+    use std::time::Duration;
 
     #[test]
     fn the_openapi_document_lists_exactly_the_served_routes() {
-        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("openapi.json is JSON");
+        let doc: serde_json::Value = serde_json::from_str(openapi::COMMITTED).expect("openapi.json is JSON");
         assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
         let mut documented: Vec<(String, String)> = Vec::new();
         for (path, item) in doc["paths"].as_object().expect("paths") {
@@ -236,7 +240,7 @@ mod tests {
         let (code, body) = call(app.clone(), "POST", "/v1/events/ack", r#"{"seq": 3}"#).await;
         assert_eq!(code, 400, "{body}");
         assert!(
-            body["error"].as_str().unwrap_or("").contains("epoch"),
+            body["message"].as_str().unwrap_or("").contains("epoch"),
             "{body}"
         );
         // Another sidecar's epoch (this one restarted since): 409.
@@ -248,8 +252,8 @@ mod tests {
         )
         .await;
         assert_eq!(
-            (code, body["code"].as_str()),
-            (409, Some("epoch_changed")),
+            (code, body["reason"].as_str()),
+            (409, Some("EpochChanged")),
             "{body}"
         );
         let (code, _) = call(app.clone(), "GET", "/v1/events?after=3", "").await;
@@ -270,6 +274,29 @@ mod tests {
         let ack = serde_json::json!({"epoch": epoch, "seqs": seqs}).to_string();
         let (code, body) = call(app, "POST", "/v1/events/ack", &ack).await;
         assert_eq!(code, 400, "{body}");
+    }
+
+    #[tokio::test]
+    async fn every_failure_is_a_status_even_a_413_and_a_405() {
+        let app = offline(None).expect("router");
+        let big = format!(r#"{{"template": "{}"}}"#, "x".repeat(api::MAX_BODY_BYTES + 1));
+        let (code, body) = call(app.clone(), "PUT", "/v1/tasks/ns/t", &big).await;
+        assert_eq!((code, body["reason"].as_str()), (413, Some("TooLarge")), "{body}");
+        assert_eq!(body["kind"], "Status");
+        let (code, body) = call(app.clone(), "PATCH", "/v1/tasks/ns/t", "{}").await;
+        assert_eq!((code, body["reason"].as_str()), (405, Some("MethodNotAllowed")), "{body}");
+        let (code, body) = call(app.clone(), "GET", "/v2/nothing", "").await;
+        assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")), "{body}");
+        let (code, body) = call(app.clone(), "GET", "/v1/tasks?limit=0", "").await;
+        assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")), "{body}");
+        let (code, body) = call(app.clone(), "GET", "/v1/tasks?continue=nope", "").await;
+        assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")), "{body}");
+        let (code, body) = call(app.clone(), "DELETE", "/v1/tasks/ns/t?forget=maybe", "").await;
+        assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")), "{body}");
+        let (code, body) = call(app, "GET", "/v1/tasks", "").await;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(body["items"], serde_json::json!([]));
+        assert!(body.get("continue").is_none(), "{body}");
     }
 
     #[test]

@@ -1,0 +1,3 @@
+module github.com/graceguard/graceguard/clients/go
+
+go 1.21
