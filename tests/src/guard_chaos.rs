@@ -3,7 +3,7 @@
 //! running pods are deleted (as preemptions are) or evicted. A client in the
 //! test follows the API as documented: it PUTs its tasks, long-polls the
 //! events with their epoch, acknowledges each result, and after a restart
-//! (409 `epoch_changed`, or a new epoch) reads from 0 and PUTs its unfinished
+//! (409 `EpochChanged`, or a new epoch) reads from 0 and PUTs its unfinished
 //! tasks again. What must hold, counted from the API server's audit log:
 //!
 //! * every task's result is delivered and acknowledged;
@@ -131,7 +131,7 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
             for n in todo {
                 let path = format!("/v1/tasks/{ns}/{n}");
                 let (code, st) = crate::sidecar::http(&socket, "PUT", &path, Some(&body)).await?;
-                if code != 200 {
+                if code != 201 && code != 200 {
                     bail!("PUT {path}: {code} {st}");
                 }
             }

@@ -1,5 +1,5 @@
 //! `graceguard sidecar` driven by executors in other languages: the Python
-//! (standard library) and Go clients in `tests/clients/`, against a real
+//! and Go client packages in `clients/`, against a real
 //! kube-apiserver with the simulated kubelet. The sidecar acts as `alice`;
 //! her requests are counted from the API server's audit log.
 
@@ -232,7 +232,7 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
     let path = format!("/v1/tasks/{ns}/api");
     let body = serde_json::json!({"template": tpl, "retries": 1});
     let (code, first) = sidecar.request("PUT", &path, Some(&body)).await?;
-    assert_eq!(code, 200, "{first}");
+    assert_eq!(code, 201, "created: {first}");
     for key in [
         "attempt",
         "pod",
@@ -253,8 +253,8 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
         .request("PUT", &path, Some(&serde_json::json!({"template": other})))
         .await?;
     assert_eq!(
-        (code, err["code"].as_str()),
-        (409, Some("template_conflict")),
+        (code, err["reason"].as_str()),
+        (409, Some("TemplateConflict")),
         "{err}"
     );
     let (code, err) = sidecar
@@ -262,19 +262,19 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
         .await?;
     assert_eq!(code, 400);
     assert!(
-        err["error"].as_str().unwrap_or("").contains("template"),
+        err["message"].as_str().unwrap_or("").contains("template"),
         "{err}"
     );
     let (code, err) = sidecar
         .request("POST", &format!("{path}/retry"), None)
         .await?;
-    assert_eq!((code, err["code"].as_str()), (409, Some("not_ended")));
+    assert_eq!((code, err["reason"].as_str()), (409, Some("NotEnded")));
     let (code, err) = sidecar
         .request("PUT", "/v1/tasks/elsewhere/api", Some(&body))
         .await?;
     assert_eq!(
-        (code, err["code"].as_str()),
-        (400, Some("wrong_namespace")),
+        (code, err["reason"].as_str()),
+        (400, Some("WrongNamespace")),
         "this sidecar watches {ns} only: {err}"
     );
     let (code, _) = sidecar
@@ -306,8 +306,8 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
         )
         .await?;
     assert_eq!(
-        (code, err["code"].as_str()),
-        (409, Some("epoch_changed")),
+        (code, err["reason"].as_str()),
+        (409, Some("EpochChanged")),
         "{err}"
     );
     let (code, _) = sidecar
@@ -318,7 +318,8 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
         )
         .await?;
     assert_eq!(code, 200);
-    // Every documented route answers (none is the fallback's no_route).
+    // Every documented route answers (none is the fallback's 404 for an
+    // unknown endpoint).
     for (method, route) in graceguard::sidecar::ROUTES {
         let p = route.replace("{namespace}", &ns).replace("{task}", "api");
         let (_, body) = sidecar
@@ -328,7 +329,12 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
                 Some(&serde_json::json!({"seq": 0})),
             )
             .await?;
-        assert_ne!(body["code"], "no_route", "{method} {p}");
+        assert!(
+            !body["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("no such endpoint")),
+            "{method} {p}: {body}"
+        );
     }
     Ok(())
 }
@@ -696,7 +702,7 @@ async fn two_sidecars_of_one_instance_never_both_act() -> R {
     )
     .await?;
     let (code, err) = second.request("GET", "/v1/events?after=0", None).await?;
-    assert_eq!((code, err["code"].as_str()), (503, Some("fenced")), "{err}");
+    assert_eq!((code, err["reason"].as_str()), (503, Some("Fenced")), "{err}");
     let (code, st) = second
         .request("PUT", &format!("/v1/tasks/{ns}/two"), Some(&body))
         .await?;
@@ -787,8 +793,8 @@ async fn a_restarted_sidecar_knows_its_tasks_before_they_are_submitted_again() -
         .request("PUT", &format!("/v1/tasks/{ns}/keep"), Some(&other))
         .await?;
     assert_eq!(
-        (code, err["code"].as_str()),
-        (409, Some("spec_conflict")),
+        (code, err["reason"].as_str()),
+        (409, Some("SpecConflict")),
         "{err}"
     );
     let (code, st) = sidecar
@@ -832,7 +838,7 @@ async fn acknowledged_and_deleted_tasks_are_forgotten() -> R {
         )
         .await?;
     assert!(
-        code == 200 || (code, err["code"].as_str()) == (409, Some("cleanup_pending")),
+        code == 200 || (code, err["reason"].as_str()) == (409, Some("CleanupPending")),
         "{code} {err}"
     );
     eventually(Duration::from_secs(30), "dropped forgotten", || async {

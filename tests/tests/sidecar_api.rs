@@ -258,3 +258,79 @@ async fn the_python_client_drives_every_call_on_both_transports() -> R {
     );
     Ok(())
 }
+
+/// The README's example executor in `lang` (the file as the README quotes
+/// it), run as a user would, through a preemption: its first pod is
+/// preempted while Running, it waits that pod out, the task runs again
+/// under the next name and succeeds; the example prints each phase and the
+/// result and exits 0.
+async fn the_readme_example_survives_a_preemption(lang: testbed::sidecar::Lang) -> R {
+    use testbed::sidecar::{clients_dir, clients_python, Lang};
+    let (file, mut cmd) = match lang {
+        Lang::Go => {
+            let bin = testbed::go_build::cached_package(
+                &clients_dir().join("go"),
+                "./examples/executor",
+                "go-example",
+                "graceguard-go-example",
+            )?;
+            (clients_dir().join("go/examples/executor/main.go"), tokio::process::Command::new(bin))
+        }
+        Lang::Python => {
+            let file = clients_dir().join("python/examples/executor.py");
+            let mut c = tokio::process::Command::new(clients_python()?);
+            c.arg(&file);
+            (file, c)
+        }
+    };
+    let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))?;
+    assert!(
+        readme.contains(&std::fs::read_to_string(&file)?),
+        "the README does not quote {} as it is",
+        file.display()
+    );
+    let (bed, ns) = testbed::guard_task::audited_bed("example").await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let sidecar = SidecarProcess::start(&bed, "example", &ns).await?;
+    let child = cmd
+        .args([&ns, "train"])
+        .arg(template_file(&bed)?)
+        .env("GRACEGUARD_SOCKET", &sidecar.socket)
+        .current_dir(bed.dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(bed.client.clone(), &ns);
+    testbed::pods::wait_running(&api, "train-0").await?;
+    kubelet.mark_preempted(&ns, "train-0").await?;
+    testbed::pods::delete_gracefully(&api, "train-0", None).await?;
+    kubelet.finish_deletion(&ns, "train-0").await?;
+    testbed::pods::wait_running(&api, "train-1").await?;
+    kubelet.end_pod(&ns, "train-1", testbed::kubelet::Terminal::Succeeded).await?;
+    let out = tokio::time::timeout(std::time::Duration::from_secs(90), child.wait_with_output()).await??;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the example exited {}: {printed}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = printed.lines().collect();
+    for want in ["train-0 Running", "train-0 ShuttingDown", "train-1 Running", "result: train-1 true"] {
+        assert!(lines.contains(&want), "no line {want:?} in:\n{printed}");
+    }
+    // It acknowledged the result: the pod is marked done.
+    testbed::pods::wait_label(&api, "train-1", "graceguard.io/done", "true").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_go_example_survives_a_preemption() -> R {
+    the_readme_example_survives_a_preemption(testbed::sidecar::Lang::Go).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_python_example_survives_a_preemption() -> R {
+    the_readme_example_survives_a_preemption(testbed::sidecar::Lang::Python).await
+}

@@ -1372,12 +1372,13 @@ async fn kind_index_peak(n: usize) -> Result<()> {
 }
 
 /// Runs `create(i)` for every i below `n`, 16 at a time; any error fails it.
-/// PUTs task `task` in `ns` with `body`; any answer but 200 is an error.
+/// PUTs task `task` in `ns` with `body`; any answer but 201 (created) or
+/// 200 (already there) is an error.
 async fn put_task(sidecar: &SidecarProcess, ns: &str, task: &str, body: &Value) -> Result<()> {
     let (code, v) = sidecar
         .request("PUT", &format!("/v1/tasks/{ns}/{task}"), Some(body))
         .await?;
-    if code != 200 {
+    if code != 201 && code != 200 {
         bail!("PUT {task}: {code} {v}");
     }
     Ok(())
