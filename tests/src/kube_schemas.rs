@@ -26,7 +26,10 @@ async fn get_json(bed: &TestBed, path: &str) -> Result<Value> {
 }
 
 /// `root` and every schema it reaches through `$ref`s starting with `prefix`.
-pub fn closure(schemas: &serde_json::Map<String, Value>, prefix: &str) -> Result<BTreeMap<String, Value>> {
+pub fn closure(
+    schemas: &serde_json::Map<String, Value>,
+    prefix: &str,
+) -> Result<BTreeMap<String, Value>> {
     let mut out = BTreeMap::new();
     let mut todo = vec![ROOT.to_string()];
     while let Some(name) = todo.pop() {

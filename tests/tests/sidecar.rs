@@ -491,7 +491,7 @@ async fn a_result_outlives_its_pods_deletion_while_the_sidecar_is_down() -> R {
     let (code, st) = sidecar
         .request("PUT", &format!("/v1/tasks/{ns}/kept"), Some(&body))
         .await?;
-    assert_eq!(code, 200, "{st}");
+    assert_eq!(code, 201, "created: {st}");
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     pods::wait_running(&api, "kept-0").await?;
     let pod = api.get("kept-0").await?;
@@ -575,7 +575,7 @@ async fn a_namespace_deletion_is_not_held_up_by_unacknowledged_results() -> R {
         let (code, st) = sidecar
             .request("PUT", &format!("/v1/tasks/{ns}/left"), Some(&body))
             .await?;
-        assert_eq!(code, 200, "{st}");
+        assert_eq!(code, 201, "created: {st}");
         let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
         pods::wait_running(&api, "left-0").await?;
         kubelet.end_pod(ns, "left-0", Terminal::Succeeded).await?;
@@ -663,7 +663,7 @@ async fn two_sidecars_of_one_instance_never_both_act() -> R {
     let (code, st) = first
         .request("PUT", &format!("/v1/tasks/{ns}/one"), Some(&body))
         .await?;
-    assert_eq!(code, 200, "{st}");
+    assert_eq!(code, 201, "created: {st}");
     eventually(Duration::from_secs(30), "one-0 created", || async {
         Ok(creates(&bed, &ns)? == ["one-0"])
     })
@@ -702,11 +702,15 @@ async fn two_sidecars_of_one_instance_never_both_act() -> R {
     )
     .await?;
     let (code, err) = second.request("GET", "/v1/events?after=0", None).await?;
-    assert_eq!((code, err["reason"].as_str()), (503, Some("Fenced")), "{err}");
+    assert_eq!(
+        (code, err["reason"].as_str()),
+        (503, Some("Fenced")),
+        "{err}"
+    );
     let (code, st) = second
         .request("PUT", &format!("/v1/tasks/{ns}/two"), Some(&body))
         .await?;
-    assert_eq!(code, 200, "accepted, not launched: {st}");
+    assert_eq!(code, 201, "accepted, not launched: {st}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         creates(&bed, &ns)?,
@@ -742,7 +746,7 @@ async fn a_restarted_sidecar_knows_its_tasks_before_they_are_submitted_again() -
         let (code, st) = sidecar
             .request("PUT", &format!("/v1/tasks/{ns}/{task}"), Some(&body))
             .await?;
-        assert_eq!(code, 200, "{st}");
+        assert_eq!(code, 201, "created: {st}");
     }
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     pods::wait_running(&api, "keep-0").await?;
@@ -825,7 +829,7 @@ async fn acknowledged_and_deleted_tasks_are_forgotten() -> R {
         let (code, st) = sidecar
             .request("PUT", &format!("/v1/tasks/{ns}/{task}"), Some(&body))
             .await?;
-        assert_eq!(code, 200, "{st}");
+        assert_eq!(code, 201, "created: {st}");
     }
     pods::wait_running(&api, "acked-0").await?;
     pods::wait_running(&api, "dropped-0").await?;

@@ -73,8 +73,7 @@ async fn the_documents_kubernetes_schemas_are_the_api_servers() -> R {
                 missing.extend(props.difference(&ours).map(|p| format!("{name}.{p}")));
             }
             assert_eq!(
-                missing,
-                REMOVED_SINCE_1_20,
+                missing, REMOVED_SINCE_1_20,
                 "the fields v1.20 knows that the document (v1.37) does not"
             );
         }
@@ -89,7 +88,10 @@ async fn the_documents_kubernetes_schemas_are_the_api_servers() -> R {
 #[test]
 fn the_document_validates_and_compiles_into_a_generated_client() -> R {
     let py = testbed::sidecar::clients_python()?;
-    let bin = py.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let bin = py
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
     let doc = guard_file("openapi.json");
     let run = |cmd: &mut std::process::Command, what: &str| -> R {
         let out = cmd.output()?;
@@ -117,8 +119,12 @@ fn the_document_validates_and_compiles_into_a_generated_client() -> R {
         .arg("--config")
         .arg(&config)
         .output()?;
-    let said = String::from_utf8_lossy(&gen.stdout).to_string() + &String::from_utf8_lossy(&gen.stderr);
-    anyhow::ensure!(gen.status.success(), "openapi-python-client failed:\n{said}");
+    let said =
+        String::from_utf8_lossy(&gen.stdout).to_string() + &String::from_utf8_lossy(&gen.stderr);
+    anyhow::ensure!(
+        gen.status.success(),
+        "openapi-python-client failed:\n{said}"
+    );
     anyhow::ensure!(
         !said.contains("Unable to parse") && !said.contains("Cannot parse"),
         "openapi-python-client left parts of the document out:\n{said}"
@@ -137,7 +143,10 @@ fn the_document_validates_and_compiles_into_a_generated_client() -> R {
         "models/api_status.py",
         "models/io_k8s_api_core_v1_pod_template_spec.py",
     ] {
-        anyhow::ensure!(out.join(module).is_file(), "the generated client has no {module}");
+        anyhow::ensure!(
+            out.join(module).is_file(),
+            "the generated client has no {module}"
+        );
     }
     run(
         std::process::Command::new(bin.join("mypy"))
@@ -151,14 +160,18 @@ fn the_document_validates_and_compiles_into_a_generated_client() -> R {
 /// The template the clients' tests submit, in a file.
 fn template_file(bed: &TestBed) -> anyhow::Result<std::path::PathBuf> {
     let path = bed.dir().join("template.json");
-    std::fs::write(&path, serde_json::to_string(&testbed::pods::task_pod("template", 30))?)?;
+    std::fs::write(
+        &path,
+        serde_json::to_string(&testbed::pods::task_pod("template", 30))?,
+    )?;
     Ok(path)
 }
 
 /// A bed with a kubelet that ends pods a moment after they run and
 /// finishes deletions at once, and two sidecars: one on a Unix socket, one
 /// on TCP with a token.
-async fn two_transports() -> anyhow::Result<(TestBed, String, Kubelet, SidecarProcess, SidecarProcess)> {
+async fn two_transports(
+) -> anyhow::Result<(TestBed, String, Kubelet, SidecarProcess, SidecarProcess)> {
     let (bed, ns) = testbed::guard_task::audited_bed("clients").await?;
     let kubelet = Kubelet::start(
         &bed,
@@ -196,10 +209,19 @@ fn e2e_env(
 async fn the_go_client_drives_every_call_on_both_transports() -> R {
     let (bed, ns, _kubelet, socket, tcp) = two_transports().await?;
     let mut cmd = std::process::Command::new(testbed::go_build::go_tool());
-    cmd.args(["test", "-tags", "e2e", "-count=1", "-json", "-run", "TestEveryCallOnBothTransports", "."])
-        .current_dir(testbed::sidecar::clients_dir().join("go"))
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=mod");
+    cmd.args([
+        "test",
+        "-tags",
+        "e2e",
+        "-count=1",
+        "-json",
+        "-run",
+        "TestEveryCallOnBothTransports",
+        ".",
+    ])
+    .current_dir(testbed::sidecar::clients_dir().join("go"))
+    .env("GOTOOLCHAIN", "local")
+    .env("GOFLAGS", "-mod=mod");
     e2e_env(&mut cmd, &bed, &ns, &socket, &tcp)?;
     let out = tokio::task::spawn_blocking(move || cmd.output()).await??;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -223,7 +245,10 @@ async fn the_go_client_drives_every_call_on_both_transports() -> R {
         "TestEveryCallOnBothTransports/socket",
         "TestEveryCallOnBothTransports/tcp",
     ] {
-        assert!(passed.iter().any(|p| p == t), "{t} did not pass: {passed:?}\n{output}");
+        assert!(
+            passed.iter().any(|p| p == t),
+            "{t} did not pass: {passed:?}\n{output}"
+        );
     }
     Ok(())
 }
@@ -250,10 +275,15 @@ async fn the_python_client_drives_every_call_on_both_transports() -> R {
     );
     let xml = std::fs::read_to_string(&junit)?;
     for t in ["test_every_call[socket]", "test_every_call[tcp]"] {
-        assert!(xml.contains(&format!("name=\"{t}\"")), "{t} did not run: {xml}");
+        assert!(
+            xml.contains(&format!("name=\"{t}\"")),
+            "{t} did not run: {xml}"
+        );
     }
     assert!(
-        xml.contains("failures=\"0\"") && xml.contains("skipped=\"0\"") && xml.contains("errors=\"0\""),
+        xml.contains("failures=\"0\"")
+            && xml.contains("skipped=\"0\"")
+            && xml.contains("errors=\"0\""),
         "{xml}"
     );
     Ok(())
@@ -274,7 +304,10 @@ async fn the_readme_example_survives_a_preemption(lang: testbed::sidecar::Lang) 
                 "go-example",
                 "graceguard-go-example",
             )?;
-            (clients_dir().join("go/examples/executor/main.go"), tokio::process::Command::new(bin))
+            (
+                clients_dir().join("go/examples/executor/main.go"),
+                tokio::process::Command::new(bin),
+            )
         }
         Lang::Python => {
             let file = clients_dir().join("python/examples/executor.py");
@@ -283,7 +316,9 @@ async fn the_readme_example_survives_a_preemption(lang: testbed::sidecar::Lang) 
             (file, c)
         }
     };
-    let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))?;
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+    )?;
     assert!(
         readme.contains(&std::fs::read_to_string(&file)?),
         "the README does not quote {} as it is",
@@ -301,14 +336,18 @@ async fn the_readme_example_survives_a_preemption(lang: testbed::sidecar::Lang) 
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
-    let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(bed.client.clone(), &ns);
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(bed.client.clone(), &ns);
     testbed::pods::wait_running(&api, "train-0").await?;
     kubelet.mark_preempted(&ns, "train-0").await?;
     testbed::pods::delete_gracefully(&api, "train-0", None).await?;
     kubelet.finish_deletion(&ns, "train-0").await?;
     testbed::pods::wait_running(&api, "train-1").await?;
-    kubelet.end_pod(&ns, "train-1", testbed::kubelet::Terminal::Succeeded).await?;
-    let out = tokio::time::timeout(std::time::Duration::from_secs(90), child.wait_with_output()).await??;
+    kubelet
+        .end_pod(&ns, "train-1", testbed::kubelet::Terminal::Succeeded)
+        .await?;
+    let out = tokio::time::timeout(std::time::Duration::from_secs(90), child.wait_with_output())
+        .await??;
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -317,7 +356,12 @@ async fn the_readme_example_survives_a_preemption(lang: testbed::sidecar::Lang) 
         String::from_utf8_lossy(&out.stderr)
     );
     let lines: Vec<&str> = printed.lines().collect();
-    for want in ["train-0 Running", "train-0 ShuttingDown", "train-1 Running", "result: train-1 true"] {
+    for want in [
+        "train-0 Running",
+        "train-0 ShuttingDown",
+        "train-1 Running",
+        "result: train-1 true",
+    ] {
         assert!(lines.contains(&want), "no line {want:?} in:\n{printed}");
     }
     // It acknowledged the result: the pod is marked done.

@@ -5,9 +5,9 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::wire_events::Event;
 use crate::bounds::Bounds;
 use crate::done_marks::Marked;
-use super::wire_events::Event;
 use crate::task::TaskStatus;
 
 /// Longest long poll a client may ask for.

@@ -58,7 +58,9 @@ pub async fn put_task(
         ))
     })?;
     if task.is_empty() || namespace.is_empty() {
-        return Err(ApiStatus::bad_request("namespace and task must not be empty"));
+        return Err(ApiStatus::bad_request(
+            "namespace and task must not be empty",
+        ));
     }
     let spec = TaskSpec {
         task,
@@ -70,7 +72,11 @@ pub async fn put_task(
         rerun_done: put.rerun_done,
     };
     let Submitted { status, created } = s.executor.put(spec, put.template, q.replace).await?;
-    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((code, Json(status)).into_response())
 }
 
@@ -136,7 +142,9 @@ pub async fn retry_task(
     State(s): State<Sidecar>,
     Path((namespace, task)): Path<(String, String)>,
 ) -> Answer<Json<TaskStatus>> {
-    Ok(Json(s.executor.retry(&TaskKey::new(&namespace, &task)).await?))
+    Ok(Json(
+        s.executor.retry(&TaskKey::new(&namespace, &task)).await?,
+    ))
 }
 
 /// Every task this executor knows (submitted, or taken up from its pods
@@ -155,7 +163,10 @@ pub async fn list_tasks(
     State(s): State<Sidecar>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Answer<Json<TaskList>> {
-    let q = query(q, "namespace is a name, limit 1 to 1000, continue the previous page's")?;
+    let q = query(
+        q,
+        "namespace is a name, limit 1 to 1000, continue the previous page's",
+    )?;
     if !(1..=MAX_LIST_LIMIT).contains(&q.limit) {
         return Err(ApiStatus::bad_request(format!(
             "limit {} is out of range; ask for 1 to {MAX_LIST_LIMIT} tasks per page",
@@ -172,7 +183,11 @@ pub async fn list_tasks(
     };
     let (items, more) = s.executor.list(q.namespace, after, q.limit).await?;
     let continue_token = more
-        .then(|| items.last().map(|t| super::paging::encode(&t.namespace, &t.task)))
+        .then(|| {
+            items
+                .last()
+                .map(|t| super::paging::encode(&t.namespace, &t.task))
+        })
         .flatten();
     Ok(Json(TaskList {
         items,
@@ -230,7 +245,10 @@ pub async fn events(
     ),
     security((), ("bearer" = [])),
 )]
-pub async fn ack(State(s): State<Sidecar>, raw: Result<Bytes, BytesRejection>) -> Answer<Json<AckAnswer>> {
+pub async fn ack(
+    State(s): State<Sidecar>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Answer<Json<AckAnswer>> {
     let a: Ack = serde_json::from_slice(&body(raw)?).map_err(|e| {
         ApiStatus::bad_request(format!(
             "the body is not {{\"epoch\": E, \"seq\": N}} or {{\"epoch\": E, \"seqs\": [N, ...]}}: {e}"

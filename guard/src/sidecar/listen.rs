@@ -96,4 +96,3 @@ pub async fn serve(
         }
     }
 }
-

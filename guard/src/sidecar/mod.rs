@@ -123,7 +123,8 @@ mod tests {
 
     #[test]
     fn the_openapi_document_lists_exactly_the_served_routes() {
-        let doc: serde_json::Value = serde_json::from_str(openapi::COMMITTED).expect("openapi.json is JSON");
+        let doc: serde_json::Value =
+            serde_json::from_str(openapi::COMMITTED).expect("openapi.json is JSON");
         assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
         let mut documented: Vec<(String, String)> = Vec::new();
         for (path, item) in doc["paths"].as_object().expect("paths") {
@@ -279,20 +280,47 @@ mod tests {
     #[tokio::test]
     async fn every_failure_is_a_status_even_a_413_and_a_405() {
         let app = offline(None).expect("router");
-        let big = format!(r#"{{"template": "{}"}}"#, "x".repeat(api::MAX_BODY_BYTES + 1));
+        let big = format!(
+            r#"{{"template": "{}"}}"#,
+            "x".repeat(api::MAX_BODY_BYTES + 1)
+        );
         let (code, body) = call(app.clone(), "PUT", "/v1/tasks/ns/t", &big).await;
-        assert_eq!((code, body["reason"].as_str()), (413, Some("TooLarge")), "{body}");
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (413, Some("TooLarge")),
+            "{body}"
+        );
         assert_eq!(body["kind"], "Status");
         let (code, body) = call(app.clone(), "PATCH", "/v1/tasks/ns/t", "{}").await;
-        assert_eq!((code, body["reason"].as_str()), (405, Some("MethodNotAllowed")), "{body}");
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (405, Some("MethodNotAllowed")),
+            "{body}"
+        );
         let (code, body) = call(app.clone(), "GET", "/v2/nothing", "").await;
-        assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")), "{body}");
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (404, Some("NotFound")),
+            "{body}"
+        );
         let (code, body) = call(app.clone(), "GET", "/v1/tasks?limit=0", "").await;
-        assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")), "{body}");
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (400, Some("BadRequest")),
+            "{body}"
+        );
         let (code, body) = call(app.clone(), "GET", "/v1/tasks?continue=nope", "").await;
-        assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")), "{body}");
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (400, Some("BadRequest")),
+            "{body}"
+        );
         let (code, body) = call(app.clone(), "DELETE", "/v1/tasks/ns/t?forget=maybe", "").await;
-        assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")), "{body}");
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (400, Some("BadRequest")),
+            "{body}"
+        );
         let (code, body) = call(app, "GET", "/v1/tasks", "").await;
         assert_eq!(code, 200, "{body}");
         assert_eq!(body["items"], serde_json::json!([]));

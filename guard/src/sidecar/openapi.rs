@@ -129,13 +129,19 @@ mod tests {
 
     #[test]
     fn every_reference_resolves_inside_the_document() {
-        let doc: serde_json::Value = serde_json::from_str(&generate().expect("generates")).expect("JSON");
+        let doc: serde_json::Value =
+            serde_json::from_str(&generate().expect("generates")).expect("JSON");
         let mut refs = Vec::new();
         collect_refs(&doc, &mut refs);
         assert!(refs.iter().any(|r| r.ends_with(POD_TEMPLATE_SCHEMA)));
         for r in refs {
-            let name = r.strip_prefix("#/components/schemas/").expect("a local schema ref");
-            assert!(doc["components"]["schemas"].get(name).is_some(), "{r} dangles");
+            let name = r
+                .strip_prefix("#/components/schemas/")
+                .expect("a local schema ref");
+            assert!(
+                doc["components"]["schemas"].get(name).is_some(),
+                "{r} dangles"
+            );
         }
     }
 

@@ -11,8 +11,7 @@ pub fn decode(token: &str) -> Option<(String, String)> {
     let (ns, task) = token.split_once('/')?;
     let valid = |s: &str| {
         !s.is_empty()
-            && s
-                .bytes()
+            && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
     };
     (valid(ns) && valid(task)).then(|| (ns.to_string(), task.to_string()))

@@ -72,7 +72,11 @@ impl ApiStatus {
     }
 
     pub fn bad_request(message: impl std::fmt::Display) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, Reason::BadRequest, message.to_string())
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            Reason::BadRequest,
+            message.to_string(),
+        )
     }
 
     pub fn reason(&self) -> Reason {
@@ -136,6 +140,8 @@ mod tests {
         assert_eq!(v["status"], "Failure");
         assert_eq!(v["code"], 404);
         assert_eq!(v["reason"], "NotFound");
-        assert!(v["message"].as_str().is_some_and(|m| m.contains("PUT it first")));
+        assert!(v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("PUT it first")));
     }
 }
