@@ -44,6 +44,11 @@ pub struct ChaosOptions {
     pub disrupt_every: usize,
     /// The whole run may take this long.
     pub deadline: Duration,
+    /// Run the pods on the bed's real nodes (a kubelet, containerd and
+    /// runc per node): each container runs a few seconds and exits by
+    /// itself, and the real kubelet carries out the deletions and
+    /// evictions. Otherwise the simulated kubelet ends them.
+    pub real_nodes: bool,
 }
 
 /// What happened, and what the checks found.
@@ -104,15 +109,30 @@ fn task_of(pod: &str) -> &str {
 /// Runs the chaos on `bed` (audit log on) in namespace `ns`.
 pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<ChaosReport> {
     let started = Instant::now();
-    let kubelet = Kubelet::start(
-        bed,
-        KubeletOptions {
-            finish_deletions: FinishDeletions::AfterShareOfGrace(0.1),
-            ..Default::default()
-        },
-    )
-    .await?;
-    let template = serde_json::to_value(pods::task_pod("template", 10))?;
+    let (kubelet, template) = match opts.real_nodes {
+        false => {
+            let kubelet = Kubelet::start(
+                bed,
+                KubeletOptions {
+                    finish_deletions: FinishDeletions::AfterShareOfGrace(0.1),
+                    ..Default::default()
+                },
+            )
+            .await?;
+            (Some(kubelet), pods::task_pod("template", 10))
+        }
+        true => {
+            // Runs 3 s, or stops 1 s after a SIGTERM.
+            let mut pod = pods::task_pod("template", 10);
+            pods::run_in(
+                &mut pod,
+                &bed.task_image()?,
+                &pods::finite_task_script(3, 1),
+            );
+            (None, pod)
+        }
+    };
+    let template = serde_json::to_value(template)?;
     let body = serde_json::json!({"template": template, "retries": 0, "max_system_failures": 20,
         "bounds": {"max_total_system_failures": 50}});
     let mut sidecar = SidecarProcess::start(bed, "chaos", ns).await?;
@@ -196,6 +216,10 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
             );
         }
         turn += 1;
+        if opts.real_nodes {
+            // Real containers take seconds: no need to list pods in a spin.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         // Finish (or disrupt) what runs.
         let running: Vec<String> = api
             .list(&ListParams::default())
@@ -223,8 +247,11 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
                         .await
                         .map(|_| ())
                 }
-            } else {
+            } else if let Some(kubelet) = &kubelet {
                 kubelet.end_pod(ns, pod, Terminal::Succeeded).await
+            } else {
+                // A real container ends by itself.
+                Ok(())
             };
             // A pod gone meanwhile, an API server down: the next turn sees.
             let _ = r;

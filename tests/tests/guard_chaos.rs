@@ -18,6 +18,7 @@ async fn under_kills_restarts_and_disruptions_every_result_arrives_and_no_name_i
         apiserver_restarts: 1,
         disrupt_every: 4,
         deadline: Duration::from_secs(240),
+        real_nodes: false,
     };
     let report = run(&mut bed, &ns, &opts).await?;
     eprintln!("{}", serde_json::to_string(&report)?);

@@ -402,3 +402,37 @@ async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creat
     );
     Ok(())
 }
+
+/// `guard_chaos` on a real node, quick form (the full one is
+/// `scripts/reliability --only guard_chaos_real_nodes`): tasks whose
+/// containers run 3 s and exit by themselves, through one sidecar while it
+/// is SIGKILLed, the API server restarts, and running pods are deleted and
+/// evicted, the real kubelet carrying out each termination. Every result
+/// arrives, no name is created twice, nothing is left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_chaos_on_a_real_node_on_1_37() -> R {
+    use testbed::guard_chaos::{run, ChaosOptions};
+    let (mut bed, ns) = bed("chaos", 1).await?;
+    let opts = ChaosOptions {
+        tasks: 12,
+        sidecar_kills: 2,
+        apiserver_restarts: 1,
+        disrupt_every: 3,
+        deadline: Duration::from_secs(420),
+        real_nodes: true,
+    };
+    let report = run(&mut bed, &ns, &opts).await?;
+    eprintln!("{}", serde_json::to_string(&report)?);
+    assert_eq!(report.results_acknowledged, 12, "{report:?}");
+    assert_eq!(
+        (report.sidecar_kills, report.apiserver_restarts),
+        (2, 1),
+        "{report:?}"
+    );
+    assert!(report.pods_deleted + report.pods_evicted > 0, "{report:?}");
+    assert_eq!(report.create_conflicts, 0, "{report:?}");
+    assert!(report.names_created_twice.is_empty(), "{report:?}");
+    assert!(report.done_before_ack.is_empty(), "{report:?}");
+    assert!(report.left_running.is_empty(), "{report:?}");
+    Ok(())
+}

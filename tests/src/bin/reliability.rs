@@ -116,27 +116,42 @@ async fn run(args: &Args) -> Result<bool> {
     // Not part of the default set: its quick form is an end-to-end test
     // (tests/tests/guard_chaos.rs); `--only guard_chaos` runs the full one.
     if args.only.iter().any(|o| o == "guard_chaos") {
-        pass &= guard_chaos(if q { 40 } else { 1000 }).await?;
+        pass &= guard_chaos(if q { 40 } else { 1000 }, false).await?;
+    }
+    // The same on a real node (kubelet, containerd, runc; 1.37 only): its
+    // quick form is tests/tests/real_nodes.rs's guard_chaos test.
+    if args.only.iter().any(|o| o == "guard_chaos_real_nodes") {
+        pass &= guard_chaos(if q { 12 } else { 200 }, true).await?;
     }
     Ok(pass)
 }
 
 /// `tasks` tasks through one sidecar while it is SIGKILLed five times, the
 /// API server restarts twice, and every fourth running pod is deleted or
-/// evicted (see `testbed::guard_chaos`).
-async fn guard_chaos(tasks: usize) -> Result<bool> {
+/// evicted (see `testbed::guard_chaos`); on the simulated kubelet, or on a
+/// real node with `real_nodes`.
+async fn guard_chaos(tasks: usize, real_nodes: bool) -> Result<bool> {
     use testbed::guard_chaos::{run, ChaosOptions};
-    let (mut bed, ns) = testbed::guard_task::audited_bed("chaos").await?;
+    let bed = TestBed::start_with(testbed::TestBedOptions {
+        audit: true,
+        real_nodes: u8::from(real_nodes),
+        ..Default::default()
+    })
+    .await?;
+    let ns = bed.namespace("chaos").await?;
+    let mut bed = bed;
     let opts = ChaosOptions {
         tasks,
         sidecar_kills: 5,
         apiserver_restarts: 2,
         disrupt_every: 4,
         deadline: Duration::from_secs(1800),
+        real_nodes,
     };
     let r = run(&mut bed, &ns, &opts).await?;
     let line = format!(
-        "guard_chaos        {} tasks in {:.0} s: {} results acknowledged ({} delivered), {} sidecar kills, {} API server restarts, {} pods deleted, {} evicted; {} pods created, {} Creates answered 409, {} names created twice ({} of tasks never disrupted), {} done-marks before their acknowledgement, {} pods left running",
+        "{}  {} tasks in {:.0} s: {} results acknowledged ({} delivered), {} sidecar kills, {} API server restarts, {} pods deleted, {} evicted; {} pods created, {} Creates answered 409, {} names created twice ({} of tasks never disrupted), {} done-marks before their acknowledgement, {} pods left running",
+        if real_nodes { "guard_chaos (real node)" } else { "guard_chaos      " },
         r.tasks,
         r.seconds,
         r.results_acknowledged,
@@ -153,7 +168,11 @@ async fn guard_chaos(tasks: usize) -> Result<bool> {
         r.left_running.len()
     );
     let mut v = serde_json::to_value(&r)?;
-    v["group"] = json!("guard_chaos");
+    v["group"] = json!(if real_nodes {
+        "guard_chaos_real_nodes"
+    } else {
+        "guard_chaos"
+    });
     v["pass"] = json!(r.pass());
     Ok(report(v, line))
 }
