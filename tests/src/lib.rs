@@ -12,6 +12,7 @@
 //! on 1.20. [`webhook::WebhookProcess`] runs the real `graceguard-webhook`
 //! binary against the bed.
 
+pub mod airflow_executor;
 pub mod airflow_seed;
 pub mod audit_log;
 pub mod balancer;
@@ -31,6 +32,7 @@ pub mod kubelet;
 pub mod node;
 pub mod objects;
 pub mod pods;
+pub mod postgres;
 pub mod process;
 pub mod quota;
 pub mod scenario;

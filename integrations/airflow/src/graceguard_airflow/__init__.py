@@ -1,0 +1,1 @@
+"""Airflow integrations of graceguard."""
