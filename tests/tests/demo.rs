@@ -83,6 +83,28 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     assert_eq!(guarded["delivered"], 100, "{guarded}");
     assert_eq!(guarded["delivered_distinct"], 100, "{guarded}");
 
+    // With Airflow's own executor: 10.18.0 re-patches adopted pods every
+    // sync; 10.25.0 with two schedulers at once adopts pods twice;
+    // graceguard's executor (integrations/airflow) once.
+    let row = |name: &str| {
+        runs.iter()
+            .find(|r| r["row"] == name)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let (old, new, ours) = (
+        row("airflow-10.18.0"),
+        row("airflow-10.25.0"),
+        row("airflow-graceguard"),
+    );
+    assert!(
+        old["max_patches_of_a_pod"].as_u64().unwrap_or(0) > 10,
+        "{old}"
+    );
+    assert!(new["adopted_twice"].as_u64().unwrap_or(0) > 0, "{new}");
+    assert_eq!(ours["adopted_twice"], 0, "{ours}");
+    assert_eq!(ours["executors"], 2, "{ours}");
+
     let scenario = |s: &str| runs.iter().find(|r| r["scenario"] == s).cloned();
     if version < testbed::KubeVersion::V1_37 {
         assert!(scenario("scheduler-preemption").is_none() && scenario("drain").is_none());

@@ -216,6 +216,28 @@ async fn run(args: &Args) -> Result<()> {
         airflow
             .push(testbed::airflow_seed::airflow_seed(&bed, &kubelet, &ns, mode, 100, 50).await?);
     }
+    eprintln!("airflow seed with Airflow's own KubernetesExecutor (Airflow 3.3.2, PostgreSQL): provider 10.18.0 with one scheduler, 10.25.0 and graceguard's executor with two schedulers syncing at once; 20 completed pods, 10 syncs");
+    let real_airflow = {
+        use testbed::airflow_executor::{run, Case, GRACEGUARD_EXECUTOR};
+        let pg = testbed::postgres::Postgres::start(&bed.dir().join("postgres")).await?;
+        let ns = bed.namespace("demo-airflow-real").await?;
+        let mut rows = Vec::new();
+        for (provider, executor, executors) in [
+            ("10.18.0", "KubernetesExecutor", 1),
+            ("10.25.0", "KubernetesExecutor", 2),
+            ("10.25.0", GRACEGUARD_EXECUTOR, 2),
+        ] {
+            let case = Case {
+                provider,
+                executor,
+                executors,
+                pods: 20,
+                syncs: 10,
+            };
+            rows.push(run(&bed, &kubelet, &pg, &ns, case).await?);
+        }
+        rows
+    };
 
     eprintln!("preemption: a running pod is marked DisruptionTarget (as kube-scheduler does), then deleted by alice");
     let ns = bed.namespace("demo-preemption").await?;
@@ -242,6 +264,12 @@ async fn run(args: &Args) -> Result<()> {
         for a in &airflow {
             emit(a, "simulated")?;
         }
+        for a in &real_airflow {
+            let mut v = serde_json::to_value(a)?;
+            v["scenario"] = "airflow-seed".into();
+            v["kube_version"] = bed.version.as_str().into();
+            emit(&v, "simulated")?;
+        }
     } else {
         println!("graceguard demo on Kubernetes {version}\n");
         print_table(&reports);
@@ -258,6 +286,12 @@ async fn run(args: &Args) -> Result<()> {
             println!(
                 "airflow seed, {:<6} {} completed pods, {} syncs: {} pod PATCHes ({} per pod), {} results delivered ({} distinct)",
                 a.mode, a.completed_pods, a.syncs, a.patches, a.patches_per_pod, a.delivered, a.delivered_distinct
+            );
+        }
+        for a in &real_airflow {
+            println!(
+                "airflow seed, {:<19} {} scheduler(s), {} completed pods, {} syncs: {} pod PATCHes ({} per pod, at most {}), {} pods adopted by two schedulers",
+                a.row, a.executors, a.completed_pods, a.syncs, a.patches, a.patches_per_pod, a.max_patches_of_a_pod, a.adopted_twice
             );
         }
         if let Some(s) = &scheduler {
