@@ -83,6 +83,26 @@ impl ChaosReport {
     }
 }
 
+impl ChaosReport {
+    /// Fails, naming the report, unless every check held and the chaos
+    /// `opts` asked for happened (kills, restarts, some disruption).
+    pub fn assert_held(&self, opts: &ChaosOptions) {
+        assert_eq!(self.results_acknowledged, opts.tasks, "{self:?}");
+        assert_eq!(
+            (self.sidecar_kills, self.apiserver_restarts),
+            (opts.sidecar_kills, opts.apiserver_restarts),
+            "{self:?}"
+        );
+        assert!(self.pods_deleted + self.pods_evicted > 0, "{self:?}");
+        assert_eq!(self.create_conflicts, 0, "{self:?}");
+        // The result finalizer keeps each task's newest pod through any
+        // deletion: a restarted sidecar never starts a task over.
+        assert!(self.names_created_twice.is_empty(), "{self:?}");
+        assert!(self.done_before_ack.is_empty(), "{self:?}");
+        assert!(self.left_running.is_empty(), "{self:?}");
+    }
+}
+
 /// The client's view of one task.
 #[derive(Default)]
 struct Mine {

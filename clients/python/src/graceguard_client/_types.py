@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 
+def _known(cls: Any, d: Dict[str, Any]) -> Dict[str, Any]:
+    """The fields of `d` that dataclass `cls` has: a newer sidecar's extra
+    fields are ignored, not an error."""
+    return {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+
+
 @dataclass(frozen=True)
 class TaskStatus:
     """A task as the sidecar sees it."""
@@ -28,8 +34,7 @@ class TaskStatus:
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "TaskStatus":
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**_known(cls, d))
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,7 @@ class Outcome:
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Outcome":
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**_known(cls, d))
 
 
 @dataclass(frozen=True)
@@ -118,15 +122,13 @@ def event_from_json(d: Dict[str, Any]) -> Event:
     kind = d.get("type", "")
     fields = {k: v for k, v in d.items() if k != "type"}
     if kind == "transition":
-        known = set(TransitionEvent.__dataclass_fields__)
-        return TransitionEvent(**{k: v for k, v in fields.items() if k in known})
+        return TransitionEvent(**_known(TransitionEvent, fields))
     if kind == "result":
         return ResultEvent(
             seq=d["seq"], namespace=d["namespace"], task=d["task"], outcome=Outcome.from_json(d["outcome"])
         )
     if kind in ("adopted", "gone"):
-        known = set(PodEvent.__dataclass_fields__)
-        return PodEvent(type=kind, **{k: v for k, v in fields.items() if k in known})
+        return PodEvent(type=kind, **_known(PodEvent, fields))
     return UnknownEvent(seq=int(d.get("seq", 0)), type=str(kind), body=d)
 
 
