@@ -221,6 +221,21 @@ impl EventLog {
         let i = self.lock();
         (i.events.len(), i.dropped)
     }
+
+    /// Events that wait for an acknowledgement (results, adoptions, gone
+    /// pods), and how long the oldest of them has waited: a result nobody
+    /// acknowledges keeps its pod (the result finalizer) and its done-mark
+    /// unwritten.
+    pub fn awaiting_ack(&self) -> (usize, Duration) {
+        let i = self.lock();
+        let mut waiting = i.events.iter().filter(|(e, _)| e.body.needs_ack());
+        // The log is in push order: the first one waiting is the oldest.
+        let oldest = waiting.next().map(|(_, at)| at.elapsed());
+        match oldest {
+            Some(age) => (1 + waiting.count(), age),
+            None => (0, Duration::ZERO),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -152,6 +152,13 @@ impl Executor {
             .unwrap_or(Err(TaskError::Stopped))
     }
 
+    /// How many tasks are in each phase (every phase, zeros included).
+    pub async fn phase_counts(&self) -> Result<Vec<(&'static str, usize)>, TaskError> {
+        self.ask(|reply| Command::PhaseCounts { reply })
+            .await
+            .ok_or(TaskError::Stopped)
+    }
+
     /// Waits (up to `within`) until no result finalizer is being let go
     /// of: a process that stops right after a result waits for its last
     /// releases.

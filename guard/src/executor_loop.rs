@@ -39,6 +39,8 @@ pub struct Stats {
     /// The pod watch's last error, until it works again (a 403 here means
     /// the identity may not list pods in the watched scope).
     pub watch_error: std::sync::Mutex<Option<String>>,
+    /// Errors the pod watch has returned since the start (`/metrics`).
+    pub watch_errors: std::sync::atomic::AtomicU64,
 }
 
 impl Stats {
@@ -93,6 +95,10 @@ pub(crate) enum Command {
     /// Answered once no result finalizer is being let go of (a process
     /// about to stop waits for its releases).
     Settle { reply: oneshot::Sender<()> },
+    /// How many tasks are in each phase (`/metrics`).
+    PhaseCounts {
+        reply: oneshot::Sender<Vec<(&'static str, usize)>>,
+    },
     /// The pod a Result event is about, with its last resourceVersion.
     PodVersion {
         key: TaskKey,
@@ -368,6 +374,7 @@ impl Loop {
             Err(e) => {
                 tracing::warn!(error = %e, "pod watch failed; the watcher retries with backoff");
                 self.stats.set_watch_error(Some(e.to_string()));
+                self.stats.watch_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -388,6 +395,20 @@ impl Loop {
 
     fn pods(&self, key: &TaskKey) -> Vec<PodView> {
         self.index.views(key)
+    }
+
+    /// Tasks by phase, every phase present (zero counts included), so a
+    /// series never disappears when its last task leaves it.
+    fn phase_counts(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: Vec<(&'static str, usize)> =
+            crate::phase::PHASE_NAMES.iter().map(|p| (*p, 0)).collect();
+        for e in self.tasks.values() {
+            let name = e.state.as_ref().map_or("Launching", |s| s.phase.name());
+            if let Some(slot) = counts.iter_mut().find(|(p, _)| *p == name) {
+                slot.1 += 1;
+            }
+        }
+        counts
     }
 
     fn status(&self, key: &TaskKey) -> Option<TaskStatus> {
@@ -480,6 +501,9 @@ impl Loop {
             }
             Command::PodVersion { key, uid, reply } => {
                 let _ = reply.send(self.index.version(&key, &uid));
+            }
+            Command::PhaseCounts { reply } => {
+                let _ = reply.send(self.phase_counts());
             }
             Command::Settle { reply } => match self.releasing.is_empty() {
                 true => {

@@ -81,6 +81,10 @@ struct SidecarArgs {
     /// A file holding the bearer token TCP clients must send.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Also serve /metrics and /healthz (only those, no token) on this
+    /// address, e.g. 0.0.0.0:9464, for Prometheus and a kubelet probe.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// This executor instance's name (pod labels, its Lease). Restarted with
     /// the same name, the sidecar resumes the instance's tasks.
     #[arg(long)]
@@ -511,10 +515,38 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
         _ => None,
     };
     let state = Sidecar { executor, token };
-    let served = serve(listen, state, async move {
+    // One stop signal for both listeners.
+    let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
+    let stopped_tx = std::sync::Arc::new(stopped_tx);
+    let stopped = move || {
+        let mut rx = stopped_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let metrics = match args.metrics_listen {
+        Some(addr) => Some(tokio::spawn(
+            graceguard::sidecar::serve_metrics(addr, state.clone(), stopped())
+                .await
+                .map_err(Usage)?,
+        )),
+        None => None,
+    };
+    let on_signal = stopped_tx.clone();
+    tokio::spawn(async move {
         stop.await;
-    })
-    .await;
+        on_signal.send_replace(true);
+    });
+    let served = serve(listen, state, stopped()).await;
+    // The API listener ended (a signal, or it failed): so does the other.
+    stopped_tx.send_replace(true);
+    if let Some(m) = metrics {
+        match m.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "the metrics listener failed"),
+            Err(e) => tracing::warn!(error = %e, "the metrics listener stopped"),
+            Ok(Ok(())) => {}
+        }
+    }
     if let Some(a) = adoption {
         a.abort();
     }

@@ -35,6 +35,17 @@ pub enum Phase {
     },
 }
 
+/// Every [`Phase::name`], in the order a task goes through them.
+pub const PHASE_NAMES: [&str; 7] = [
+    "Launching",
+    "WaitingForResources",
+    "Queued",
+    "Running",
+    "ShuttingDown",
+    "Succeeded",
+    "Failed",
+];
+
 impl Phase {
     pub fn name(&self) -> &'static str {
         match self {

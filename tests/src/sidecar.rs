@@ -286,8 +286,14 @@ async fn exchange(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .context("the sidecar's answer has no status code")?;
+    let lower = head.to_ascii_lowercase();
+    let text_body = lower.contains("content-type: application/openmetrics-text")
+        || lower.contains("content-type: text/plain");
     let json = if rest.trim().is_empty() {
         serde_json::Value::Null
+    } else if text_body {
+        // /metrics: the text itself, as a JSON string.
+        serde_json::Value::String(rest.to_string())
     } else {
         serde_json::from_str(rest).with_context(|| format!("not JSON: {rest}"))?
     };

@@ -211,6 +211,13 @@ pub struct EvictionOutcomes {
 
 impl EvictionOutcomes {
     pub fn new(follow_up: FollowUp, metrics: Metrics) -> Self {
+        // Every outcome exported from the start at 0, so `increase()` sees
+        // the first one.
+        for outcome in ["evicted", "not_evicted", "untracked"] {
+            let _ = metrics
+                .eviction_outcomes
+                .get_or_create(&OutcomeLabels { outcome });
+        }
         Self {
             attempts: Arc::new(Mutex::new(Attempts::default())),
             follow_up,

@@ -128,6 +128,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, each exported from the start at 0: an alert on
+    /// `increase()` then sees the first give-up, not only the second.
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Tagged,
+        Outcome::AlreadyTagged,
+        Outcome::Gone,
+        Outcome::NoDisruptionTarget,
+        Outcome::GaveUp,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Tagged => "tagged",
@@ -148,6 +158,11 @@ impl FollowUp {
     /// Starts the worker, which tags through `client`.
     pub fn spawn(client: Client, metrics: Metrics, settings: Settings) -> Self {
         let (tx, rx) = mpsc::channel(settings.queue.max(1));
+        for outcome in Outcome::ALL {
+            let _ = metrics.follow_ups.get_or_create(&FollowUpLabels {
+                outcome: outcome.as_str(),
+            });
+        }
         let inner = Arc::new(Inner {
             tx,
             pending: Mutex::new(HashSet::new()),

@@ -6,7 +6,8 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 /// The admission endpoints.
@@ -144,6 +145,23 @@ pub struct ReviewHandles {
     pub seconds: Histogram,
 }
 
+/// `admission_review_seconds`' bucket bounds: 10 µs (an index lookup) to
+/// 30 s (the longest webhook timeout Kubernetes allows), dense around the
+/// 1 s confirmation timeout and the chart's 2 s webhook timeout, so a
+/// quantile near the timeout is measured instead of landing in `+Inf`.
+pub const REVIEW_SECONDS_BUCKETS: [f64; 21] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 10.0, 30.0,
+];
+
+/// `graceguard_build_info`: which code a replica runs.
+pub fn build_info() -> Info<Vec<(&'static str, &'static str)>> {
+    Info::new(vec![
+        ("version", env!("CARGO_PKG_VERSION")),
+        ("revision", env!("GRACEGUARD_REVISION")),
+    ])
+}
+
 const ENDPOINTS: [Endpoint; 4] = [
     Endpoint::collision_guard,
     Endpoint::disruption_tagger,
@@ -161,11 +179,7 @@ impl Metrics {
     pub fn new() -> (Self, Arc<Registry>) {
         let reviews: Family<ReviewLabels, Counter> = Family::default();
         let review_seconds: Family<EndpointLabels, Histogram> =
-            Family::new_with_constructor(|| {
-                // 10 µs .. ~0.33 s: the decision is an index lookup, a
-                // confirmation a GET; the apiserver's own buckets start at 5 ms.
-                Histogram::new(exponential_buckets(0.000_01, 2.0, 16))
-            });
+            Family::new_with_constructor(|| Histogram::new(REVIEW_SECONDS_BUCKETS));
         let handles = Arc::new(ENDPOINTS.map(|endpoint| {
             let counter = |decision| {
                 reviews
@@ -206,7 +220,27 @@ impl Metrics {
             certificate_expiry: Gauge::default(),
             limited: Family::default(),
         };
+        // Series whose label values are known up front exist from the start
+        // at 0, so `rate()` and `increase()` see their first event.
+        for explained in ["yes", "no"] {
+            let _ = m
+                .deletions_audited
+                .get_or_create(&ExplainedLabels { explained });
+        }
+        for reason in KNOWN_REASONS.iter().chain(&["Other"]) {
+            let _ = m.disruption_tags.get_or_create(&reason_labels(reason));
+        }
+        for mode in crate::mode::Mode::ANSWERING_429 {
+            let _ = m.retry_answers.get_or_create(&ModeLabels {
+                mode: mode.as_str(),
+            });
+        }
         let mut r = Registry::with_prefix("graceguard");
+        r.register(
+            "build",
+            "The version and source revision running",
+            build_info(),
+        );
         r.register(
             "admission_reviews",
             "Admission reviews answered, by endpoint and decision",
@@ -334,6 +368,42 @@ pub fn render(registry: &Registry) -> String {
 #[cfg(test)]
 mod handle_tests {
     use super::*;
+
+    #[test]
+    fn build_info_names_the_version_and_a_revision() {
+        let (_, registry) = Metrics::new();
+        let text = render(&registry);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("graceguard_build_info{"))
+            .unwrap_or_else(|| panic!("no graceguard_build_info in {text}"));
+        assert!(
+            line.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+            "{line}"
+        );
+        assert!(
+            line.contains("revision=\"") && line.ends_with("} 1"),
+            "{line}"
+        );
+    }
+
+    /// The chart's webhook timeout (2 s) and the confirmation timeout (1 s)
+    /// are bucket bounds, and the histogram reaches Kubernetes' 30 s maximum.
+    #[test]
+    fn review_buckets_reach_every_timeout() {
+        for bound in [1.0, 2.0, 30.0] {
+            assert!(REVIEW_SECONDS_BUCKETS.contains(&bound), "{bound}");
+        }
+        assert!(REVIEW_SECONDS_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+        let (m, registry) = Metrics::new();
+        m.review(Endpoint::collision_guard).seconds.observe(1.7);
+        let text = render(&registry);
+        assert!(
+            text.contains("graceguard_admission_review_seconds_bucket{le=\"2.0\",endpoint=\"collision_guard\"} 1")
+                && text.contains("graceguard_admission_review_seconds_bucket{le=\"1.5\",endpoint=\"collision_guard\"} 0"),
+            "{text}"
+        );
+    }
 
     /// `review()` indexes by the enum's discriminant: each slot must hold
     /// its own endpoint's series.

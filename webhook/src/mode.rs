@@ -20,6 +20,9 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The modes that can answer a collision with 429 (`conflict` never does).
+    pub const ANSWERING_429: [Mode; 2] = [Mode::Retry, Mode::Adaptive];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Conflict => "conflict",

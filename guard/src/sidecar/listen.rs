@@ -1,7 +1,7 @@
 //! Where the API is served: a Unix socket only its owner can reach, or
 //! loopback TCP with a bearer token.
 
-use super::{router, Sidecar};
+use super::{metrics_router, router, Sidecar};
 
 /// Where the sidecar listens.
 #[derive(Clone, Debug)]
@@ -95,4 +95,25 @@ pub async fn serve(
                 .map_err(|e| format!("serving on {addr}: {e}"))
         }
     }
+}
+
+/// Serves `/metrics` and `/healthz` on `addr` (any address: they name no
+/// task and change nothing) until `shutdown` resolves. Bound before it
+/// returns the future, so a port in use is an error at start.
+pub async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    sidecar: Sidecar,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<impl std::future::Future<Output = Result<(), String>>, String> {
+    let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        format!("cannot listen on --metrics-listen {addr}: {e}; choose a free port")
+    })?;
+    tracing::info!(%addr, "sidecar metrics listening");
+    let app = metrics_router(sidecar);
+    Ok(async move {
+        axum::serve(l, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| format!("serving metrics on {addr}: {e}"))
+    })
 }

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod handlers;
 mod listen;
+pub mod metrics;
 pub mod openapi;
 mod paging;
 pub mod status;
@@ -26,7 +27,7 @@ use axum::routing::{get, post, put};
 use axum::Router;
 
 pub use api::{MAX_ACK_SEQS, MAX_WAIT_SECONDS};
-pub use listen::{bind_socket, serve, Listen};
+pub use listen::{bind_socket, serve, serve_metrics, Listen};
 use status::{ApiStatus, Reason};
 
 use crate::executor::Executor;
@@ -43,6 +44,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/events/ack"),
     ("get", "/healthz"),
     ("get", "/openapi.json"),
+    ("get", "/metrics"),
 ];
 
 /// The sidecar's state.
@@ -71,6 +73,7 @@ pub fn router(sidecar: Sidecar) -> Router {
         .merge(api)
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics::metrics))
         .fallback(|| async {
             ApiStatus::new(
                 StatusCode::NOT_FOUND,
@@ -86,6 +89,23 @@ pub fn router(sidecar: Sidecar) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .with_state(sidecar)
+}
+
+/// The router of `--metrics-listen`: `/metrics` and `/healthz` only, so
+/// Prometheus and a kubelet probe reach them on the pod's address while the
+/// API itself stays on loopback or a socket.
+pub fn metrics_router(sidecar: Sidecar) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::metrics))
+        .route("/healthz", get(handlers::healthz))
+        .fallback(|| async {
+            ApiStatus::new(
+                StatusCode::NOT_FOUND,
+                Reason::NotFound,
+                "this port serves /metrics and /healthz only; the API is on --socket or --listen",
+            )
+        })
         .with_state(sidecar)
 }
 
