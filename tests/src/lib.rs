@@ -34,6 +34,7 @@ pub mod objects;
 pub mod pods;
 pub mod postgres;
 pub mod process;
+pub mod promql;
 pub mod quota;
 pub mod scenario;
 pub mod sidecar;
