@@ -435,6 +435,65 @@ class TestDefaults(unittest.TestCase):
 class TestOptions(unittest.TestCase):
     """Options the ci files do not show, one render each."""
 
+    def test_priority_class_defaults_to_cluster_critical_with_a_quota_admitting_it(self) -> None:
+        def quota(r: cl.Rendered) -> list[dict[str, Any]]:
+            return r.of_kind("ResourceQuota")
+
+        r = cl.render_objects({})
+        self.assertEqual(r.one("Deployment")["spec"]["template"]["spec"]["priorityClassName"], "system-cluster-critical")
+        rq = r.one("ResourceQuota")
+        self.assertEqual(rq["metadata"]["namespace"], cl.NAMESPACE)
+        self.assertEqual(rq["spec"]["hard"], {"pods": "10"})
+        self.assertEqual(rq["spec"]["scopeSelector"]["matchExpressions"],
+                         [{"scopeName": "PriorityClass", "operator": "In", "values": ["system-cluster-critical"]}])
+        # Another class: the quota follows it; no class, or the quota off: none.
+        r = cl.render_objects({"priorityClassName": "platform"})
+        self.assertEqual(r.one("ResourceQuota")["spec"]["scopeSelector"]["matchExpressions"][0]["values"], ["platform"])
+        r = cl.render_objects({"priorityClassName": ""})
+        self.assertNotIn("priorityClassName", r.one("Deployment")["spec"]["template"]["spec"])
+        self.assertEqual(quota(r), [])
+        self.assertEqual(quota(cl.render_objects({"priorityClassQuota": {"enabled": False}})), [])
+        # Never in kube-system, whose own critical pods it would cap.
+        self.assertEqual(quota(cl.render_objects({}, namespace="kube-system")), [])
+        with self.assertRaisesRegex(cl.HelmError, r"priorityClassQuota.pods \(2\) must exceed replicaCount \(2\)"):
+            cl.render_objects({"priorityClassQuota": {"pods": 2}})
+
+    def test_webhook_annotations_and_extra_selector_terms(self) -> None:
+        extra_ns = {"key": "team", "operator": "In", "values": ["batch"]}
+        extra_obj = {"key": "tier", "operator": "NotIn", "values": ["system"]}
+        values = {"webhooks": {
+            "annotations": {"example.com/owner": "platform"},
+            "namespaceSelector": {"matchLabels": {"env": "prod"}, "matchExpressions": [extra_ns]},
+            "objectSelector": {"matchLabels": {"app": "x"}, "matchExpressions": [extra_obj]},
+        }}
+        for mode in ("selfSigned", "certManager"):
+            r = cl.render_objects({**values, "certs": {"mode": mode}})
+            configs = r.webhook_configurations()
+            self.assertEqual(len(configs), 4)
+            for cfg in configs:
+                ann = cfg["metadata"]["annotations"]
+                self.assertEqual(ann["example.com/owner"], "platform", cfg["metadata"]["name"])
+                self.assertEqual("cert-manager.io/inject-ca-from" in ann, mode == "certManager", cfg["metadata"]["name"])
+                for wh in cfg["webhooks"]:
+                    ns, obj = wh["namespaceSelector"], wh["objectSelector"]
+                    # The chart's own terms first, the extra ones ANDed after them.
+                    self.assertEqual(ns["matchExpressions"][0]["key"], "kubernetes.io/metadata.name", wh["name"])
+                    self.assertEqual(ns["matchExpressions"][1]["key"], "graceguard.io/ignore", wh["name"])
+                    self.assertEqual(ns["matchExpressions"][2:], [extra_ns], wh["name"])
+                    self.assertEqual(ns["matchLabels"], {"env": "prod"}, wh["name"])
+                    self.assertEqual(obj["matchExpressions"][0]["key"], "graceguard.io/ignore", wh["name"])
+                    self.assertEqual(obj["matchExpressions"][1:], [extra_obj], wh["name"])
+                    self.assertEqual(obj["matchLabels"], {"app": "x"}, wh["name"])
+        # Without them: no annotations in selfSigned mode, no matchLabels.
+        for cfg in cl.render_objects({}).webhook_configurations():
+            self.assertNotIn("annotations", cfg["metadata"])
+            for wh in cfg["webhooks"]:
+                self.assertNotIn("matchLabels", wh["namespaceSelector"])
+                self.assertEqual(len(wh["namespaceSelector"]["matchExpressions"]), 2)
+                self.assertEqual(len(wh["objectSelector"]["matchExpressions"]), 1)
+        with self.assertRaises(cl.HelmValuesError):
+            cl.render_objects({"webhooks": {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Maybe"}]}}})
+
     def test_servicemonitor_rendered_only_when_served_and_enabled(self) -> None:
         on = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
         for api in ("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor"):

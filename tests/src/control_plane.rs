@@ -157,9 +157,16 @@ pub use crate::pods::NODE;
 /// to a webhook that asks for one.
 pub const ADMISSION_CLIENT_NAME: &str = "kube-apiserver-admission";
 
+/// The priority classes the bed's API server limits by quota, as GKE does:
+/// a pod of one is refused in a namespace without a ResourceQuota whose
+/// scope covers it (the chart brings one for its own namespace).
+pub const QUOTA_LIMITED_PRIORITY_CLASSES: [&str; 2] =
+    ["system-node-critical", "system-cluster-critical"];
+
 /// Writes `admission-config.yaml` into `dir`: both webhook admission plugins
 /// read `admission-kubeconfig.yaml`, which gives every webhook (`*`) the
-/// client certificate in `pki`.
+/// client certificate in `pki`; the ResourceQuota plugin limits
+/// [`QUOTA_LIMITED_PRIORITY_CLASSES`].
 fn write_admission_config(dir: &Path, pki: &Path) -> Result<()> {
     let kubeconfig = dir.join("admission-kubeconfig.yaml");
     std::fs::write(
@@ -176,10 +183,14 @@ fn write_admission_config(dir: &Path, pki: &Path) -> Result<()> {
             kubeconfig.display()
         )
     };
+    let quota = format!(
+        "- name: ResourceQuota\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: ResourceQuotaConfiguration\n    limitedResources:\n    - resource: pods\n      matchScopes:\n      - scopeName: PriorityClass\n        operator: In\n        values: {:?}\n",
+        QUOTA_LIMITED_PRIORITY_CLASSES
+    );
     std::fs::write(
         dir.join("admission-config.yaml"),
         format!(
-            "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}{quota}",
             plugin("ValidatingAdmissionWebhook"),
             plugin("MutatingAdmissionWebhook")
         ),

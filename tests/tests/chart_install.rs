@@ -9,13 +9,88 @@
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota, Secret};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 use testbed::helm::{chart_dir, Helm};
+use testbed::pods::{self, CreateOutcome};
 use testbed::TestBed;
 
 type R = anyhow::Result<()>;
+
+/// The chart's default priority class under an API server that limits it
+/// by quota (the bed's admission configuration, as on GKE): a pod of that
+/// class is refused in a namespace without a quota covering it, and admitted
+/// in the release namespace, whose quota the chart brought.
+async fn priority_class_admitted_only_under_the_charts_quota(bed: &TestBed) -> R {
+    const CLASS: &str = "system-cluster-critical";
+    assert!(
+        testbed::control_plane::QUOTA_LIMITED_PRIORITY_CLASSES.contains(&CLASS),
+        "the bed no longer limits {CLASS}: this check would prove nothing"
+    );
+    let quotas: Api<ResourceQuota> = Api::namespaced(bed.client.clone(), "graceguard");
+    let rq = quotas.get("graceguard-priority-class").await?;
+    let spec = serde_json::to_value(&rq.spec)?;
+    assert_eq!(spec["hard"]["pods"], "10", "{spec}");
+    assert_eq!(
+        spec["scopeSelector"]["matchExpressions"],
+        serde_json::json!([{"scopeName": "PriorityClass", "operator": "In", "values": [CLASS]}]),
+        "{spec}"
+    );
+    if bed.version.has_controllers() {
+        // The quota admits nothing until the quota controller has filled its status.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !testbed::quota::in_force(bed, "graceguard", "graceguard-priority-class").await? {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "kube-controller-manager did not fill the chart's quota's status within 60 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    } else {
+        // No quota controller on 1.20: write the status it would.
+        let status = serde_json::json!({"status": {"hard": {"pods": "10"}, "used": {"pods": "0"}}});
+        quotas
+            .patch_status(
+                "graceguard-priority-class",
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await?;
+    }
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let critical = |name: &str| {
+        let mut p = pods::task_pod(name, 0);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.priority_class_name = Some(CLASS.into());
+        }
+        p
+    };
+    let elsewhere = bed.namespace("no-critical-quota").await?;
+    let refused = pods::outcome(
+        Api::<Pod>::namespaced(bed.client.clone(), &elsewhere)
+            .create(&dry, &critical("critical"))
+            .await,
+    )?;
+    match &refused {
+        CreateOutcome::Refused { code: 403, message, .. } if message.contains("insufficient quota to match these scopes") => {}
+        other => panic!("a {CLASS} pod in {elsewhere} (no quota covering the class) got {other:?}, not the quota plugin's refusal: the bed does not limit the class, so the chart's quota is not tested"),
+    }
+    let admitted = pods::outcome(
+        Api::<Pod>::namespaced(bed.client.clone(), "graceguard")
+            .create(&dry, &critical("critical"))
+            .await,
+    )?;
+    assert_eq!(
+        admitted,
+        CreateOutcome::Created,
+        "a {CLASS} pod in the release namespace was not admitted under the chart's quota"
+    );
+    Ok(())
+}
 
 /// The TLS Secret's data and every webhook's caBundle, to compare across an upgrade.
 async fn certificate_material(bed: &TestBed) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
@@ -77,6 +152,7 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         before,
         "the upgrade changed certificate material"
     );
+    priority_class_admitted_only_under_the_charts_quota(&bed).await?;
     let (sa_ns, sa_name) = ("graceguard", "graceguard");
     let who = format!("--as=system:serviceaccount:{sa_ns}:{sa_name}");
 

@@ -383,6 +383,18 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
             p.name_any(),
             node_of(p)
         );
+        // The chart's default class, which the bed's API server limits by
+        // quota as GKE does: these pods run thanks to the chart's own quota.
+        let spec = p.spec.as_ref();
+        assert_eq!(
+            (
+                spec.and_then(|s| s.priority_class_name.as_deref()),
+                spec.and_then(|s| s.priority)
+            ),
+            (Some("system-cluster-critical"), Some(2_000_000_000)),
+            "pod {} does not run at the chart's default priority",
+            p.name_any()
+        );
     }
     let pdb: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
         Api::namespaced(bed.client.clone(), NS);

@@ -317,7 +317,7 @@ async fn the_readme_example_survives_a_preemption(lang: testbed::sidecar::Lang) 
         }
     };
     let readme = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/sidecar-api.md"),
     )?;
     assert!(
         readme.contains(&std::fs::read_to_string(&file)?),

@@ -156,11 +156,18 @@ into them, and the API server must trust both meanwhile. Offline renders
 {{- end }}
 {{- end }}
 
-{{/* Annotations of the webhook configurations: cert-manager's CA injection, or nothing. */}}
+{{/*
+Annotations of the webhook configurations: webhooks.annotations, and
+cert-manager's CA injection in certs.mode certManager (the chart's wins).
+*/}}
 {{- define "graceguard.webhookAnnotations" -}}
+{{- $a := deepCopy (.Values.webhooks.annotations | default dict) -}}
 {{- if eq .Values.certs.mode "certManager" -}}
-cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "graceguard.certificateName" .) }}
-{{- end }}
+{{- $_ := set $a "cert-manager.io/inject-ca-from" (printf "%s/%s" .Release.Namespace (include "graceguard.certificateName" .)) -}}
+{{- end -}}
+{{- with $a -}}
+{{- toYaml . -}}
+{{- end -}}
 {{- end }}
 
 {{/*
@@ -183,11 +190,18 @@ clientConfig:
 {{/*
 What every webhook skips: kube-system (and excludeNamespaces), the release
 namespace, namespaces labelled graceguard.io/ignore=true and pods labelled
-graceguard.io/ignore=true.
+graceguard.io/ignore=true; webhooks.namespaceSelector and objectSelector add
+terms (ANDed: they can narrow what is sent, never widen it).
 */}}
 {{- define "graceguard.webhookSelectors" -}}
 {{- $excluded := concat .Values.webhooks.excludeNamespaces (list .Release.Namespace) | uniq -}}
+{{- $ns := .Values.webhooks.namespaceSelector | default dict -}}
+{{- $obj := .Values.webhooks.objectSelector | default dict -}}
 namespaceSelector:
+  {{- with $ns.matchLabels }}
+  matchLabels:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   matchExpressions:
     - key: kubernetes.io/metadata.name
       operator: NotIn
@@ -196,11 +210,21 @@ namespaceSelector:
     - key: graceguard.io/ignore
       operator: NotIn
       values: ["true"]
+    {{- with $ns.matchExpressions }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 objectSelector:
+  {{- with $obj.matchLabels }}
+  matchLabels:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   matchExpressions:
     - key: graceguard.io/ignore
       operator: NotIn
       values: ["true"]
+    {{- with $obj.matchExpressions }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end }}
 
 {{/* A duration of the form N(ms|s|m|h), as whole seconds (rounded up). */}}
