@@ -2,7 +2,7 @@
 //!
 //! An executor built on this crate launches task pods by rules that keep a
 //! graceful deletion from turning into a livelock, a quota leak or a burned
-//! retry budget (see DESIGN.md, "guard"):
+//! retry budget (see docs/architecture.md, "The guard's rules"):
 //!
 //! 1. every attempt has its own pod name ([`naming`]);
 //! 2. a graceful deletion is a state, `ShuttingDown`, waited out until the pod
