@@ -195,7 +195,7 @@ struct RunArgs {
     lease: LeaseArgs,
 }
 
-/// The task's bounds (see the README, "Bounds"); 0 disables a time bound.
+/// The task's bounds (docs/guard.md, "Bounds"); 0 disables a time bound.
 #[derive(clap::Args, Clone)]
 struct BoundsArgs {
     /// The whole task may take this many seconds (0: no deadline).

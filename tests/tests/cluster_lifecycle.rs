@@ -145,7 +145,7 @@ fn cluster_up_runs_a_users_pod_on_real_nodes_and_down_leaves_the_machine_as_it_w
                 .any(|l| l.starts_with(&format!("ggbr{}", d["slot"]))),
             "the cluster's bridge: {links:?}"
         );
-        // As the README shows: kubectl run of the task image, by hand.
+        // As docs/testbed.md shows: kubectl run of the task image, by hand.
         let kubectl = d["kubectl"].as_str().context("kubectl")?;
         let kc = format!(
             "--kubeconfig={}",

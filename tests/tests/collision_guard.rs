@@ -59,7 +59,7 @@ async fn colliding_creates_are_already_exists_and_charge_no_quota() -> R {
     let again = pods::create(&api, &pods::task_pod(POD, 60)).await?;
     assert_eq!(again, CreateOutcome::Created);
 
-    // Every denial was audited with the fields the README documents.
+    // Every denial was audited with the fields docs/webhook.md documents.
     let denials: Vec<_> = webhook
         .wait_records("collision_guard", &ns, POD, 51)
         .await?

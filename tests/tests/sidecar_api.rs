@@ -289,8 +289,8 @@ async fn the_python_client_drives_every_call_on_both_transports() -> R {
     Ok(())
 }
 
-/// The README's example executor in `lang` (the file as the README quotes
-/// it), run as a user would, through a preemption: its first pod is
+/// The documented example executor in `lang` (the file as
+/// docs/sidecar-api.md quotes it), run as a user would, through a preemption: its first pod is
 /// preempted while Running, it waits that pod out, the task runs again
 /// under the next name and succeeds; the example prints each phase and the
 /// result and exits 0.
@@ -321,7 +321,7 @@ async fn the_readme_example_survives_a_preemption(lang: testbed::sidecar::Lang) 
     )?;
     assert!(
         readme.contains(&std::fs::read_to_string(&file)?),
-        "the README does not quote {} as it is",
+        "docs/sidecar-api.md does not quote {} as it is",
         file.display()
     );
     let (bed, ns) = testbed::guard_task::audited_bed("example").await?;

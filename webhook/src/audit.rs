@@ -2,7 +2,7 @@
 //!
 //! All three endpoints write the same record, so one schema serves every
 //! consumer; fields that do not apply to an endpoint are left out. Pod specs
-//! and secrets are never logged. See the README for the schema.
+//! and secrets are never logged. The schema: docs/webhook.md, "The audit log".
 //!
 //! A record is serialized straight into its line (a serde derive, no
 //! formatter walking fields per line) and handed to the same bounded,

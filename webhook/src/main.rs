@@ -1,5 +1,5 @@
 // Feature `mimalloc` (default), configured at compile time in .cargo/config.toml:
-// see webhook/Cargo.toml and the README's benchmarks.
+// see webhook/Cargo.toml and docs/benchmarks.md.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -4,7 +4,7 @@
 //! into lean types holding only what graceguard's decisions use: unknown
 //! fields are skipped without being built, and the object is kept raw until a
 //! pods request needs it. (kube's `AdmissionReview<DynamicObject>` buffers the
-//! whole body twice through serde's `flatten`; see the README's benchmarks.)
+//! whole body twice through serde's `flatten`; see docs/benchmarks.md.)
 
 use std::collections::BTreeMap;
 
