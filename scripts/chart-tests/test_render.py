@@ -446,9 +446,13 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(rq["spec"]["hard"], {"pods": "10"})
         self.assertEqual(rq["spec"]["scopeSelector"]["matchExpressions"],
                          [{"scopeName": "PriorityClass", "operator": "In", "values": ["system-cluster-critical"]}])
-        # Another class: the quota follows it; no class, or the quota off: none.
-        r = cl.render_objects({"priorityClassName": "platform"})
+        # Another class: no quota unless asked for (it would cap that class's
+        # other pods in the namespace); asked for, it follows the class.
+        self.assertEqual(quota(cl.render_objects({"priorityClassName": "platform"})), [])
+        r = cl.render_objects({"priorityClassName": "platform", "priorityClassQuota": {"enabled": True}})
         self.assertEqual(r.one("ResourceQuota")["spec"]["scopeSelector"]["matchExpressions"][0]["values"], ["platform"])
+        r = cl.render_objects({"priorityClassName": "system-node-critical"})
+        self.assertEqual(r.one("ResourceQuota")["spec"]["scopeSelector"]["matchExpressions"][0]["values"], ["system-node-critical"])
         r = cl.render_objects({"priorityClassName": ""})
         self.assertNotIn("priorityClassName", r.one("Deployment")["spec"]["template"]["spec"])
         self.assertEqual(quota(r), [])
@@ -482,6 +486,12 @@ class TestOptions(unittest.TestCase):
                     self.assertEqual(ns["matchExpressions"][2:], [extra_ns], wh["name"])
                     self.assertEqual(ns["matchLabels"], {"env": "prod"}, wh["name"])
                     self.assertEqual(obj["matchExpressions"][0]["key"], "graceguard.io/ignore", wh["name"])
+                    if wh["name"] == "eviction-audit.graceguard.io":
+                        # Matched against the Eviction, which has no labels:
+                        # the user's object terms would switch it off.
+                        self.assertEqual(len(obj["matchExpressions"]), 1, wh["name"])
+                        self.assertNotIn("matchLabels", obj, wh["name"])
+                        continue
                     self.assertEqual(obj["matchExpressions"][1:], [extra_obj], wh["name"])
                     self.assertEqual(obj["matchLabels"], {"app": "x"}, wh["name"])
         # Without them: no annotations in selfSigned mode, no matchLabels.
@@ -491,8 +501,9 @@ class TestOptions(unittest.TestCase):
                 self.assertNotIn("matchLabels", wh["namespaceSelector"])
                 self.assertEqual(len(wh["namespaceSelector"]["matchExpressions"]), 2)
                 self.assertEqual(len(wh["objectSelector"]["matchExpressions"]), 1)
-        with self.assertRaises(cl.HelmValuesError):
-            cl.render_objects({"webhooks": {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Maybe"}]}}})
+        for bad in ({"key": "a", "operator": "Maybe"}, {"key": "a", "operator": "In"}, {"key": "a", "operator": "Exists", "values": ["x"]}):
+            with self.subTest(bad=bad), self.assertRaises(cl.HelmValuesError):
+                cl.render_objects({"webhooks": {"namespaceSelector": {"matchExpressions": [bad]}}})
 
     def test_servicemonitor_rendered_only_when_served_and_enabled(self) -> None:
         on = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}

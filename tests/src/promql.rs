@@ -21,6 +21,22 @@ const KEYWORDS: &[&str] = &[
     "atan2",
     "inf",
     "nan",
+    // Aggregation operators: `sum by (x) (...)` puts a clause between the
+    // operator and its parenthesis.
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
 ];
 
 /// The metric names `expr` selects: identifiers outside label matchers
@@ -42,6 +58,14 @@ pub fn metric_names(expr: &str) -> BTreeSet<String> {
             '(' if label_list_next => {
                 label_list_next = false;
                 i = skip_to(&chars, i, ')');
+            }
+            // A number or a duration (`0.05`, `5m`, `1e3`), never a name.
+            c if c.is_ascii_digit()
+                || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit)) =>
+            {
+                while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                    i += 1;
+                }
             }
             c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
                 let start = i;
@@ -142,6 +166,10 @@ mod tests {
         assert_eq!(
             names("min by (kind) (a) == 0 unless on (namespace, pod, kind) (b == 1) and bool c offset 5m"),
             ["a", "b", "c"]
+        );
+        assert_eq!(
+            names("max without (x) (d_2) > 1e3 or sum(e[5m:30s]) < .5 or count(f) * 2"),
+            ["d_2", "e", "f"]
         );
     }
 

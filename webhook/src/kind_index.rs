@@ -225,6 +225,10 @@ impl KindIndexes {
                     .kind_index_objects
                     .remove(&KindLabels::of(gone));
                 self.metrics.kind_index_ready.remove(&KindLabels::of(gone));
+                // Else a kind stopped while over its cap would alert forever.
+                self.metrics
+                    .kind_index_over_cap
+                    .remove(&KindLabels::of(gone));
                 tracing::info!(kind = %gone, "no quota counts this kind any more; its index is stopped");
             }
         }

@@ -191,12 +191,16 @@ clientConfig:
 What every webhook skips: kube-system (and excludeNamespaces), the release
 namespace, namespaces labelled graceguard.io/ignore=true and pods labelled
 graceguard.io/ignore=true; webhooks.namespaceSelector and objectSelector add
-terms (ANDed: they can narrow what is sent, never widen it).
+terms (ANDed: they can narrow what is sent, never widen it). Call with
+(dict "root" $ "eviction" true) for the eviction audit: its objectSelector
+is matched against the Eviction, which carries no labels, so the user's
+object terms would switch it off; it keeps the chart's own term only.
 */}}
 {{- define "graceguard.webhookSelectors" -}}
-{{- $excluded := concat .Values.webhooks.excludeNamespaces (list .Release.Namespace) | uniq -}}
-{{- $ns := .Values.webhooks.namespaceSelector | default dict -}}
-{{- $obj := .Values.webhooks.objectSelector | default dict -}}
+{{- $root := .root -}}
+{{- $excluded := concat $root.Values.webhooks.excludeNamespaces (list $root.Release.Namespace) | uniq -}}
+{{- $ns := $root.Values.webhooks.namespaceSelector | default dict -}}
+{{- $obj := ternary (dict) ($root.Values.webhooks.objectSelector | default dict) (default false .eviction) -}}
 namespaceSelector:
   {{- with $ns.matchLabels }}
   matchLabels:
