@@ -35,7 +35,10 @@ const WRITTEN_BY_PROMETHEUS: &[&str] = &["up"];
 
 /// The chart rendered with the alerts and the dashboard on: (alert name →
 /// expression, panel or variable title → expression).
-fn rendered(bed: &TestBed) -> anyhow::Result<(Vec<(String, String)>, Vec<(String, String)>)> {
+/// (what, PromQL): an alert's name or a panel's title, and its expression.
+type Queries = Vec<(String, String)>;
+
+fn rendered(bed: &TestBed) -> anyhow::Result<(Queries, Queries)> {
     let helm = Helm::for_bed(bed)?;
     let out = helm.ok(&[
         "template",
