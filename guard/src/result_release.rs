@@ -93,17 +93,11 @@ pub async fn release_results(
             },
         };
         for p in held {
-            let v = Version {
-                name: p.name_any(),
-                uid: p.uid().unwrap_or_default(),
-                resource_version: p.resource_version().unwrap_or_default(),
-                finalizers: p.finalizers().to_vec(),
-            };
-            let (outcome, detail) = match pod_api::release(&pods, &v).await {
+            let (outcome, detail) = match release_current(&pods, &p).await {
                 Released::Done => ("released", why.clone()),
                 Released::Changed => (
                     "changed",
-                    "the pod changed since it was listed; run the command again".into(),
+                    format!("the pod kept changing under {CHANGED_RETRIES} tries; run the command again"),
                 ),
                 Released::Failed => (
                     "failed",
@@ -114,6 +108,45 @@ pub async fn release_results(
         }
     }
     Ok(out)
+}
+
+/// How often a pod that changed under the write is read again and the
+/// write retried: a pod in a namespace being deleted, or on a live node, is
+/// written to by the kubelet and the namespace controller meanwhile.
+const CHANGED_RETRIES: usize = 5;
+
+/// Lets go of `listed`'s result finalizer with a write conditional on its
+/// version; when the pod changed meanwhile, reads it again and retries on
+/// that version (the reason to release is the owner's or the namespace's
+/// state, not the pod's). A pod gone, replaced, or no longer holding the
+/// finalizer has nothing left to release.
+async fn release_current(pods: &Api<Pod>, listed: &Pod) -> Released {
+    let uid = listed.uid().unwrap_or_default();
+    let mut pod = listed.clone();
+    for _ in 0..CHANGED_RETRIES {
+        let v = Version {
+            name: pod.name_any(),
+            uid: uid.clone(),
+            resource_version: pod.resource_version().unwrap_or_default(),
+            finalizers: pod.finalizers().to_vec(),
+        };
+        match pod_api::release(pods, &v).await {
+            Released::Changed => {}
+            other => return other,
+        }
+        pod = match pods.get_opt(&v.name).await {
+            Ok(Some(p)) if p.uid().as_deref() == Some(uid.as_str()) => p,
+            Ok(_) => return Released::Done,
+            Err(e) => {
+                tracing::warn!(pod = %v.name, error = %e, "reading the pod again after a conflict failed");
+                return Released::Failed;
+            }
+        };
+        if !result_finalizer::holds(pod.finalizers()) {
+            return Released::Done;
+        }
+    }
+    Released::Changed
 }
 
 fn report(ns: &str, p: &Pod, owner: &str, outcome: &'static str, detail: String) -> PodReleased {

@@ -32,7 +32,8 @@ use status::{ApiStatus, Reason};
 
 use crate::executor::Executor;
 
-/// Every (method, path) the router answers, in OpenAPI's path syntax; a
+/// Every (method, path) of the API the router answers (`/metrics`, for
+/// Prometheus, is served beside them), in OpenAPI's path syntax; a
 /// test keeps it equal to the generated document's.
 pub const ROUTES: &[(&str, &str)] = &[
     ("put", "/v1/tasks/{namespace}/{task}"),
@@ -44,7 +45,6 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/events/ack"),
     ("get", "/healthz"),
     ("get", "/openapi.json"),
-    ("get", "/metrics"),
 ];
 
 /// The sidecar's state.

@@ -48,7 +48,6 @@ pub fn pod_template() -> RefOr<Schema> {
         handlers::ack,
         handlers::healthz,
         handlers::openapi,
-        super::metrics::metrics,
     ),
     components(schemas(status::ApiStatus, api::PutTask, api::Ack)),
     modifiers(&Security),
