@@ -20,6 +20,19 @@ pub async fn guarding_kinds(bed: &TestBed) -> Result<WebhookProcess> {
     Ok(webhook)
 }
 
+/// The webhook as the chart runs it with other kinds guarded: every pod
+/// endpoint and the other kinds' guard registered.
+pub async fn guarding_everything(bed: &TestBed) -> Result<WebhookProcess> {
+    let webhook = WebhookProcess::start(bed, &["--collision-kinds", COLLISION_KINDS]).await?;
+    let hooks: Vec<Hook> = crate::webhook::ALL_HOOKS
+        .iter()
+        .copied()
+        .chain([Hook::CollisionKinds])
+        .collect();
+    webhook.register(bed, &hooks).await?;
+    Ok(webhook)
+}
+
 /// Creates `obj`; the API server's refusal is an outcome, not an error.
 pub async fn create<K>(api: &Api<K>, obj: &K) -> Result<CreateOutcome>
 where

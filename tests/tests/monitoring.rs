@@ -24,7 +24,6 @@ use testbed::objects;
 use testbed::pods::{self, CreateOutcome};
 use testbed::promql::{exposed_samples, metric_names};
 use testbed::sidecar::SidecarProcess;
-use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS, COLLISION_KINDS};
 use testbed::{quota, KubeVersion, TestBed};
 
 type R = anyhow::Result<()>;
@@ -171,13 +170,7 @@ async fn every_series_the_alerts_and_the_dashboard_name_is_exported_on_1_37() ->
     // The webhook with other kinds guarded (their index series exist once a
     // quota counts the kind), every endpoint registered.
     let ns = bed.namespace("monitoring").await?;
-    let webhook = WebhookProcess::start(&bed, &["--collision-kinds", COLLISION_KINDS]).await?;
-    let hooks: Vec<Hook> = ALL_HOOKS
-        .iter()
-        .copied()
-        .chain([Hook::CollisionKinds])
-        .collect();
-    webhook.register(&bed, &hooks).await?;
+    let webhook = testbed::objects::guarding_everything(&bed).await?;
     quota::set_named_quota(&bed, &ns, "claims", &[("persistentvolumeclaims", "10")]).await?;
     webhook.wait_kind_indexed("persistentvolumeclaims").await?;
 

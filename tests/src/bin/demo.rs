@@ -13,7 +13,7 @@ use testbed::scenario::{
     graceful_delete_collision, guard_graceful_delete, preemption, pvc_collision, CollisionReport,
     Disruption, PreemptionReport, PvcReport,
 };
-use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS, COLLISION_KINDS};
+use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
 use testbed::{KubeVersion, TestBed, TestBedOptions};
 
 #[derive(Parser)]
@@ -100,13 +100,7 @@ async fn run(args: &Args) -> Result<()> {
     eprintln!(
         "mode graceguard: the same, with graceguard-webhook registered in front of the API server"
     );
-    let webhook = WebhookProcess::start(&bed, &["--collision-kinds", COLLISION_KINDS]).await?;
-    let hooks: Vec<Hook> = ALL_HOOKS
-        .iter()
-        .copied()
-        .chain([Hook::CollisionKinds])
-        .collect();
-    webhook.register(&bed, &hooks).await?;
+    let webhook = testbed::objects::guarding_everything(&bed).await?;
     let mut guarded = graceful_delete_collision(&bed, &ns, "graceguard", args.creates, 100).await?;
     let n = args.creates as usize + 1;
     guarded.audit_record = webhook
