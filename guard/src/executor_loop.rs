@@ -404,8 +404,10 @@ impl Loop {
             crate::phase::PHASE_NAMES.iter().map(|p| (*p, 0)).collect();
         for e in self.tasks.values() {
             let name = e.state.as_ref().map_or("Launching", |s| s.phase.name());
-            if let Some(slot) = counts.iter_mut().find(|(p, _)| *p == name) {
-                slot.1 += 1;
+            match counts.iter_mut().find(|(p, _)| *p == name) {
+                Some(slot) => slot.1 += 1,
+                // A phase PHASE_NAMES lacks is still counted, not dropped.
+                None => counts.push((name, 1)),
             }
         }
         counts

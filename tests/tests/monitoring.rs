@@ -141,21 +141,13 @@ fn unreachable_hook(ca_pem: &str) -> anyhow::Result<ValidatingWebhookConfigurati
         "webhooks": [{
             "name": "unreachable.graceguard.io",
             "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": "https://127.0.0.1:1/validate/pods", "caBundle": base64(ca_pem)},
+            "clientConfig": {"url": "https://127.0.0.1:1/validate/pods", "caBundle": k8s_openapi::ByteString(ca_pem.as_bytes().to_vec())},
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
             "failurePolicy": "Ignore",
             "sideEffects": "None",
             "timeoutSeconds": 1,
         }],
     }))?)
-}
-
-fn base64(s: &str) -> String {
-    use k8s_openapi::ByteString;
-    serde_json::to_value(ByteString(s.as_bytes().to_vec()))
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
