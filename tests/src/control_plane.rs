@@ -149,6 +149,9 @@ pub struct TestBedOptions {
     /// reach it through the `kubernetes` Service) and kube-proxy runs, so
     /// Services work from pods and from the API server (`scripts/cluster`).
     pub pod_network: bool,
+    /// Hollow nodes (`hollow-1…`, kubemark's hollow kubelet: see
+    /// [`crate::node::hollow`]) beside the real ones; needs `real_nodes` ≥ 1.
+    pub hollow_nodes: usize,
 }
 
 pub use crate::pods::NODE;
@@ -505,7 +508,17 @@ impl TestBed {
                 let pods = nodes.slot.pod_subnet();
                 nodes.start_kube_proxy(&bed.kubeconfig_for("kube-proxy")?, &pods)?;
             }
+            if opts.hollow_nodes > 0 {
+                let mut hollow = Vec::new();
+                for k in 1..=opts.hollow_nodes {
+                    let name = crate::node::hollow::name(k);
+                    hollow.push((name.clone(), bed.node_kubeconfig(&name)?));
+                }
+                nodes.start_hollow(&bed.client, &hollow).await?;
+            }
             bed.nodes = Some(nodes);
+        } else if opts.hollow_nodes > 0 {
+            bail!("hollow nodes run beside real ones: ask for real_nodes ≥ 1 too");
         }
         Ok(bed)
     }
@@ -790,6 +803,44 @@ impl TestBed {
         let id = identity(key)?;
         let path = self.dir().join(format!("kubeconfig-{}", id.key));
         write_kubeconfig(&path, &self.url, &self.ca_file(), id.key)?;
+        Ok(path)
+    }
+
+    /// The API server's own `/metrics` text (its latency SLIs, the webhook
+    /// calls it made), read as the admin.
+    pub async fn apiserver_metrics(&self) -> Result<String> {
+        let req = http::Request::get("/metrics").body(Vec::new())?;
+        self.client
+            .request_text(req)
+            .await
+            .context("scraping the API server's /metrics")
+    }
+
+    /// A kubeconfig with node `name`'s identity (`system:node:<name>` in
+    /// `system:nodes`): a client certificate the bed's CA signs, as a
+    /// kubelet's is after its TLS bootstrap.
+    pub fn node_kubeconfig(&self, name: &str) -> Result<PathBuf> {
+        let pair = self
+            .ca
+            .issue_client(&format!("system:node:{name}"), "system:nodes")?;
+        let pki = self.dir().join("pki");
+        let (crt, key) = (
+            pki.join(format!("{name}-client.crt")),
+            pki.join(format!("{name}-client.key")),
+        );
+        std::fs::write(&crt, &pair.cert_pem)?;
+        std::fs::write(&key, &pair.key_pem)?;
+        let path = self.dir().join(format!("kubeconfig-{name}"));
+        let cfg = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "bed", "cluster": {"server": self.url, "certificate-authority": self.ca_file()}}],
+            "users": [{"name": name, "user": {"client-certificate": crt, "client-key": key}}],
+            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": name}}],
+            "current-context": "bed",
+        });
+        std::fs::write(&path, serde_json::to_vec_pretty(&cfg)?)
+            .with_context(|| format!("writing {}", path.display()))?;
         Ok(path)
     }
 

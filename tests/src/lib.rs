@@ -18,6 +18,7 @@ pub mod audit_log;
 pub mod balancer;
 pub mod bench;
 pub mod binaries;
+pub mod churn;
 pub mod containers;
 pub mod control_plane;
 pub mod disruptions;

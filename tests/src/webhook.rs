@@ -238,8 +238,7 @@ pub async fn register_noop(
     for n in 0.. {
         api.create(&dry, &crate::pods::task_pod(&format!("noop-probe-{n}"), 1))
             .await?;
-        let req = http::Request::get("/metrics").body(Vec::new())?;
-        let metrics = bed.client.request_text(req).await?;
+        let metrics = bed.apiserver_metrics().await?;
         if metrics.lines().any(|l| {
             l.starts_with("apiserver_admission_webhook_admission_duration_seconds_count")
                 && l.contains(&sample)

@@ -1,5 +1,5 @@
-// Builds the node components of graceguard's real-node test bed, kubelet and
-// kube-proxy, from the same k8s.io/kubernetes pin as the control plane in
+// Builds the node components of graceguard's real-node test bed, kubelet,
+// kube-proxy and kubemark (hollow nodes), from the same k8s.io/kubernetes pin as the control plane in
 // tests/kube. Nothing here is linked into graceguard; scripts/install-node
 // builds these tools into a cache.
 module graceguard.dev/testbed/node/kubelet
@@ -11,6 +11,7 @@ godebug default=go1.26
 tool (
 	k8s.io/kubernetes/cmd/kube-proxy
 	k8s.io/kubernetes/cmd/kubelet
+	k8s.io/kubernetes/cmd/kubemark
 )
 
 require (
@@ -96,6 +97,8 @@ require (
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
+	github.com/stretchr/objx v0.5.3 // indirect
+	github.com/stretchr/testify v1.11.1 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
@@ -133,6 +136,7 @@ require (
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
+	gopkg.in/yaml.v3 v3.0.1 // indirect
 	k8s.io/api v0.37.2 // indirect
 	k8s.io/apiextensions-apiserver v0.0.0 // indirect
 	k8s.io/apimachinery v0.37.2 // indirect

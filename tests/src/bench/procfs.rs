@@ -36,3 +36,38 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Ok((ticks(11) + ticks(12)) / hz.max(1.0))
 }
+
+/// Lets the next [`peak_rss_bytes`] read the peak from now on (writing 5 to
+/// `/proc/PID/clear_refs` resets `VmHWM` to the current RSS).
+pub fn reset_peak_rss(pid: u32) -> Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").with_context(|| {
+        format!("resetting the peak RSS of process {pid} (/proc/{pid}/clear_refs)")
+    })
+}
+
+/// The processes whose command name is `comm` (as `/proc/PID/comm` holds
+/// it: at most 15 bytes) and whose cgroup path contains `cgroup`: one
+/// bed's containers, never another bed's or the machine's.
+pub fn pids_named_in_cgroup(comm: &str, cgroup: &str) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").context("reading /proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let named = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim_end() == comm);
+        let inside = named
+            && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .is_ok_and(|c| c.contains(cgroup));
+        if inside {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}

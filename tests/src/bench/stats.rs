@@ -46,6 +46,11 @@ pub fn percentile_f64(v: &mut [f64], p: f64) -> f64 {
     v[rank.clamp(1, v.len()) - 1]
 }
 
+/// `x` to three decimals, as the JSON rows carry figures.
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

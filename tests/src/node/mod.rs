@@ -17,6 +17,7 @@ pub mod bins;
 pub mod cgroups;
 pub mod cleanup;
 pub mod containerd;
+pub mod hollow;
 pub mod kube_proxy;
 pub mod kubelet;
 pub mod mountns;
@@ -65,6 +66,8 @@ pub struct RealNodes {
     /// Held while `kube_proxy` runs: one kube-proxy per machine.
     proxy_lock: Option<slot::ProxyLock>,
     pub nodes: Vec<RealNode>,
+    /// Hollow nodes ([`hollow`]), stopped first.
+    pub hollow: Vec<hollow::HollowNode>,
     ns: Option<MountNs>,
     pub bins: NodeBins,
     pub slot: Slot,
@@ -99,6 +102,7 @@ impl RealNodes {
             kube_proxy: None,
             proxy_lock: None,
             nodes: Vec::new(),
+            hollow: Vec::new(),
             ns: Some(ns),
             bins,
             slot,
@@ -199,6 +203,21 @@ impl RealNodes {
         }
     }
 
+    /// Starts one hollow node per `(name, kubeconfig)` (each kubeconfig with
+    /// that node's identity) and waits until every one is Ready.
+    pub async fn start_hollow(
+        &mut self,
+        admin: &Client,
+        nodes: &[(String, PathBuf)],
+    ) -> Result<()> {
+        for (name, kubeconfig) in nodes {
+            let dir = self.dir.join(name);
+            let node = hollow::HollowNode::start(self.ns()?, &self.bins, name, kubeconfig, &dir)?;
+            self.hollow.push(node);
+        }
+        hollow::wait_ready(admin, &mut self.hollow).await
+    }
+
     /// Starts kube-proxy for the machine's network namespace (once per bed),
     /// after waiting for any other bed's to stop ([`slot::ProxyLock`]).
     pub fn start_kube_proxy(&mut self, kubeconfig: &Path, cluster_cidr: &str) -> Result<()> {
@@ -240,6 +259,9 @@ impl RealNodes {
             n.kubelet.proc.check_running()?;
             n.containerd.proc.check_running()?;
         }
+        for h in &mut self.hollow {
+            h.proc.check_running()?;
+        }
         if let Some(kp) = self.kube_proxy.as_mut() {
             kp.proc.check_running()?;
         }
@@ -250,6 +272,9 @@ impl RealNodes {
     pub fn shutdown(&mut self) -> Result<()> {
         if let Some(mut kp) = self.kube_proxy.take() {
             kp.proc.stop(Duration::from_secs(5));
+        }
+        for h in &mut self.hollow {
+            h.proc.stop(Duration::from_secs(5));
         }
         for n in &mut self.nodes {
             n.kubelet.proc.stop(Duration::from_secs(5));

@@ -1,0 +1,472 @@
+//! `scripts/bench` group `cluster_churn`: the API server's own latency SLIs
+//! in a churning cluster of hollow nodes, in three interleaved phases that
+//! differ only in what admission calls for the workload's pods:
+//!
+//! * `none`: no webhook (the workload's namespace is labelled
+//!   `graceguard.io/ignore=true`, which every graceguard webhook skips);
+//! * `noop`: the no-op floor: a minimal HTTPS server answering "allowed",
+//!   registered like graceguard's collision guard (the floor
+//!   `apiserver_overhead` uses);
+//! * `graceguard`: graceguard installed by its chart with the real helm, its
+//!   two replicas on the real node behind their Service.
+//!
+//! graceguard's replicas run through every phase (their watches are part of
+//! the cluster's load in all three); only the admission path changes. Each
+//! phase runs `repetitions` times, in a rotated order, and the figures of
+//! each run are reported with their spread: on two shared cores a ratio is
+//! only as good as its noise.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::Api;
+use serde_json::{json, Value};
+
+use super::histogram::{self, Buckets};
+use super::procfs;
+use super::stats::{percentile_f64, round3};
+use crate::churn::{self, PodWatch, Shape};
+use crate::helm::{self, chart_dir, Helm};
+use crate::webhook::register_noop;
+use crate::{KubeVersion, TestBed, TestBedOptions};
+
+/// The phases, in the order of the first repetition.
+pub const PHASES: [&str; 3] = ["none", "noop", "graceguard"];
+/// graceguard ÷ no-op at p99 (median over the repetitions) may be at most this.
+pub const LATENCY_RATIO_TARGET: f64 = 1.1;
+const NOOP_LABEL: &str = "bench.graceguard.io/noop";
+const IGNORE_LABEL: &str = "graceguard.io/ignore";
+const RELEASE: &str = "gg";
+const RELEASE_NS: &str = "graceguard";
+/// The API server's latencies reported, by the series of
+/// `apiserver_request_duration_seconds` they sum.
+const REQUESTS: [(&str, &str, &str); 3] = [
+    ("pod_create", "POST", ""),
+    ("pod_delete", "DELETE", ""),
+    ("pod_patch_status", "PATCH", "status"),
+];
+
+/// How the group runs.
+pub struct Options {
+    pub hollow_nodes: usize,
+    pub seconds: f64,
+    pub repetitions: usize,
+    pub quick: bool,
+    /// The HTTPS server the `noop` phase registers (running already) and
+    /// the CA of its certificate.
+    pub noop_url: String,
+    pub noop_ca_pem: String,
+}
+
+/// The order of the phases in repetition `rep`: rotated, so that none of
+/// them always runs first (on a warming or tiring machine).
+pub fn order(rep: usize) -> [&'static str; 3] {
+    let mut o = PHASES;
+    o.rotate_left(rep % PHASES.len());
+    o
+}
+
+/// Starts the cluster, installs graceguard, runs every phase; returns one
+/// row per phase run and the summary row.
+pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
+    let started = Instant::now();
+    let bed = TestBed::start_with(TestBedOptions {
+        version: Some(KubeVersion::V1_37),
+        real_nodes: 1,
+        pod_network: true,
+        hollow_nodes: opts.hollow_nodes,
+        ..Default::default()
+    })
+    .await?;
+    log(format!(
+        "cluster_churn: control plane, 1 real node and {} hollow nodes Ready in {:.0} s",
+        opts.hollow_nodes,
+        started.elapsed().as_secs_f64()
+    ));
+    let nodes = bed
+        .nodes
+        .as_ref()
+        .context("the bed started without its nodes")?;
+    let real_cgroup = nodes.slot.cgroup_root(1);
+    let hollow_pids: Vec<u32> = nodes.hollow.iter().map(|h| h.proc.pid()).collect();
+    let hollow_names: Vec<String> = nodes.hollow.iter().map(|h| h.name.clone()).collect();
+
+    let helm = Helm::for_bed(&bed)?;
+    let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
+    helm::load(&bed, &image.archive)?;
+    helm.ok(&[
+        "install",
+        RELEASE,
+        &chart_dir().display().to_string(),
+        "-n",
+        RELEASE_NS,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "5m",
+    ])?;
+    let gg_pids = procfs::pids_named_in_cgroup("graceguard-webh", &real_cgroup)?;
+    anyhow::ensure!(
+        gg_pids.len() == 2,
+        "expected the chart's 2 webhook replicas running on the real node, found {} graceguard-webhook processes in cgroup {real_cgroup}",
+        gg_pids.len()
+    );
+
+    // The workload's namespace; collisions answered at once in every phase.
+    let ns_api: Api<Namespace> = Api::all(bed.client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": churn::NS,
+        "labels": {"graceguard.io/mode": "conflict", NOOP_LABEL: "true", IGNORE_LABEL: "true"}}}))?;
+    ns_api.create(&PostParams::default(), &ns).await?;
+    register_noop(
+        &bed,
+        &opts.noop_url,
+        &opts.noop_ca_pem,
+        NOOP_LABEL,
+        churn::NS,
+        false,
+    )
+    .await?;
+
+    let shape = Shape::for_nodes(opts.hollow_nodes, opts.quick);
+    let watch = PodWatch::start(&bed.client, churn::NS);
+    churn::set_up(&bed.client, shape, &watch).await?;
+    log(format!(
+        "cluster_churn: graceguard installed by the chart ({} replicas), {} Deployment pods running; {} phases of {} s, {} time(s) each",
+        gg_pids.len(),
+        shape.web_replicas,
+        PHASES.len(),
+        opts.seconds,
+        opts.repetitions
+    ));
+
+    let mut rows = Vec::new();
+    let mut phase_no = 0;
+    for rep in 0..opts.repetitions {
+        for phase in order(rep) {
+            set_phase(&ns_api, phase).await?;
+            churn::uncordon_all(&bed.client, &hollow_names).await?;
+            tokio::time::sleep(Duration::from_secs(if opts.quick { 2 } else { 5 })).await;
+            let m0 = bed.apiserver_metrics().await?;
+            let cpu0 = cpu(&gg_pids)?;
+            let hollow_cpu0 = cpu(&hollow_pids)?;
+            for &p in &gg_pids {
+                procfs::reset_peak_rss(p)?;
+            }
+            watch.reset();
+            let t0 = Instant::now();
+            let tally = churn::run(
+                &bed.client,
+                &watch,
+                &hollow_names,
+                shape,
+                opts.seconds,
+                phase_no,
+            )
+            .await?;
+            let wall = t0.elapsed().as_secs_f64();
+            let m1 = bed.apiserver_metrics().await?;
+            let cpu1 = cpu(&gg_pids)?;
+            let hollow_cpu1 = cpu(&hollow_pids)?;
+            let peaks: Vec<u64> = gg_pids
+                .iter()
+                .map(|&p| procfs::peak_rss_bytes(p))
+                .collect::<Result<_>>()?;
+            let hollow_rss: u64 = hollow_pids
+                .iter()
+                .map(|&p| procfs::rss_bytes(p))
+                .sum::<Result<u64>>()?;
+            let mut row = json!({"group": "cluster_churn", "hollow_nodes": opts.hollow_nodes, "phase": phase,
+                "repetition": rep + 1, "seconds": round3(wall)});
+            for (key, verb, sub) in REQUESTS {
+                let b = since(
+                    &m0,
+                    &m1,
+                    "apiserver_request_duration_seconds",
+                    &[("resource", "pods"), ("verb", verb), ("subresource", sub)],
+                );
+                put_latency(&mut row, key, &b);
+            }
+            let hooks = since(
+                &m0,
+                &m1,
+                "apiserver_admission_webhook_admission_duration_seconds",
+                &[],
+            );
+            put_latency(&mut row, "webhook_admission", &hooks);
+            let mut startup = watch.startup_ms();
+            row["pods_started"] = json!(startup.len());
+            row["pod_startup_p50_ms"] = json!(round3(percentile_f64(&mut startup, 50.0)));
+            row["pod_startup_p99_ms"] = json!(round3(percentile_f64(&mut startup, 99.0)));
+            row["webhook_calls_per_s"] = calls_per_s(&m0, &m1, wall);
+            row["graceguard_replicas"] = json!(gg_pids.iter().zip(cpu0.iter().zip(&cpu1)).zip(&peaks).map(|((pid, (a, b)), peak)|
+                json!({"pid": pid, "cpu_seconds": round3(b - a), "peak_rss_bytes": peak})).collect::<Vec<_>>());
+            row["hollow_nodes_cpu_seconds"] = json!(round3(
+                hollow_cpu1.iter().sum::<f64>() - hollow_cpu0.iter().sum::<f64>()
+            ));
+            row["hollow_nodes_rss_bytes"] = json!(hollow_rss);
+            row["workload"] = serde_json::to_value(&tally)?;
+            log(line(&row));
+            rows.push(row);
+            phase_no += 1;
+        }
+    }
+    set_phase(&ns_api, "none").await?;
+    let summary = summarize(&rows, opts);
+    log(summary_line(&summary));
+    rows.push(summary);
+    Ok(rows)
+}
+
+/// Labels the workload's namespace for `phase`.
+async fn set_phase(ns_api: &Api<Namespace>, phase: &str) -> Result<()> {
+    let on = |yes: bool| if yes { json!("true") } else { Value::Null };
+    let labels = json!({"metadata": {"labels": {
+        IGNORE_LABEL: on(phase != "graceguard"),
+        NOOP_LABEL: on(phase == "noop"),
+    }}});
+    ns_api
+        .patch(churn::NS, &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .with_context(|| format!("labelling namespace {} for phase {phase}", churn::NS))?;
+    Ok(())
+}
+
+fn cpu(pids: &[u32]) -> Result<Vec<f64>> {
+    pids.iter().map(|&p| procfs::cpu_seconds(p)).collect()
+}
+
+fn since(m0: &str, m1: &str, name: &str, want: &[(&str, &str)]) -> Buckets {
+    histogram::buckets(m1, name, want).since(&histogram::buckets(m0, name, want))
+}
+
+fn put_latency(row: &mut Value, key: &str, b: &Buckets) {
+    let ms = |q: f64| b.quantile(q).map(|s| round3(s * 1000.0));
+    row[format!("{key}_count")] = json!(b.count());
+    row[format!("{key}_p50_ms")] = json!(ms(0.5));
+    row[format!("{key}_p99_ms")] = json!(ms(0.99));
+}
+
+/// Webhook calls per second by webhook (graceguard's endpoints and the no-op).
+fn calls_per_s(m0: &str, m1: &str, wall: f64) -> Value {
+    let name = "apiserver_admission_webhook_admission_duration_seconds";
+    let before = histogram::counts_by(m0, name, "name", &[]);
+    let after = histogram::counts_by(m1, name, "name", &[]);
+    let mut out = BTreeMap::new();
+    for (k, v) in after {
+        let d = v - before.get(&k).copied().unwrap_or(0.0);
+        if d > 0.0 {
+            out.insert(k, round3(d / wall.max(1e-9)));
+        }
+    }
+    json!(out)
+}
+
+/// The figures a summary compares: latencies (ms) where lower is better.
+pub const COMPARED: [&str; 10] = [
+    "pod_create_p50_ms",
+    "pod_create_p99_ms",
+    "pod_delete_p50_ms",
+    "pod_delete_p99_ms",
+    "pod_patch_status_p50_ms",
+    "pod_patch_status_p99_ms",
+    "webhook_admission_p50_ms",
+    "webhook_admission_p99_ms",
+    "pod_startup_p50_ms",
+    "pod_startup_p99_ms",
+];
+
+/// The API server latencies the ≤ 1.1 target applies to.
+pub const TARGETED: [&str; 3] = [
+    "pod_create_p99_ms",
+    "pod_delete_p99_ms",
+    "pod_patch_status_p99_ms",
+];
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    })
+}
+
+/// The summary row: each figure's median, min and max per phase over the
+/// repetitions; graceguard ÷ no-op and no-op ÷ none of the medians; and the
+/// targets (each latency ratio at p99 ≤ 1.1; pod startup p99 unchanged
+/// within noise: graceguard's median no higher than the highest no-op run).
+pub fn summarize(rows: &[Value], opts: &Options) -> Value {
+    let mut phases = serde_json::Map::new();
+    let mut med: BTreeMap<(&str, &str), f64> = BTreeMap::new();
+    let mut max: BTreeMap<(&str, &str), f64> = BTreeMap::new();
+    for phase in PHASES {
+        let mut figures = serde_json::Map::new();
+        for key in COMPARED {
+            let mut v: Vec<f64> = rows
+                .iter()
+                .filter(|r| r["phase"] == phase)
+                .filter_map(|r| r[key].as_f64())
+                .collect();
+            let Some(m) = median(&mut v) else { continue };
+            let (lo, hi) = (v[0], v[v.len() - 1]);
+            med.insert((phase, key), m);
+            max.insert((phase, key), hi);
+            figures.insert(
+                key.into(),
+                json!({"median": round3(m), "min": round3(lo), "max": round3(hi),
+                "spread_over_median": (m > 0.0).then(|| round3((hi - lo) / m))}),
+            );
+        }
+        phases.insert(phase.into(), Value::Object(figures));
+    }
+    let ratio = |a: &str, b: &str, key: &str| -> Option<f64> {
+        let (x, y) = (med.get(&(a, key))?, med.get(&(b, key))?);
+        (*y > 0.0).then(|| round3(x / y))
+    };
+    let gg_noop: BTreeMap<&str, Option<f64>> = COMPARED
+        .iter()
+        .map(|k| (*k, ratio("graceguard", "noop", k)))
+        .collect();
+    let noop_none: BTreeMap<&str, Option<f64>> = COMPARED
+        .iter()
+        .map(|k| (*k, ratio("noop", "none", k)))
+        .collect();
+    let mut met = serde_json::Map::new();
+    for key in TARGETED {
+        met.insert(
+            key.into(),
+            json!(gg_noop
+                .get(key)
+                .copied()
+                .flatten()
+                .map(|r| r <= LATENCY_RATIO_TARGET)),
+        );
+    }
+    let startup = "pod_startup_p99_ms";
+    let within_noise = match (
+        med.get(&("graceguard", startup)),
+        max.get(&("noop", startup)),
+    ) {
+        (Some(g), Some(n)) => Some(g <= n),
+        _ => None,
+    };
+    met.insert("pod_startup_p99_within_noise".into(), json!(within_noise));
+    json!({"group": "cluster_churn", "summary": true, "hollow_nodes": opts.hollow_nodes, "repetitions": opts.repetitions,
+        "seconds": opts.seconds, "phases": phases, "ratios_graceguard_over_noop": gg_noop, "ratios_noop_over_none": noop_none,
+        "targets": {"latency_p99_ratio_max": LATENCY_RATIO_TARGET, "met": met}})
+}
+
+fn line(r: &Value) -> String {
+    let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.1}"));
+    let gg: Vec<String> = r["graceguard_replicas"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| {
+                    format!(
+                        "{:.2} s/{:.0} MB",
+                        x["cpu_seconds"].as_f64().unwrap_or(0.0),
+                        x["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    format!(
+        "cluster_churn  {:<10} run {}: p50/p99 ms create {}/{} delete {}/{} patch status {}/{} webhooks {}/{}; startup {}/{} ({} pods); graceguard {}; {} errors",
+        r["phase"].as_str().unwrap_or(""),
+        r["repetition"],
+        f("pod_create_p50_ms"), f("pod_create_p99_ms"), f("pod_delete_p50_ms"), f("pod_delete_p99_ms"),
+        f("pod_patch_status_p50_ms"), f("pod_patch_status_p99_ms"), f("webhook_admission_p50_ms"), f("webhook_admission_p99_ms"),
+        f("pod_startup_p50_ms"), f("pod_startup_p99_ms"), r["pods_started"],
+        gg.join(", "),
+        r["workload"]["errors"]
+    )
+}
+
+fn summary_line(s: &Value) -> String {
+    let r = &s["ratios_graceguard_over_noop"];
+    let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}"));
+    format!(
+        "cluster_churn  graceguard ÷ no-op, medians over {} runs, p99: create {} delete {} patch status {} startup {}; targets met: {}",
+        s["repetitions"],
+        f("pod_create_p99_ms"), f("pod_delete_p99_ms"), f("pod_patch_status_p99_ms"), f("pod_startup_p99_ms"),
+        s["targets"]["met"]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> Options {
+        Options {
+            hollow_nodes: 50,
+            seconds: 60.0,
+            repetitions: 3,
+            quick: false,
+            noop_url: String::new(),
+            noop_ca_pem: String::new(),
+        }
+    }
+
+    fn row(phase: &str, create_p99: f64, startup_p99: f64) -> Value {
+        json!({"phase": phase, "pod_create_p99_ms": create_p99, "pod_startup_p99_ms": startup_p99})
+    }
+
+    #[test]
+    fn every_phase_leads_one_repetition() {
+        assert_eq!(order(0), ["none", "noop", "graceguard"]);
+        assert_eq!(order(1)[0], "noop");
+        assert_eq!(order(2)[0], "graceguard");
+    }
+
+    #[test]
+    fn the_summary_compares_medians_and_keeps_the_spread() {
+        let rows = vec![
+            row("noop", 10.0, 100.0),
+            row("noop", 12.0, 300.0),
+            row("noop", 30.0, 200.0),
+            row("graceguard", 11.0, 250.0),
+            row("graceguard", 13.0, 280.0),
+            row("graceguard", 50.0, 260.0),
+            row("none", 9.0, 90.0),
+        ];
+        let s = summarize(&rows, &opts());
+        // medians 13 / 12; the 50 of one run moves the max, not the median.
+        assert_eq!(
+            s["ratios_graceguard_over_noop"]["pod_create_p99_ms"],
+            json!(1.083)
+        );
+        assert_eq!(
+            s["phases"]["graceguard"]["pod_create_p99_ms"]["max"],
+            json!(50.0)
+        );
+        assert_eq!(s["targets"]["met"]["pod_create_p99_ms"], json!(true));
+        // startup: graceguard's median 260 <= the highest no-op run, 300.
+        assert_eq!(
+            s["targets"]["met"]["pod_startup_p99_within_noise"],
+            json!(true)
+        );
+        // a figure no run has is no target met or missed
+        assert_eq!(s["targets"]["met"]["pod_delete_p99_ms"], Value::Null);
+    }
+
+    #[test]
+    fn a_ratio_over_the_target_is_missed() {
+        let rows = vec![row("noop", 10.0, 100.0), row("graceguard", 11.5, 101.0)];
+        let s = summarize(&rows, &opts());
+        assert_eq!(s["targets"]["met"]["pod_create_p99_ms"], json!(false));
+        assert_eq!(
+            s["targets"]["met"]["pod_startup_p99_within_noise"],
+            json!(false)
+        );
+    }
+}
