@@ -122,6 +122,9 @@ struct Seen {
 #[derive(Default)]
 struct WatchState {
     pods: HashMap<String, Seen>,
+    /// A (re-)list in progress: its pods replace `pods` once it completes,
+    /// so a pod deleted while the watch was broken is not kept for ever.
+    listing: Option<HashMap<String, Seen>>,
     first_seen: HashMap<String, Instant>,
     startup_ms: Vec<f64>,
 }
@@ -163,17 +166,41 @@ impl PodWatch {
                         st.pods.remove(&p.name_any());
                         st.first_seen.remove(&p.uid().unwrap_or_default());
                     }
-                    watcher::Event::Init | watcher::Event::InitDone => {}
+                    watcher::Event::Init => st.listing = Some(HashMap::new()),
+                    watcher::Event::InitDone => {
+                        if let Some(listed) = st.listing.take() {
+                            st.pods = listed;
+                        }
+                    }
                 }
             }
         });
         me
     }
 
-    /// Forgets the startup latencies measured so far.
+    /// Forgets the startup latencies measured so far, and the pods waiting
+    /// to start: only pods first seen after this count in the next figures.
     pub fn reset(&self) {
         if let Ok(mut st) = self.0.lock() {
             st.startup_ms.clear();
+            st.first_seen.clear();
+        }
+    }
+
+    /// Waits until no pod of the namespace is terminating or not yet running
+    /// (the previous phase's deletions and re-creations are done), at most
+    /// `limit`; returns the seconds waited and whether it got there.
+    pub async fn settle(&self, limit: Duration) -> (f64, bool) {
+        let t0 = Instant::now();
+        loop {
+            let busy = self
+                .snapshot()
+                .iter()
+                .any(|(_, s)| s.terminating || !s.running);
+            if !busy || t0.elapsed() >= limit {
+                return (t0.elapsed().as_secs_f64(), !busy);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
@@ -242,7 +269,11 @@ impl WatchState {
                 self.startup_ms.push(t.elapsed().as_secs_f64() * 1000.0);
             }
         }
-        self.pods.insert(
+        let pods = match self.listing.as_mut() {
+            Some(listing) if !live => listing,
+            _ => &mut self.pods,
+        };
+        pods.insert(
             p.name_any(),
             Seen {
                 app: p.labels().get("app").cloned().unwrap_or_default(),
@@ -300,7 +331,10 @@ pub async fn set_up(client: &Client, shape: Shape, watch: &PodWatch) -> Result<(
         .await
         .context("creating the churn Deployment")?;
     let want = usize::try_from(shape.web_replicas)?;
-    let deadline = Instant::now() + Duration::from_secs(120);
+    // Generous: on two shared cores the scheduler and 50 kubelets start
+    // them all at once; only a failure waits this long.
+    let limit = 120 + 2 * u64::from(shape.web_replicas);
+    let deadline = Instant::now() + Duration::from_secs(limit);
     loop {
         let running = watch
             .snapshot()
@@ -312,7 +346,7 @@ pub async fn set_up(client: &Client, shape: Shape, watch: &PodWatch) -> Result<(
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "only {running} of the Deployment's {want} pods ran on the hollow nodes within 120 s"
+            "only {running} of the Deployment's {want} pods ran on the hollow nodes within {limit} s"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -387,6 +421,12 @@ pub async fn run(
     }
     let out = t.lock().map(|t| t.clone()).unwrap_or_default();
     Ok(out)
+}
+
+/// At most `secs` seconds, and never past `deadline`: every worker stops
+/// with the phase, so the phases' windows are equally long.
+fn within(deadline: Instant, secs: u64) -> Duration {
+    Duration::from_secs(secs).min(deadline.saturating_duration_since(Instant::now()))
 }
 
 async fn delete_deployment_pods(
@@ -496,13 +536,16 @@ async fn preempt(
         let made = async {
             pods.create(&PostParams::default(), &priority_pod(&low, node, LOW)?)
                 .await?;
-            if !watch.wait_running(&low, Duration::from_secs(15)).await {
+            if !watch.wait_running(&low, within(deadline, 15)).await {
+                if Instant::now() >= deadline {
+                    return Ok(()); // the phase ended first
+                }
                 anyhow::bail!("the low-priority pod {low} did not run on {node} within 15 s");
             }
             pods.create(&PostParams::default(), &priority_pod(&high, node, HIGH)?)
                 .await?;
-            if watch.wait_leaving(&low, Duration::from_secs(15)).await
-                && watch.wait_running(&high, Duration::from_secs(15)).await
+            if watch.wait_leaving(&low, within(deadline, 15)).await
+                && watch.wait_running(&high, within(deadline, 15)).await
             {
                 tally(&t, |t| t.preemptions += 1);
             }
@@ -593,7 +636,7 @@ async fn executor(pods: Api<Pod>, watch: PodWatch, t: Shared, name: String, dead
                 continue;
             }
         }
-        watch.wait_running(&name, Duration::from_secs(15)).await;
+        watch.wait_running(&name, within(deadline, 15)).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         match pods.delete(&name, &DeleteParams::default()).await {
             Ok(_) | Err(kube::Error::Api(_)) => {}

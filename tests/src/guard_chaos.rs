@@ -194,10 +194,11 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
     // Chaos is spread over the run by progress: kill k comes once k/(n+1)
     // of the results are in, restarts half a step later, so each meets tasks
     // in every state.
-    let due = |done: usize, k: usize, n: usize, offset: f64| {
+    let at = |k: usize, n: usize, offset: f64| {
         let share = (k as f64 + 1.0 - offset) / (n as f64 + 1.0);
-        done as f64 >= share * opts.tasks as f64
+        (share * opts.tasks as f64).ceil() as usize
     };
+    let due = |done: usize, k: usize, n: usize, offset: f64| done >= at(k, n, offset);
     while report.results_acknowledged < opts.tasks {
         if started.elapsed() > opts.deadline {
             let mut stuck = Vec::new();
@@ -331,8 +332,22 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
             continue;
         }
         epoch = e;
+        // Take no more results this turn than bring the next pending chaos
+        // due: a batch holding every remaining result would otherwise end
+        // the run before that chaos happened. The rest is read again.
+        let mut room = usize::MAX;
+        if report.sidecar_kills < opts.sidecar_kills {
+            room = room.min(at(report.sidecar_kills, opts.sidecar_kills, 0.0));
+        }
+        if report.apiserver_restarts < opts.apiserver_restarts {
+            room = room.min(at(report.apiserver_restarts, opts.apiserver_restarts, 0.5));
+        }
+        let room = room.saturating_sub(report.results_acknowledged);
         let mut results = Vec::new();
         for ev in batch["events"].as_array().cloned().unwrap_or_default() {
+            if ev["type"] == "result" && results.len() >= room {
+                break;
+            }
             after = ev["seq"].as_u64().unwrap_or(after);
             if ev["type"] == "result" {
                 let task = ev["task"].as_str().unwrap_or_default().to_string();

@@ -199,12 +199,15 @@ fn webhook_spec(h: Hook, base_url: &str, ca_pem: &str, with_conditions: bool) ->
     Ok(spec)
 }
 
+/// The name of the no-op floor [`register_noop`] registers.
+pub const NOOP_NAME: &str = "noop.bench.graceguard.io";
+
 /// Registers a server at `base_url` (serving a certificate `ca_pem` signs)
 /// exactly as [`WebhookProcess::register_with`] registers the collision guard,
 /// except that it is called only in namespaces labelled `label=true` (and
-/// named `noop.bench.graceguard.io`): the floor any webhook costs the API
-/// server. Waits until the API server calls it (its admission metric counts
-/// a dry-run Create in namespace `probe_ns`).
+/// named [`NOOP_NAME`]): the floor any webhook costs the API server. Waits
+/// until the API server calls it (its admission metric counts a dry-run
+/// Create in namespace `probe_ns`) and accepts its answers.
 pub async fn register_noop(
     bed: &TestBed,
     base_url: &str,
@@ -213,9 +216,8 @@ pub async fn register_noop(
     probe_ns: &str,
     match_conditions: bool,
 ) -> Result<()> {
-    const NAME: &str = "noop.bench.graceguard.io";
     let mut spec = webhook_spec(Hook::CollisionGuard, base_url, ca_pem, match_conditions)?;
-    spec["name"] = Value::from(NAME);
+    spec["name"] = Value::from(NOOP_NAME);
     spec["namespaceSelector"] = serde_json::json!({"matchLabels": {label: "true"}});
     let cfg = ValidatingWebhookConfiguration {
         metadata: ObjectMeta {
@@ -228,25 +230,128 @@ pub async fn register_noop(
         .create(&PostParams::default(), &cfg)
         .await
         .context("registering the no-op webhook")?;
+    wait_noop_called(bed, probe_ns, NOOP_NAME).await
+}
+
+/// The no-op floor registered as an installed graceguard registered itself:
+/// a copy of every webhook of the validating and mutating configurations
+/// labelled `selector` (their rules, `matchConditions`, object selector,
+/// failure policy and timeout), named `noop-<name>`, called at `base_url`
+/// on the same paths, only in namespaces labelled `label=true`. The floor
+/// then receives exactly the calls graceguard receives (pod Creates, Deletes,
+/// status updates, evictions), answered at once. Waits until the API server
+/// calls the collision guard's copy (a dry-run Create in `probe_ns`) and
+/// accepts its answers.
+pub async fn register_noop_like(
+    bed: &TestBed,
+    selector: &str,
+    base_url: &str,
+    ca_pem: &str,
+    label: &str,
+    probe_ns: &str,
+) -> Result<()> {
+    let redirect = |name: &mut String,
+                    cc: &mut k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
+                    ns: &mut Option<LabelSelector>| {
+        let path = cc
+            .service
+            .as_ref()
+            .and_then(|s| s.path.clone())
+            .unwrap_or_default();
+        *name = format!("noop-{name}");
+        cc.service = None;
+        cc.url = Some(format!("{base_url}{path}"));
+        cc.ca_bundle = Some(ByteString(ca_pem.as_bytes().to_vec()));
+        *ns = Some(LabelSelector {
+            match_labels: Some([(label.to_string(), "true".to_string())].into()),
+            match_expressions: None,
+        });
+    };
+    let copy_meta = |name: String| ObjectMeta {
+        name: Some(format!("noop-{name}")),
+        ..Default::default()
+    };
+    let lp = kube::api::ListParams::default().labels(selector);
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(bed.client.clone());
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(bed.client.clone());
+    let mut copied = 0;
+    for cfg in validating.list(&lp).await? {
+        let mut copy = ValidatingWebhookConfiguration {
+            metadata: copy_meta(kube::ResourceExt::name_any(&cfg)),
+            webhooks: cfg.webhooks,
+        };
+        for w in copy.webhooks.iter_mut().flatten() {
+            redirect(&mut w.name, &mut w.client_config, &mut w.namespace_selector);
+            copied += 1;
+        }
+        validating
+            .create(&PostParams::default(), &copy)
+            .await
+            .context("registering a no-op copy of a validating webhook")?;
+    }
+    for cfg in mutating.list(&lp).await? {
+        let mut copy = MutatingWebhookConfiguration {
+            metadata: copy_meta(kube::ResourceExt::name_any(&cfg)),
+            webhooks: cfg.webhooks,
+        };
+        for w in copy.webhooks.iter_mut().flatten() {
+            redirect(&mut w.name, &mut w.client_config, &mut w.namespace_selector);
+            copied += 1;
+        }
+        mutating
+            .create(&PostParams::default(), &copy)
+            .await
+            .context("registering a no-op copy of a mutating webhook")?;
+    }
+    anyhow::ensure!(
+        copied > 0,
+        "no webhook configuration is labelled {selector}: nothing to copy for the no-op floor"
+    );
+    wait_noop_called(
+        bed,
+        probe_ns,
+        &format!("noop-{}", Hook::CollisionGuard.name()),
+    )
+    .await
+}
+
+/// Waits until the API server has called webhook `name` for a dry-run pod
+/// Create in `probe_ns`, and checks that it accepted the answer: a floor
+/// whose answers the API server refuses (and fails open on) measures an
+/// error path, not a webhook.
+async fn wait_noop_called(bed: &TestBed, probe_ns: &str, name: &str) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), probe_ns);
     let dry = PostParams {
         dry_run: true,
         ..Default::default()
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    let sample = format!("name=\"{NAME}\"");
+    let sample = format!("name=\"{name}\"");
+    let named = |metrics: &str, series: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(series) && l.contains(&sample))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
     for n in 0.. {
         api.create(&dry, &crate::pods::task_pod(&format!("noop-probe-{n}"), 1))
             .await?;
         let metrics = bed.apiserver_metrics().await?;
-        if metrics.lines().any(|l| {
-            l.starts_with("apiserver_admission_webhook_admission_duration_seconds_count")
-                && l.contains(&sample)
-        }) {
+        if named(
+            &metrics,
+            "apiserver_admission_webhook_admission_duration_seconds_count",
+        ) > 0.0
+        {
+            let failed_open = named(&metrics, "apiserver_admission_webhook_fail_open_count");
+            anyhow::ensure!(
+                failed_open == 0.0,
+                "the API server failed open on {failed_open} call(s) of the no-op webhook {name}: it refused its answers (a review response must carry the request's uid), so the floor would measure an error path"
+            );
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("the API server did not call the no-op webhook within 30 s of registering it");
+            bail!("the API server did not call the no-op webhook {name} within 30 s of registering it");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -17,7 +17,7 @@ use testbed::{TestBed, TestBedOptions};
 type R = anyhow::Result<()>;
 
 async fn node_of_when_running(api: &Api<Pod>, name: &str) -> anyhow::Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let p = api.get(name).await?;
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -27,7 +27,7 @@ async fn node_of_when_running(api: &Api<Pod>, name: &str) -> anyhow::Result<Stri
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "pod {name} was not Running within 60 s (phase {phase:?})"
+            "pod {name} was not Running within 120 s (phase {phase:?})"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

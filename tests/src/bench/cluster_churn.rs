@@ -20,9 +20,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::Api;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 
 use super::histogram::{self, Buckets};
@@ -30,7 +30,7 @@ use super::procfs;
 use super::stats::{percentile_f64, round3};
 use crate::churn::{self, PodWatch, Shape};
 use crate::helm::{self, chart_dir, Helm};
-use crate::webhook::register_noop;
+use crate::webhook::register_noop_like;
 use crate::{KubeVersion, TestBed, TestBedOptions};
 
 /// The phases, in the order of the first repetition.
@@ -41,6 +41,23 @@ const NOOP_LABEL: &str = "bench.graceguard.io/noop";
 const IGNORE_LABEL: &str = "graceguard.io/ignore";
 const RELEASE: &str = "gg";
 const RELEASE_NS: &str = "graceguard";
+/// The chart's plain-HTTP port (`containerPorts.http`): health and `/metrics`.
+const GRACEGUARD_HTTP_PORT: u16 = 8080;
+/// graceguard's endpoints whose time is split out: (row key, the endpoint
+/// label of `graceguard_admission_review_seconds`, the webhook's name in
+/// `apiserver_admission_webhook_admission_duration_seconds`).
+const ENDPOINTS: [(&str, &str, &str); 2] = [
+    (
+        "collision_guard",
+        "collision_guard",
+        "collision-guard.graceguard.io",
+    ),
+    (
+        "deletion_audit",
+        "deletion_audit",
+        "deletion-audit.graceguard.io",
+    ),
+];
 /// The API server's latencies reported, by the series of
 /// `apiserver_request_duration_seconds` they sum.
 const REQUESTS: [(&str, &str, &str); 3] = [
@@ -120,13 +137,13 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": churn::NS,
         "labels": {"graceguard.io/mode": "conflict", NOOP_LABEL: "true", IGNORE_LABEL: "true"}}}))?;
     ns_api.create(&PostParams::default(), &ns).await?;
-    register_noop(
+    register_noop_like(
         &bed,
+        &format!("app.kubernetes.io/instance={RELEASE}"),
         &opts.noop_url,
         &opts.noop_ca_pem,
         NOOP_LABEL,
         churn::NS,
-        false,
     )
     .await?;
 
@@ -148,8 +165,12 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
         for phase in order(rep) {
             set_phase(&ns_api, phase).await?;
             churn::uncordon_all(&bed.client, &hollow_names).await?;
+            // The previous phase's deletions and re-creations done first, so
+            // they are not measured under this phase's admission.
+            let (settle_s, settled) = watch.settle(Duration::from_secs(30)).await;
             tokio::time::sleep(Duration::from_secs(if opts.quick { 2 } else { 5 })).await;
             let m0 = bed.apiserver_metrics().await?;
+            let g0 = graceguard_metrics(&bed).await?;
             let cpu0 = cpu(&gg_pids)?;
             let hollow_cpu0 = cpu(&hollow_pids)?;
             for &p in &gg_pids {
@@ -168,6 +189,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             .await?;
             let wall = t0.elapsed().as_secs_f64();
             let m1 = bed.apiserver_metrics().await?;
+            let g1 = graceguard_metrics(&bed).await?;
             let cpu1 = cpu(&gg_pids)?;
             let hollow_cpu1 = cpu(&hollow_pids)?;
             let peaks: Vec<u64> = gg_pids
@@ -179,7 +201,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 .map(|&p| procfs::rss_bytes(p))
                 .sum::<Result<u64>>()?;
             let mut row = json!({"group": "cluster_churn", "hollow_nodes": opts.hollow_nodes, "phase": phase,
-                "repetition": rep + 1, "seconds": round3(wall)});
+                "repetition": rep + 1, "seconds": round3(wall), "settle_seconds": round3(settle_s), "settled": settled});
             for (key, verb, sub) in REQUESTS {
                 let b = since(
                     &m0,
@@ -196,10 +218,15 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 &[],
             );
             put_latency(&mut row, "webhook_admission", &hooks);
+            put_split(&mut row, phase, (&m0, &m1), (&g0, &g1), wall);
             let mut startup = watch.startup_ms();
             row["pods_started"] = json!(startup.len());
-            row["pod_startup_p50_ms"] = json!(round3(percentile_f64(&mut startup, 50.0)));
-            row["pod_startup_p99_ms"] = json!(round3(percentile_f64(&mut startup, 99.0)));
+            for (key, p) in [("pod_startup_p50_ms", 50.0), ("pod_startup_p99_ms", 99.0)] {
+                // No pod started: no figure (not a 0 that would enter a median).
+                row[key] =
+                    json!((!startup.is_empty()).then(|| round3(percentile_f64(&mut startup, p))));
+            }
+            row["pod_create_codes"] = create_codes(&m0, &m1);
             row["webhook_calls_per_s"] = calls_per_s(&m0, &m1, wall);
             row["graceguard_replicas"] = json!(gg_pids.iter().zip(cpu0.iter().zip(&cpu1)).zip(&peaks).map(|((pid, (a, b)), peak)|
                 json!({"pid": pid, "cpu_seconds": round3(b - a), "peak_rss_bytes": peak})).collect::<Vec<_>>());
@@ -234,6 +261,89 @@ async fn set_phase(ns_api: &Api<Namespace>, phase: &str) -> Result<()> {
     Ok(())
 }
 
+/// Each replica's `/metrics` text, by pod name.
+type Scrapes = BTreeMap<String, String>;
+
+/// Each replica's `/metrics`, read through the API server's pod proxy as a
+/// Prometheus would scrape them.
+async fn graceguard_metrics(bed: &TestBed) -> Result<Scrapes> {
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), RELEASE_NS);
+    let selector =
+        format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=webhook");
+    let mut out = Scrapes::new();
+    for pod in pods.list(&ListParams::default().labels(&selector)).await? {
+        let name = pod.name_any();
+        let path = format!(
+            "/api/v1/namespaces/{RELEASE_NS}/pods/{name}:{GRACEGUARD_HTTP_PORT}/proxy/metrics"
+        );
+        let req = http::Request::get(&path).body(Vec::new())?;
+        let body = bed.client.request_text(req).await.with_context(|| {
+            format!("scraping graceguard replica {name}'s /metrics through {path}")
+        })?;
+        out.insert(name, body);
+    }
+    Ok(out)
+}
+
+/// What each replica observed between two scrapes, added up (a replica that
+/// is new, or restarted, counts from zero: differences are per process).
+fn since_each(g0: &Scrapes, g1: &Scrapes, name: &str, want: &[(&str, &str)]) -> Buckets {
+    let mut sum = Buckets::default();
+    for (pod, later) in g1 {
+        let earlier = g0.get(pod).map_or("", String::as_str);
+        sum.add(&since(earlier, later, name, want));
+    }
+    sum
+}
+
+/// Where graceguard's webhook time goes: per endpoint, the call as the API
+/// server timed it (`webhook_<endpoint>_*`, transport and TLS included; in
+/// phase `noop`, the no-op copy of that webhook) beside graceguard's own time
+/// to answer (`graceguard_<endpoint>_*`), and the confirmation GETs a second
+/// that graceguard made to the API server.
+fn put_split(
+    row: &mut Value,
+    phase: &str,
+    (m0, m1): (&str, &str),
+    (g0, g1): (&Scrapes, &Scrapes),
+    wall: f64,
+) {
+    for (key, endpoint, webhook) in ENDPOINTS {
+        let webhook = if phase == "noop" {
+            format!("noop-{webhook}")
+        } else {
+            webhook.to_string()
+        };
+        let seen = since(
+            m0,
+            m1,
+            "apiserver_admission_webhook_admission_duration_seconds",
+            &[("name", &webhook)],
+        );
+        put_latency(row, &format!("webhook_{key}"), &seen);
+        let own = since_each(
+            g0,
+            g1,
+            "graceguard_admission_review_seconds",
+            &[("endpoint", endpoint)],
+        );
+        put_latency(row, &format!("graceguard_{key}"), &own);
+    }
+    let gets = |t: &str| histogram::total(t, "graceguard_confirmation_gets_total");
+    let made: f64 = g1
+        .iter()
+        .map(|(pod, later)| {
+            let (a, b) = (gets(g0.get(pod).map_or("", String::as_str)), gets(later));
+            if b >= a {
+                b - a
+            } else {
+                b
+            }
+        })
+        .sum();
+    row["graceguard_confirmation_gets_per_s"] = json!(round3(made / wall.max(1e-9)));
+}
+
 fn cpu(pids: &[u32]) -> Result<Vec<f64>> {
     pids.iter().map(|&p| procfs::cpu_seconds(p)).collect()
 }
@@ -247,6 +357,25 @@ fn put_latency(row: &mut Value, key: &str, b: &Buckets) {
     row[format!("{key}_count")] = json!(b.count());
     row[format!("{key}_p50_ms")] = json!(ms(0.5));
     row[format!("{key}_p99_ms")] = json!(ms(0.99));
+}
+
+/// Pod Creates by HTTP status (`apiserver_request_total`): the latency
+/// histograms have no status label, and the executors' refused re-creates
+/// are in them (answered by storage's 409 without graceguard, by its
+/// denial with it).
+fn create_codes(m0: &str, m1: &str) -> Value {
+    let want = [("resource", "pods"), ("verb", "POST"), ("subresource", "")];
+    let before = histogram::sum_by(m0, "apiserver_request_total", "code", &want);
+    let after = histogram::sum_by(m1, "apiserver_request_total", "code", &want);
+    let out: BTreeMap<String, f64> = after
+        .into_iter()
+        .map(|(code, v)| {
+            let d = v - before.get(&code).copied().unwrap_or(0.0);
+            (code, d)
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    json!(out)
 }
 
 /// Webhook calls per second by webhook (graceguard's endpoints and the no-op).
@@ -265,7 +394,7 @@ fn calls_per_s(m0: &str, m1: &str, wall: f64) -> Value {
 }
 
 /// The figures a summary compares: latencies (ms) where lower is better.
-pub const COMPARED: [&str; 10] = [
+pub const COMPARED: [&str; 14] = [
     "pod_create_p50_ms",
     "pod_create_p99_ms",
     "pod_delete_p50_ms",
@@ -274,8 +403,22 @@ pub const COMPARED: [&str; 10] = [
     "pod_patch_status_p99_ms",
     "webhook_admission_p50_ms",
     "webhook_admission_p99_ms",
+    "webhook_collision_guard_p50_ms",
+    "webhook_collision_guard_p99_ms",
+    "webhook_deletion_audit_p50_ms",
+    "webhook_deletion_audit_p99_ms",
     "pod_startup_p50_ms",
     "pod_startup_p99_ms",
+];
+
+/// graceguard's own figures (where its time goes), summarized per phase like
+/// the others but not compared: no other phase calls graceguard.
+pub const SPLIT: [&str; 5] = [
+    "graceguard_collision_guard_p50_ms",
+    "graceguard_collision_guard_p99_ms",
+    "graceguard_deletion_audit_p50_ms",
+    "graceguard_deletion_audit_p99_ms",
+    "graceguard_confirmation_gets_per_s",
 ];
 
 /// The API server latencies the ≤ 1.1 target applies to.
@@ -308,7 +451,7 @@ pub fn summarize(rows: &[Value], opts: &Options) -> Value {
     let mut max: BTreeMap<(&str, &str), f64> = BTreeMap::new();
     for phase in PHASES {
         let mut figures = serde_json::Map::new();
-        for key in COMPARED {
+        for key in COMPARED.into_iter().chain(SPLIT) {
             let mut v: Vec<f64> = rows
                 .iter()
                 .filter(|r| r["phase"] == phase)
@@ -394,11 +537,21 @@ fn line(r: &Value) -> String {
 fn summary_line(s: &Value) -> String {
     let r = &s["ratios_graceguard_over_noop"];
     let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}"));
+    let g = &s["phases"]["graceguard"];
+    let m = |k: &str| {
+        g[k]["median"]
+            .as_f64()
+            .map_or("-".to_string(), |v| format!("{v:.1}"))
+    };
     format!(
-        "cluster_churn  graceguard ÷ no-op, medians over {} runs, p99: create {} delete {} patch status {} startup {}; targets met: {}",
+        "cluster_churn  graceguard ÷ no-op, medians over {} runs, p99: create {} delete {} patch status {} startup {}; targets met: {}\n\
+         cluster_churn  where graceguard's time goes, medians, p99 ms as the API server timed the call / as graceguard answered it: collision guard {}/{}, deletion audit {}/{}; {} confirmation GETs/s",
         s["repetitions"],
         f("pod_create_p99_ms"), f("pod_delete_p99_ms"), f("pod_patch_status_p99_ms"), f("pod_startup_p99_ms"),
-        s["targets"]["met"]
+        s["targets"]["met"],
+        m("webhook_collision_guard_p99_ms"), m("graceguard_collision_guard_p99_ms"),
+        m("webhook_deletion_audit_p99_ms"), m("graceguard_deletion_audit_p99_ms"),
+        m("graceguard_confirmation_gets_per_s")
     )
 }
 
@@ -457,6 +610,52 @@ mod tests {
         );
         // a figure no run has is no target met or missed
         assert_eq!(s["targets"]["met"]["pod_delete_p99_ms"], Value::Null);
+    }
+
+    #[test]
+    fn the_split_is_read_from_both_sides_and_summarized_not_compared() {
+        let hook = |n: u32| {
+            format!(
+                "apiserver_admission_webhook_admission_duration_seconds_bucket{{name=\"collision-guard.graceguard.io\",operation=\"CREATE\",type=\"validating\",le=\"0.1\"}} {n}\n\
+                 apiserver_admission_webhook_admission_duration_seconds_bucket{{name=\"collision-guard.graceguard.io\",operation=\"CREATE\",type=\"validating\",le=\"+Inf\"}} {n}\n"
+            )
+        };
+        let own = |n: u32, gets: u32| {
+            format!(
+                "graceguard_admission_review_seconds_bucket{{le=\"0.01\",endpoint=\"collision_guard\"}} {n}\n\
+                 graceguard_admission_review_seconds_bucket{{le=\"+Inf\",endpoint=\"collision_guard\"}} {n}\n\
+                 graceguard_confirmation_gets_total {gets}\n# EOF\n"
+            )
+        };
+        // Two replicas: 10 + 10 reviews, 4 + 6 GETs; b restarted (its
+        // counts went down) and counts from zero.
+        let scrapes = |a: String, b: String| -> Scrapes {
+            [("a".to_string(), a), ("b".to_string(), b)].into()
+        };
+        let (g0, g1) = (
+            scrapes(own(0, 0), own(50, 9)),
+            scrapes(own(10, 4), own(10, 6)),
+        );
+        let mut r = json!({"phase": "graceguard"});
+        put_split(&mut r, "graceguard", (&hook(0), &hook(20)), (&g0, &g1), 2.0);
+        assert_eq!(r["webhook_collision_guard_count"], json!(20.0));
+        assert_eq!(r["graceguard_collision_guard_count"], json!(20.0));
+        assert_eq!(r["graceguard_collision_guard_p99_ms"], json!(9.9));
+        assert_eq!(r["graceguard_confirmation_gets_per_s"], json!(5.0));
+        assert_eq!(r["webhook_deletion_audit_count"], json!(0.0));
+        // In phase noop the API server calls the no-op copy, not the chart's.
+        let mut n = json!({"phase": "noop"});
+        put_split(&mut n, "noop", (&hook(0), &hook(20)), (&g1, &g1), 2.0);
+        assert_eq!(n["webhook_collision_guard_count"], json!(0.0));
+        assert_eq!(n["graceguard_confirmation_gets_per_s"], json!(0.0));
+        let s = summarize(&[r], &opts());
+        assert_eq!(
+            s["phases"]["graceguard"]["graceguard_confirmation_gets_per_s"]["median"],
+            json!(5.0)
+        );
+        assert!(s["ratios_graceguard_over_noop"]
+            .get("graceguard_confirmation_gets_per_s")
+            .is_none());
     }
 
     #[test]

@@ -70,11 +70,17 @@ pub fn buckets(text: &str, name: &str, want: &[(&str, &str)]) -> Buckets {
 /// Observations per value of label `by` of histogram `name` (its `_count`),
 /// over series whose labels include all of `want`.
 pub fn counts_by(text: &str, name: &str, by: &str, want: &[(&str, &str)]) -> BTreeMap<String, f64> {
-    let count = format!("{name}_count");
+    sum_by(text, &format!("{name}_count"), by, want)
+}
+
+/// The values of series `sample` (a counter, or a histogram's `_count`)
+/// summed per value of label `by`, over series whose labels include all of
+/// `want`.
+pub fn sum_by(text: &str, sample: &str, by: &str, want: &[(&str, &str)]) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with(&count)) {
+    for line in text.lines().filter(|l| l.starts_with(sample)) {
         let Some((n, l)) = labels(line) else { continue };
-        if n != count || !want.iter().all(|(k, v)| l.get(k) == Some(v)) {
+        if n != sample || !want.iter().all(|(k, v)| l.get(k) == Some(v)) {
             continue;
         }
         if let (Some(key), Some(v)) = (l.get(by), value(line)) {
@@ -82,6 +88,20 @@ pub fn counts_by(text: &str, name: &str, by: &str, want: &[(&str, &str)]) -> BTr
         }
     }
     out
+}
+
+/// The sum of every sample line named exactly `sample` (name and labels as
+/// written, e.g. `graceguard_confirmation_gets_total`): several processes'
+/// scrapes concatenated add up.
+pub fn total(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| {
+            let (n, v) = l.rsplit_once(' ')?;
+            (n == sample)
+                .then(|| v.trim().parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
 }
 
 impl Buckets {
@@ -98,6 +118,13 @@ impl Buckets {
                 })
                 .collect(),
         )
+    }
+
+    /// Adds `other`'s buckets to these (the same histogram of another process).
+    pub fn add(&mut self, other: &Buckets) {
+        for (le, v) in &other.0 {
+            *self.0.entry(*le).or_insert(0.0) += v;
+        }
     }
 
     /// Observations in total (the `+Inf` bucket).
@@ -186,6 +213,13 @@ apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group
         assert_eq!(d.count(), 100.0);
         // A restart (counts went down) counts from zero.
         assert_eq!(earlier.since(&later).count(), 100.0);
+    }
+
+    #[test]
+    fn a_total_adds_every_process_and_nothing_else() {
+        let two = "graceguard_confirmation_gets_total 3\n# EOF\ngraceguard_confirmation_gets_total 4\ngraceguard_confirmation_gets_total_x 9\n";
+        assert_eq!(total(two, "graceguard_confirmation_gets_total"), 7.0);
+        assert_eq!(total(two, "absent"), 0.0);
     }
 
     #[test]

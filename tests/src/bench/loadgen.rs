@@ -302,8 +302,10 @@ async fn collect(
 }
 
 /// The baseline: a minimal hyper + rustls server (graceguard's own TLS
-/// configuration) that reads each request body and answers one fixed allow
-/// review. Whatever graceguard costs beyond this is its own work.
+/// configuration) that reads each request body and answers "allowed", with
+/// the request's `uid` (the API server refuses a v1 response whose uid is not
+/// the request's, and would fail open on every call: an error path, not the
+/// floor). Whatever graceguard costs beyond this is its own work.
 pub async fn serve_baseline(
     listen: SocketAddr,
     cert: &std::path::Path,
@@ -314,7 +316,6 @@ pub async fn serve_baseline(
     let tls = Arc::new(graceguard_certs::server_config(resolver, None)?);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    const ALLOW: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true,"status":{}}}"#;
     loop {
         let (tcp, _) = listener.accept().await?;
         let _ = tcp.set_nodelay(true);
@@ -325,11 +326,16 @@ pub async fn serve_baseline(
             };
             let svc = hyper::service::service_fn(
                 |req: http::Request<hyper::body::Incoming>| async move {
-                    let _ = req.into_body().collect().await;
+                    let body = req
+                        .into_body()
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
                     Ok::<_, std::convert::Infallible>(
                         http::Response::builder()
                             .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from_static(ALLOW)))
+                            .body(Full::new(Bytes::from(allow(&body))))
                             .unwrap_or_default(),
                     )
                 },
@@ -339,6 +345,34 @@ pub async fn serve_baseline(
                 .await;
         });
     }
+}
+
+/// Just what the baseline reads of a review: the request's uid.
+#[derive(serde::Deserialize)]
+struct UidOnly<'a> {
+    #[serde(borrow)]
+    request: Option<RequestUid<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct RequestUid<'a> {
+    #[serde(borrow)]
+    uid: std::borrow::Cow<'a, str>,
+}
+
+/// The baseline's answer to review `body`: allowed, with its uid (empty when
+/// the body is no review, which the API server never sends).
+pub fn allow(body: &[u8]) -> Vec<u8> {
+    let uid = serde_json::from_slice::<UidOnly>(body)
+        .ok()
+        .and_then(|r| r.request)
+        .map(|r| r.uid.into_owned())
+        .unwrap_or_default();
+    serde_json::to_vec(
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "response": {"uid": uid, "allowed": true}}),
+    )
+    .unwrap_or_default()
 }
 
 /// 1,000 pod-Create reviews shaped like the API server's (the captured v1.20
@@ -364,4 +398,22 @@ pub fn review_bodies(indexed: usize) -> Result<Vec<Bytes>> {
         out.push(Bytes::from(serde_json::to_vec(&v)?));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_baseline_answers_with_the_request_uid() {
+        let review = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","kind":{"group":"","version":"v1","kind":"Pod"},"object":{"metadata":{"name":"p"}}}}"#;
+        let answer: Value = serde_json::from_slice(&allow(review)).unwrap_or_default();
+        assert_eq!(
+            answer["response"]["uid"],
+            "705ab4f5-6393-11e8-b7cc-42010a800002"
+        );
+        assert_eq!(answer["response"]["allowed"], true);
+        let junk: Value = serde_json::from_slice(&allow(b"not json")).unwrap_or_default();
+        assert_eq!(junk["response"]["uid"], "");
+    }
 }

@@ -1021,6 +1021,16 @@ async fn cluster_churn(args: &Args) -> Result<()> {
         noop_url: format!("https://127.0.0.1:{}", noop.port),
         noop_ca_pem: ca.cert_pem(),
     };
+    anyhow::ensure!(
+        opts.seconds.is_finite() && opts.seconds >= 1.0,
+        "--churn-seconds must be a number of seconds of at least 1, got {}",
+        opts.seconds
+    );
+    anyhow::ensure!(
+        opts.hollow_nodes >= 2,
+        "--hollow-nodes must be at least 2 for cluster_churn (one is drained while the others take its pods), got {}",
+        opts.hollow_nodes
+    );
     for row in cluster_churn::run(&opts, table).await? {
         emit(row);
     }

@@ -106,21 +106,29 @@ impl HollowNode {
     }
 }
 
-/// Waits until all of `hollow` report Ready, allowing a second per node on
-/// top of a minute (they register at once and share two cores).
+/// Waits until all of `hollow` report Ready, allowing two seconds per node
+/// on top of two minutes (they register at once and share two cores: 50
+/// took 92 s on an otherwise idle machine).
 pub async fn wait_ready(admin: &Client, hollow: &mut [HollowNode]) -> Result<()> {
     let nodes: Api<Node> = Api::all(admin.clone());
     let lp = ListParams::default().labels(&format!("{}={}", LABEL.0, LABEL.1));
-    let limit = Duration::from_secs(60 + hollow.len() as u64);
+    let limit = Duration::from_secs(120 + 2 * hollow.len() as u64);
     let deadline = Instant::now() + limit;
+    let mut last_error = String::new();
     loop {
         for n in hollow.iter_mut() {
             n.proc.check_running()?;
         }
-        let ready: std::collections::HashSet<String> = nodes
-            .list(&lp)
-            .await?
-            .items
+        // A failed list (an API server busy with many registrations at once)
+        // is tried again until the deadline.
+        let listed = match nodes.list(&lp).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                last_error = format!(" (the last Node list failed: {e})");
+                Vec::new()
+            }
+        };
+        let ready: std::collections::HashSet<String> = listed
             .into_iter()
             .filter(|node| {
                 node.status
@@ -137,7 +145,7 @@ pub async fn wait_ready(admin: &Client, hollow: &mut [HollowNode]) -> Result<()>
         };
         if Instant::now() > deadline {
             bail!(
-                "{} of {} hollow nodes were not Ready in {} s ({} among them); {} ends:\n{}",
+                "{} of {} hollow nodes were not Ready in {} s ({} among them){last_error}; {} ends:\n{}",
                 missing.len(),
                 hollow.len(),
                 limit.as_secs(),
