@@ -194,9 +194,11 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
     // Chaos is spread over the run by progress: kill k comes once k/(n+1)
     // of the results are in, restarts half a step later, so each meets tasks
     // in every state.
+    // (before the last result at the latest: a run of few tasks still
+    // meets every kill and restart)
     let at = |k: usize, n: usize, offset: f64| {
         let share = (k as f64 + 1.0 - offset) / (n as f64 + 1.0);
-        (share * opts.tasks as f64).ceil() as usize
+        ((share * opts.tasks as f64).ceil() as usize).min(opts.tasks.saturating_sub(1))
     };
     let due = |done: usize, k: usize, n: usize, offset: f64| done >= at(k, n, offset);
     while report.results_acknowledged < opts.tasks {

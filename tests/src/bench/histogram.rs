@@ -106,16 +106,22 @@ pub fn total(text: &str, sample: &str) -> f64 {
 
 impl Buckets {
     /// What was observed between `earlier` and `self` (a later scrape of
-    /// the same process; a bucket that went down means it restarted, and
-    /// counts from zero).
+    /// the same process). Any bucket that went down means the process
+    /// restarted: the whole histogram then counts from zero, as Prometheus'
+    /// `increase` treats a reset (bucket by bucket, a restart that outgrew
+    /// some old buckets but not others would give a histogram of neither).
     pub fn since(&self, earlier: &Buckets) -> Buckets {
+        let reset = earlier
+            .0
+            .iter()
+            .any(|(le, before)| self.0.get(le).copied().unwrap_or(0.0) < *before);
+        if reset {
+            return self.clone();
+        }
         Buckets(
             self.0
                 .iter()
-                .map(|(le, v)| {
-                    let before = earlier.0.get(le).copied().unwrap_or(0.0);
-                    (*le, if *v >= before { v - before } else { *v })
-                })
+                .map(|(le, v)| (*le, v - earlier.0.get(le).copied().unwrap_or(0.0)))
                 .collect(),
         )
     }
@@ -213,6 +219,18 @@ apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group
         assert_eq!(d.count(), 100.0);
         // A restart (counts went down) counts from zero.
         assert_eq!(earlier.since(&later).count(), 100.0);
+    }
+
+    #[test]
+    fn a_restart_that_outgrew_some_buckets_counts_whole_from_zero() {
+        let b = |fast: f64, all: f64| {
+            Buckets(BTreeMap::from([
+                (OrderedBound(0.01), fast),
+                (OrderedBound(f64::INFINITY), all),
+            ]))
+        };
+        let (earlier, later) = (b(5.0, 50.0), b(8.0, 10.0));
+        assert_eq!(later.since(&earlier), later);
     }
 
     #[test]
