@@ -133,6 +133,19 @@ impl Helm {
         })
     }
 
+    /// Installs this repository's chart as `release` in `ns` (created if
+    /// missing), each of `sets` a `--set`, and waits up to 5 minutes for
+    /// it to be Ready, as a user's `helm install --wait` does.
+    pub fn install(&self, release: &str, ns: &str, sets: &[&str]) -> Result<String> {
+        let chart = chart_dir().display().to_string();
+        let mut args = vec!["install", release, &chart, "-n", ns, "--create-namespace"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        args.extend(["--wait", "--timeout", "5m"]);
+        self.ok(&args)
+    }
+
     /// Runs `helm ARGS` and fails with what it printed unless it succeeded.
     pub fn ok<S: AsRef<str>>(&self, args: &[S]) -> Result<String> {
         let out = self.run(args)?;

@@ -353,17 +353,7 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
     helm::load(&bed, &next.archive)?;
 
     // Defaults only: the chart's default image is the one scripts/image packs.
-    helm.ok(&[
-        "install",
-        RELEASE,
-        &chart(),
-        "-n",
-        NS,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "5m",
-    ])?;
+    helm.install(RELEASE, NS, &[])?;
     let running = ready_webhook_pods(&bed).await?;
     assert_eq!(
         running.len(),
@@ -651,19 +641,7 @@ async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same_on_1_37() 
     let helm = Helm::for_bed(&bed)?;
     let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
     helm::load(&bed, &image.archive)?;
-    helm.ok(&[
-        "install",
-        RELEASE,
-        &chart(),
-        "-n",
-        NS,
-        "--create-namespace",
-        "--set",
-        "hostNetwork=true",
-        "--wait",
-        "--timeout",
-        "5m",
-    ])?;
+    helm.install(RELEASE, NS, &["hostNetwork=true"])?;
     let running = ready_webhook_pods(&bed).await?;
     assert_eq!(
         running.len(),

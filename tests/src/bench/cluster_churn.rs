@@ -29,7 +29,7 @@ use super::histogram::{self, Buckets};
 use super::procfs;
 use super::stats::{percentile_f64, round3};
 use crate::churn::{self, PodWatch, Shape};
-use crate::helm::{self, chart_dir, Helm};
+use crate::helm::{self, Helm};
 use crate::webhook::register_noop_like;
 use crate::{KubeVersion, TestBed, TestBedOptions};
 
@@ -120,17 +120,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let helm = Helm::for_bed(&bed)?;
     let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
     helm::load(&bed, &image.archive)?;
-    helm.ok(&[
-        "install",
-        RELEASE,
-        &chart_dir().display().to_string(),
-        "-n",
-        RELEASE_NS,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "5m",
-    ])?;
+    helm.install(RELEASE, RELEASE_NS, &[])?;
     let gg_pids = procfs::pids_named_in_cgroup("graceguard-webh", &real_cgroup)?;
     anyhow::ensure!(
         gg_pids.len() == 2,
