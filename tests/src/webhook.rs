@@ -326,13 +326,8 @@ async fn wait_noop_called(bed: &TestBed, probe_ns: &str, name: &str) -> Result<(
         ..Default::default()
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    let sample = format!("name=\"{name}\"");
-    let named = |metrics: &str, series: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(series) && l.contains(&sample))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum()
+    let named = |metrics: &str, series: &str| {
+        crate::bench::histogram::sum(metrics, series, &[("name", name)])
     };
     for n in 0.. {
         api.create(&dry, &crate::pods::task_pod(&format!("noop-probe-{n}"), 1))

@@ -345,7 +345,7 @@ fn put_split(
         );
         put_latency(row, &format!("graceguard_{key}"), &own);
     }
-    let gets = |t: &str| histogram::total(t, "graceguard_confirmation_gets_total");
+    let gets = |t: &str| histogram::sum(t, "graceguard_confirmation_gets_total", &[]);
     let made: f64 = g1
         .iter()
         .map(|(pod, later)| {

@@ -90,15 +90,19 @@ pub fn sum_by(text: &str, sample: &str, by: &str, want: &[(&str, &str)]) -> BTre
     out
 }
 
-/// The sum of every sample line named exactly `sample` (name and labels as
-/// written, e.g. `graceguard_confirmation_gets_total`): several processes'
-/// scrapes concatenated add up.
-pub fn total(text: &str, sample: &str) -> f64 {
+/// The values of series `name` (a counter, a gauge, a histogram's `_count`)
+/// whose labels include all of `want`, summed: several processes' scrapes
+/// concatenated add up.
+pub fn sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
     text.lines()
-        .filter_map(|l| {
-            let (n, v) = l.rsplit_once(' ')?;
-            (n == sample)
-                .then(|| v.trim().parse::<f64>().ok())
+        .filter(|l| l.starts_with(name))
+        .filter_map(|line| {
+            let (n, l) = match line.contains('{') {
+                true => labels(line)?,
+                false => (line.split_once(' ')?.0, BTreeMap::new()),
+            };
+            (n == name && want.iter().all(|(k, v)| l.get(k) == Some(v)))
+                .then(|| value(line))
                 .flatten()
         })
         .sum()
@@ -234,10 +238,23 @@ apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group
     }
 
     #[test]
-    fn a_total_adds_every_process_and_nothing_else() {
+    fn a_sum_adds_every_process_and_matching_series_only() {
         let two = "graceguard_confirmation_gets_total 3\n# EOF\ngraceguard_confirmation_gets_total 4\ngraceguard_confirmation_gets_total_x 9\n";
-        assert_eq!(total(two, "graceguard_confirmation_gets_total"), 7.0);
-        assert_eq!(total(two, "absent"), 0.0);
+        assert_eq!(sum(two, "graceguard_confirmation_gets_total", &[]), 7.0);
+        assert_eq!(sum(two, "absent", &[]), 0.0);
+        let named = "apiserver_admission_webhook_fail_open_count{name=\"a.io\",type=\"validating\"} 2\napiserver_admission_webhook_fail_open_count{name=\"b.io\",type=\"validating\"} 5\n";
+        assert_eq!(
+            sum(
+                named,
+                "apiserver_admission_webhook_fail_open_count",
+                &[("name", "b.io")]
+            ),
+            5.0
+        );
+        assert_eq!(
+            sum(named, "apiserver_admission_webhook_fail_open_count", &[]),
+            7.0
+        );
     }
 
     #[test]
