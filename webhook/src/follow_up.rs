@@ -1,6 +1,6 @@
 //! Tagging afterwards, under graceguard's own identity.
 //!
-//! Two kinds of `DisruptionTarget` cannot be tagged inside the request that
+//! Three kinds of `DisruptionTarget` are not tagged inside the request that
 //! carries them:
 //! * a node's `pods/status` update (the kubelet's own `TerminationByKubelet`,
 //!   or any later status of a pod tagged nowhere yet): NodeRestriction refuses
@@ -9,11 +9,17 @@
 //!   tag added there fails the kubelet's update, every retry (see
 //!   [`crate::handlers`]: node requests are never changed);
 //! * the Eviction API's condition, written by the registry outside admission
-//!   right after the `pods/eviction` request is admitted.
+//!   right after the `pods/eviction` request is admitted;
+//! * any condition on a pod still running: its deletion follows within
+//!   milliseconds, and a metadata change just before it delays the kubelet's
+//!   termination by a PLEG relist ([`crate::tagger::may_tag_now`]).
 //!
-//! For both, the admission endpoint asks for a follow-up: a worker reads the
-//! pod shortly after, derives the tags from its condition exactly as the inline
-//! tagger does ([`crate::tagger::missing_tags`]), and merge-PATCHes only
+//! For each, the admission endpoint asks for a follow-up (and the deletion
+//! audit asks again when the deletion of a disrupted, untagged pod begins): a
+//! worker reads the pod shortly after and, once the pod may be tagged (its
+//! deletion has begun, or it has ended), derives the tags from its condition
+//! exactly as the inline tagger does ([`crate::tagger::missing_tags`]), and
+//! merge-PATCHes only
 //! graceguard's keys with the pod's uid, through `pods/status` (whose strategy
 //! keeps metadata and resets the spec: graceguard holds no `patch pods`), so a concurrent writer's labels are
 //! kept and a replaced pod is never tagged ([`crate::tagger::merge_patch_for`]).
@@ -45,6 +51,10 @@ pub enum Source {
     NodeStatusUpdate,
     /// A `pods/eviction` request was admitted.
     Eviction,
+    /// A status update carried a DisruptionTarget for a pod still running.
+    RunningPod,
+    /// The deletion of a disrupted, untagged pod began.
+    Deletion,
 }
 
 impl Source {
@@ -52,6 +62,8 @@ impl Source {
         match self {
             Source::NodeStatusUpdate => "node_status_update",
             Source::Eviction => "eviction",
+            Source::RunningPod => "running_pod",
+            Source::Deletion => "deletion",
         }
     }
 }
@@ -123,6 +135,9 @@ pub enum Outcome {
     Gone,
     /// No `DisruptionTarget=True` appeared within the attempts.
     NoDisruptionTarget,
+    /// The pod was still running after the attempts: left untagged, since a
+    /// running pod is never changed (its deletion, if it comes, asks again).
+    StillRunning,
     /// Every attempt failed (the last error is in the audit record).
     GaveUp,
 }
@@ -130,11 +145,12 @@ pub enum Outcome {
 impl Outcome {
     /// Every outcome, each exported from the start at 0: an alert on
     /// `increase()` then sees the first give-up, not only the second.
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Tagged,
         Outcome::AlreadyTagged,
         Outcome::Gone,
         Outcome::NoDisruptionTarget,
+        Outcome::StillRunning,
         Outcome::GaveUp,
     ];
 
@@ -144,6 +160,7 @@ impl Outcome {
             Outcome::AlreadyTagged => "already_tagged",
             Outcome::Gone => "gone",
             Outcome::NoDisruptionTarget => "no_disruption_target",
+            Outcome::StillRunning => "still_running",
             Outcome::GaveUp => "gave_up",
         }
     }
@@ -288,6 +305,7 @@ async fn run(client: &Client, job: &Job, settings: Settings) -> (Outcome, AuditR
         .build();
     let mut attempts = 0u32;
     let mut last_error = None;
+    let mut waiting = Outcome::NoDisruptionTarget;
     let outcome = loop {
         attempts += 1;
         match attempt(&api, job, settings.call_timeout).await {
@@ -295,13 +313,16 @@ async fn run(client: &Client, job: &Job, settings: Settings) -> (Outcome, AuditR
                 rec.disruption_reason = d;
                 break outcome;
             }
-            Ok(Step::NotYet) => last_error = None,
+            Ok(Step::NotYet(why)) => {
+                last_error = None;
+                waiting = why;
+            }
             Err(e) => last_error = Some(e.to_string()),
         }
         match delays.next() {
             Some(d) => tokio::time::sleep(d).await,
             None if last_error.is_some() => break Outcome::GaveUp,
-            None => break Outcome::NoDisruptionTarget,
+            None => break waiting,
         }
     };
     rec.reason = outcome.as_str().into();
@@ -314,8 +335,10 @@ async fn run(client: &Client, job: &Job, settings: Settings) -> (Outcome, AuditR
 
 enum Step {
     Done(Outcome, Option<String>),
-    /// No condition yet (the Eviction API writes it a moment after admission).
-    NotYet,
+    /// Not yet, and the outcome if it stays so: no condition yet (the
+    /// Eviction API writes it a moment after admission), or the pod is still
+    /// running (its deletion follows the condition by a few milliseconds).
+    NotYet(Outcome),
 }
 
 /// Why one follow-up attempt on pod `namespace/name` failed (it is retried,
@@ -366,8 +389,11 @@ async fn attempt(
         return Err(failed(AttemptCause::NotAPod));
     };
     let Some(d) = disruption::of_pod(&lean) else {
-        return Ok(Step::NotYet);
+        return Ok(Step::NotYet(Outcome::NoDisruptionTarget));
     };
+    if !tagger::may_tag_now(&lean) {
+        return Ok(Step::NotYet(Outcome::StillRunning));
+    }
     let Some(tags) = tagger::merge_patch_for(&uid, &lean.metadata, &d) else {
         return Ok(Step::Done(Outcome::AlreadyTagged, Some(d.reason)));
     };

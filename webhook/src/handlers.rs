@@ -175,27 +175,41 @@ fn disruption_tagger(app: &App, req: &Request) -> (Answer, AuditRecord) {
         rec.patched = Some(false);
         return (Answer::allow(), rec);
     };
-    if req.is_from_node() {
-        // Never change a node's request: NodeRestriction would refuse it (the
-        // API server re-runs the plugin after a webhook's patch) and the kubelet
-        // would retry forever. Tag it afterwards under our own identity.
-        app.metrics.node_requests_left_unchanged.inc();
+    // Never change a node's request: NodeRestriction would refuse it (the API
+    // server re-runs the plugin after a webhook's patch) and the kubelet would
+    // retry forever. Never change a running pod: its deletion, a few ms
+    // behind this update, would wait a PLEG relist (see
+    // `tagger::may_tag_now`). Both are tagged afterwards, under graceguard's
+    // own identity, the running pod once its deletion has begun.
+    let left = if req.is_from_node() {
+        Some(("node_request", Source::NodeStatusUpdate))
+    } else if !tagger::may_tag_now(pod) {
+        Some(("running_pod", Source::RunningPod))
+    } else {
+        None
+    };
+    if let Some((why, source)) = left {
+        let left_unchanged = match source {
+            Source::NodeStatusUpdate => &app.metrics.node_requests_left_unchanged,
+            _ => &app.metrics.running_pods_left_unchanged,
+        };
+        left_unchanged.inc();
         rec.patched = Some(false);
-        rec.reason = if req.dry_run {
-            "node_request_dry_run"
+        let outcome = if req.dry_run {
+            "dry_run"
         } else if app.follow_up.request(
             &req.namespace,
             &req.name,
             pod.metadata.uid.as_deref(),
-            Source::NodeStatusUpdate,
+            source,
         ) {
-            "node_request_follow_up"
+            "follow_up"
         } else if app.follow_up.is_enabled() {
-            "node_request_follow_up_pending"
+            "follow_up_pending"
         } else {
-            "node_request_unchanged"
-        }
-        .into();
+            "unchanged"
+        };
+        rec.reason = format!("{why}_{outcome}");
         return (Answer::allow(), rec);
     }
     match serde_json::to_vec(&patch) {
@@ -231,6 +245,19 @@ fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
         return (Answer::allow(), rec);
     }
     let rec = deletion_audit::record(req);
+    // The deletion a disruption announced has begun: now its pod may be
+    // tagged (`tagger::may_tag_now`). Asked here too, not only by the status
+    // update that carried the condition, so a deletion that comes later than
+    // that follow-up's attempts, or after a restart, is still tagged.
+    if rec.disruption_reason.is_some() && rec.already_terminating == Some(false) && !req.dry_run {
+        let untagged = req.old_object.as_ref().is_some_and(|pod| {
+            disruption::of_pod(pod).is_some_and(|d| tagger::patch_for(&pod.metadata, &d).is_some())
+        });
+        if untagged {
+            app.follow_up
+                .request(&req.namespace, &req.name, rec.uid.as_deref(), Source::Deletion);
+        }
+    }
     let explained = if rec.disruption_reason.is_some() {
         "yes"
     } else {

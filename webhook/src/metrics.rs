@@ -124,6 +124,7 @@ pub struct Metrics {
     pub evictions_audited: Counter,
     pub eviction_outcomes: Family<OutcomeLabels, Counter>,
     pub node_requests_left_unchanged: Counter,
+    pub running_pods_left_unchanged: Counter,
     pub follow_ups: Family<FollowUpLabels, Counter>,
     pub follow_ups_dropped: Counter,
     pub kind_index_objects: Family<KindLabels, Gauge>,
@@ -211,6 +212,7 @@ impl Metrics {
             evictions_audited: Counter::default(),
             eviction_outcomes: Family::default(),
             node_requests_left_unchanged: Counter::default(),
+            running_pods_left_unchanged: Counter::default(),
             follow_ups: Family::default(),
             follow_ups_dropped: Counter::default(),
             kind_index_objects: Family::default(),
@@ -316,6 +318,11 @@ impl Metrics {
             "node_requests_left_unchanged",
             "Node status updates carrying an untagged DisruptionTarget, allowed unchanged (NodeRestriction would refuse a tag)",
             m.node_requests_left_unchanged.clone(),
+        );
+        r.register(
+            "running_pods_left_unchanged",
+            "Status updates carrying an untagged DisruptionTarget for a pod still running, allowed unchanged (a metadata change would delay its termination); tagged once its deletion begins",
+            m.running_pods_left_unchanged.clone(),
         );
         r.register(
             "follow_up_tags",

@@ -27,6 +27,7 @@ pub fn process(body: &[u8], now_unix: i64) -> u16 {
     if let Some(pod) = req.object.as_ref() {
         if let Some(d) = disruption::of_pod(pod) {
             let _ = (
+                tagger::may_tag_now(pod),
                 tagger::patch_for(&pod.metadata, &d),
                 tagger::label_value(&d.reason),
             );

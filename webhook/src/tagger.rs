@@ -1,8 +1,11 @@
-//! The disruption tagger: when a `pods/status` update carries
-//! `DisruptionTarget=True`, label and annotate the pod with it, so
-//! `kubectl get pods -L graceguard.io/disruption` and any executor can see why
-//! a pod is going away. Mutating admission runs before the status strategy,
-//! which keeps metadata edits, so the tags persist. It never denies.
+//! The disruption tagger: when a pod carries `DisruptionTarget=True`, label
+//! and annotate it with the condition, so `kubectl get pods -L
+//! graceguard.io/disruption` and any executor can see why a pod went away.
+//! Mutating admission runs before the status strategy, which keeps metadata
+//! edits, so a tag added in a `pods/status` request persists. It never denies.
+//!
+//! Only a pod that has stopped running for good is tagged ([`may_tag_now`]):
+//! a label or annotation change to a running pod costs its deletion a second.
 //!
 //! Idempotent: the tags are derived from the condition alone (its reason,
 //! message and transition time), and no patch is sent when the pod already
@@ -15,11 +18,34 @@ use json_patch::{AddOperation, Patch, PatchOperation};
 use serde_json::{json, Value};
 
 use crate::disruption::Disruption;
-use crate::review::Meta;
+use crate::review::{Meta, Pod};
 
 pub const LABEL: &str = "graceguard.io/disruption";
 pub const MESSAGE_ANNOTATION: &str = "graceguard.io/disruption-message";
 pub const TIME_ANNOTATION: &str = "graceguard.io/disruption-time";
+
+/// Whether graceguard may write the tags to `pod` now: only once its
+/// deletion has begun or it has ended, never while it runs.
+///
+/// Why: a label or annotation change is a change the kubelet acts on
+/// (`podsDifferSemantically` in its config source): it runs an update sync
+/// of the pod. A deletion arriving within a PLEG relist period after that
+/// sync then waits for the next relist before the kubelet starts terminating
+/// the pod (its pod worker waits for a status cache entry newer than the last
+/// sync: `GetNewerThan` in `pod_workers.go`), about 1 s. The scheduler,
+/// the taint manager and the Eviction API write `DisruptionTarget` a few
+/// milliseconds before they delete, so tagging the running pod in that
+/// request made every preemption and eviction about 1 s slower (measured:
+/// docs/benchmarks.md, "Preemption trace"). Once the deletion has begun, the
+/// kubelet's termination is under way and a metadata change only joins the
+/// update it has pending; an ended pod's worker takes no further work.
+pub fn may_tag_now(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+        || matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+}
 
 /// `reason` as a valid label value: at most 63 characters of
 /// `[A-Za-z0-9._-]`, starting and ending alphanumeric; `Unknown` when nothing is left.
@@ -238,6 +264,22 @@ mod tests {
             merge_patch_for("u-1", &tagged, &d("TerminationByKubelet")),
             None
         );
+    }
+
+    #[test]
+    fn only_a_pod_whose_deletion_began_or_that_ended_may_be_tagged() {
+        let pod = |v: Value| -> Pod { serde_json::from_value(v).expect("pod") };
+        let cases = [
+            (json!({}), false),
+            (json!({"status": {"phase": "Running"}}), false),
+            (json!({"status": {"phase": "Pending"}}), false),
+            (json!({"metadata": {"deletionTimestamp": "2026-11-30T11:30:01Z"}, "status": {"phase": "Running"}}), true),
+            (json!({"status": {"phase": "Failed"}}), true),
+            (json!({"status": {"phase": "Succeeded"}}), true),
+        ];
+        for (v, want) in cases {
+            assert_eq!(may_tag_now(&pod(v.clone())), want, "{v}");
+        }
     }
 
     #[test]

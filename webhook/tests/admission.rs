@@ -371,9 +371,28 @@ fn patch_ops(v: &Value) -> Value {
     serde_json::from_slice(&bytes.0).unwrap_or(Value::Null)
 }
 
+/// The 02 fixture (a status update adding DisruptionTarget to a pod that is
+/// neither being deleted nor ended) with `edit` applied.
+fn status_update_with(edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let mut v: Value =
+        serde_json::from_slice(&fixture("02-update-pods-status.json")).expect("json");
+    edit(&mut v);
+    serde_json::to_vec(&v).expect("json")
+}
+
+/// The 02 fixture once the pod's deletion has begun.
+fn status_update_of_deleted_pod() -> Vec<u8> {
+    status_update_with(|v| {
+        v["request"]["object"]["metadata"]["deletionTimestamp"] = "2026-11-30T11:30:01Z".into();
+        v["request"]["object"]["metadata"]["deletionGracePeriodSeconds"] = 30.into();
+    })
+}
+
 #[tokio::test]
-async fn the_tagger_patches_a_status_update_that_adds_disruption_target() {
+async fn the_tagger_never_changes_a_running_pod() {
     let h = harness(&[], Ok(None), Mode::Conflict);
+    // The condition on a pod whose deletion has not begun (the scheduler's,
+    // the taint manager's patch, a few ms before their delete): no patch.
     let (status, v) = post(
         &h.router,
         "/mutate/pods-status",
@@ -382,40 +401,51 @@ async fn the_tagger_patches_a_status_update_that_adds_disruption_target() {
     .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(v["response"]["allowed"], true);
-    assert_eq!(
-        v["response"]["uid"],
-        request_uid("02-update-pods-status.json").as_str()
-    );
-    assert_eq!(v["response"]["patchType"], "JSONPatch");
-    let ops = patch_ops(&v);
-    assert_eq!(
-        ops[0],
-        serde_json::json!({"op": "add", "path": "/metadata/labels/graceguard.io~1disruption", "value": "PreemptionByScheduler"})
-    );
-    assert_eq!(
-        ops[1]["value"]["graceguard.io/disruption-message"],
-        "Preempted by a pod on node node-1"
-    );
-    assert_eq!(
-        ops[1]["value"]["graceguard.io/disruption-time"],
-        "2026-11-30T11:30:00Z"
-    );
+    assert!(v["response"].get("patch").is_none(), "{v}");
+    assert!(v["response"].get("patchType").is_none(), "{v}");
+    assert_eq!(h.app.metrics.running_pods_left_unchanged.get(), 1);
+}
+
+#[tokio::test]
+async fn the_tagger_patches_a_status_update_of_a_pod_being_deleted_or_ended() {
+    let h = harness(&[], Ok(None), Mode::Conflict);
+    let ended = status_update_with(|v| v["request"]["object"]["status"]["phase"] = "Failed".into());
+    for body in [status_update_of_deleted_pod(), ended] {
+        let (status, v) = post(&h.router, "/mutate/pods-status", body).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(v["response"]["allowed"], true);
+        assert_eq!(
+            v["response"]["uid"],
+            request_uid("02-update-pods-status.json").as_str()
+        );
+        assert_eq!(v["response"]["patchType"], "JSONPatch", "{v}");
+        let ops = patch_ops(&v);
+        assert_eq!(
+            ops[0],
+            serde_json::json!({"op": "add", "path": "/metadata/labels/graceguard.io~1disruption", "value": "PreemptionByScheduler"})
+        );
+        assert_eq!(
+            ops[1]["value"]["graceguard.io/disruption-message"],
+            "Preempted by a pod on node node-1"
+        );
+        assert_eq!(
+            ops[1]["value"]["graceguard.io/disruption-time"],
+            "2026-11-30T11:30:00Z"
+        );
+    }
+    assert_eq!(h.app.metrics.running_pods_left_unchanged.get(), 0);
 
     // The same update of a pod that already carries the tags: no patch.
-    let mut tagged: Value =
-        serde_json::from_slice(&fixture("02-update-pods-status.json")).expect("json");
-    tagged["request"]["object"]["metadata"]["labels"]["graceguard.io/disruption"] =
-        "PreemptionByScheduler".into();
-    tagged["request"]["object"]["metadata"]["annotations"] = serde_json::json!({
-        "graceguard.io/disruption-message": "Preempted by a pod on node node-1",
-        "graceguard.io/disruption-time": "2026-11-30T11:30:00Z",
+    let tagged = status_update_with(|v| {
+        v["request"]["object"]["metadata"]["deletionTimestamp"] = "2026-11-30T11:30:01Z".into();
+        v["request"]["object"]["metadata"]["labels"]["graceguard.io/disruption"] =
+            "PreemptionByScheduler".into();
+        v["request"]["object"]["metadata"]["annotations"] = serde_json::json!({
+            "graceguard.io/disruption-message": "Preempted by a pod on node node-1",
+            "graceguard.io/disruption-time": "2026-11-30T11:30:00Z",
+        });
     });
-    let (_, v) = post(
-        &h.router,
-        "/mutate/pods-status",
-        serde_json::to_vec(&tagged).expect("json"),
-    )
-    .await;
+    let (_, v) = post(&h.router, "/mutate/pods-status", tagged).await;
     assert_eq!(v["response"]["allowed"], true);
     assert!(v["response"].get("patch").is_none(), "{v}");
 }
@@ -484,9 +514,9 @@ async fn the_deletion_audit_allows_and_reads_who_grace_and_disruption() {
 }
 
 /// The 02 fixture (a status update adding DisruptionTarget), sent by `user` in `groups`.
+/// (of a pod being deleted: anyone but a node gets it tagged in admission).
 fn status_update_from(user: &str, groups: &[&str]) -> Vec<u8> {
-    let mut v: Value =
-        serde_json::from_slice(&fixture("02-update-pods-status.json")).expect("json");
+    let mut v: Value = serde_json::from_slice(&status_update_of_deleted_pod()).expect("json");
     v["request"]["userInfo"] = serde_json::json!({"username": user, "groups": groups});
     serde_json::to_vec(&v).expect("json")
 }
