@@ -147,6 +147,16 @@ pub async fn scheduler_preemption(
         .and_then(|r| r["user"].as_str())
         .unwrap_or_default()
         .to_string();
+    // graceguard tags the victim once its deletion has begun (never while
+    // it ran); a real kubelet takes a PLEG relist (about 1 s) at least to
+    // finish it, this one waits for the tag (or the wait's end) instead.
+    let label = match label {
+        Some(l) => Some(l),
+        None => pods::wait_label(&alice, "victim", LABEL, "PreemptionByScheduler")
+            .await
+            .ok()
+            .and_then(|p| pods::disruption_label(&p).map(str::to_string)),
+    };
     // The kubelet finishes the victim; the preemptor takes its place.
     kubelet.finish_deletion(ns, "victim").await?;
     pods::wait_gone(&alice, "victim", &victim_uid).await?;

@@ -33,6 +33,7 @@ pub mod kubelet;
 pub mod node;
 pub mod objects;
 pub mod pods;
+pub mod preemption_trace;
 pub mod postgres;
 pub mod process;
 pub mod promql;

@@ -166,7 +166,7 @@ pub struct PreemptionReport {
 
 /// A running pod is marked `DisruptionTarget=True/PreemptionByScheduler` the
 /// way kube-scheduler does, then deleted by user `alice` with kubectl
-/// (`--grace-period=45`). Needs the tagger and deletion audit registered and
+/// (`--grace-period=45`); graceguard tags it once the deletion has begun. Needs the tagger and deletion audit registered and
 /// a simulated kubelet running.
 pub async fn preemption(
     bed: &crate::TestBed,
@@ -191,7 +191,21 @@ pub async fn preemption(
             "Preempted by a higher-priority pod on node node-1",
         )
         .await?;
-    let pod = api.get(name).await?;
+    let (ok, _, err) = bed.kubectl(
+        "alice",
+        &[
+            "delete",
+            "pod",
+            name,
+            "-n",
+            ns,
+            "--grace-period=45",
+            "--wait=false",
+        ],
+    )?;
+    ensure!(ok, "kubectl delete failed: {err}");
+    // Tagged once its deletion has begun, never while it ran.
+    let pod = pods::wait_label(&api, name, "graceguard.io/disruption", "PreemptionByScheduler").await?;
     let label = pod
         .metadata
         .labels
@@ -207,19 +221,6 @@ pub async fn preemption(
         &["get", "pods", "-n", ns, "-L", "graceguard.io/disruption"],
     )?;
     ensure!(ok, "kubectl get pods failed: {err}");
-    let (ok, _, err) = bed.kubectl(
-        "alice",
-        &[
-            "delete",
-            "pod",
-            name,
-            "-n",
-            ns,
-            "--grace-period=45",
-            "--wait=false",
-        ],
-    )?;
-    ensure!(ok, "kubectl delete failed: {err}");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let record = loop {
         if let Some(r) = webhook

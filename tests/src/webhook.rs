@@ -160,6 +160,10 @@ pub struct Registration {
     pub no_wait: bool,
 }
 
+/// The label [`WebhookProcess::register_with`] puts on its configurations,
+/// so a floor can copy them ([`register_noop_like`]).
+pub const REGISTERED_LABEL: (&str, &str) = ("testbed.graceguard.io/registered-by", "webhook-process");
+
 /// The label that opts a namespace out, as the chart does.
 pub const OPT_OUT_LABEL: &str = "graceguard.io/ignore";
 
@@ -236,7 +240,7 @@ pub async fn register_noop(
 /// The no-op floor registered as an installed graceguard registered itself:
 /// a copy of every webhook of the validating and mutating configurations
 /// labelled `selector` (their rules, `matchConditions`, object selector,
-/// failure policy and timeout), named `noop-<name>`, called at `base_url`
+/// failure policy and timeout), named `<prefix>-<name>`, called at `base_url`
 /// on the same paths, only in namespaces labelled `label=true`. The floor
 /// then receives exactly the calls graceguard receives (pod Creates, Deletes,
 /// status updates, evictions), answered at once. Waits until the API server
@@ -245,6 +249,7 @@ pub async fn register_noop(
 pub async fn register_noop_like(
     bed: &TestBed,
     selector: &str,
+    prefix: &str,
     base_url: &str,
     ca_pem: &str,
     label: &str,
@@ -258,7 +263,7 @@ pub async fn register_noop_like(
             .as_ref()
             .and_then(|s| s.path.clone())
             .unwrap_or_default();
-        *name = format!("noop-{name}");
+        *name = format!("{prefix}-{name}");
         cc.service = None;
         cc.url = Some(format!("{base_url}{path}"));
         cc.ca_bundle = Some(ByteString(ca_pem.as_bytes().to_vec()));
@@ -268,7 +273,7 @@ pub async fn register_noop_like(
         });
     };
     let copy_meta = |name: String| ObjectMeta {
-        name: Some(format!("noop-{name}")),
+        name: Some(format!("{prefix}-{name}")),
         ..Default::default()
     };
     let lp = kube::api::ListParams::default().labels(selector);
@@ -310,7 +315,7 @@ pub async fn register_noop_like(
     wait_noop_called(
         bed,
         probe_ns,
-        &format!("noop-{}", Hook::CollisionGuard.name()),
+        &format!("{prefix}-{}", Hook::CollisionGuard.name()),
     )
     .await
 }
@@ -550,6 +555,7 @@ impl WebhookProcess {
             .collect::<Result<_>>()?;
         let meta = ObjectMeta {
             name: Some("graceguard".into()),
+            labels: Some([(REGISTERED_LABEL.0.to_string(), REGISTERED_LABEL.1.to_string())].into()),
             ..Default::default()
         };
         if !validating.is_empty() {

@@ -17,8 +17,13 @@ const ALL: &[Hook] = &[
     Hook::DeletionAudit,
 ];
 
+/// A running pod marked `DisruptionTarget` (as kube-scheduler marks a victim
+/// a few ms before it deletes it) is left unchanged while it runs (a metadata
+/// change would make its kubelet's termination wait a PLEG relist); once its
+/// deletion begins graceguard tags it, under its own identity, and audits the
+/// deletion once with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason() -> R {
+async fn a_preempted_pod_is_tagged_once_its_deletion_begins_and_audited_with_the_reason() -> R {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("disrupt").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
@@ -33,55 +38,16 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
 
     // kube-scheduler sets DisruptionTarget through pods/status before preempting.
     kubelet.mark_preempted(&ns, "train-0").await?;
-    let pod = api.get("train-0").await?;
-    let labels = pod.metadata.labels.clone().unwrap_or_default();
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let running = api.get("train-0").await?;
     assert_eq!(
-        labels.get("graceguard.io/disruption").map(String::as_str),
-        Some("PreemptionByScheduler")
+        pods::disruption_label(&running),
+        None,
+        "a running pod was tagged: {:?}",
+        running.metadata
     );
-    assert_eq!(
-        labels.get("app").map(String::as_str),
-        Some("task"),
-        "existing labels are kept"
-    );
-    assert_eq!(
-        annotations
-            .get("graceguard.io/disruption-message")
-            .map(String::as_str),
-        Some("Preempted by a pod on node node-1")
-    );
-    assert!(annotations.contains_key("graceguard.io/disruption-time"));
-
-    // The same status update again: the tags already say it, so no patch.
-    kubelet.repeat_disruption_target(&ns, "train-0").await?;
     webhook
-        .wait_record(|r| r["reason"] == "already_tagged" && r["name"] == "train-0")
+        .wait_record(|r| r["reason"] == "running_pod_follow_up" && r["name"] == "train-0")
         .await?;
-    let tagger = webhook.records_for("disruption_tagger", &ns, "train-0")?;
-    // The kubelet's Running update, the first DisruptionTarget, the repeat.
-    // (Under load the API server re-runs a patch after a write conflict, and
-    // admission with it: a request may leave the same record twice.)
-    let mut reasons: Vec<&str> = tagger.iter().filter_map(|r| r["reason"].as_str()).collect();
-    reasons.dedup();
-    assert_eq!(
-        reasons,
-        vec!["no_disruption_target", "tagged", "already_tagged"],
-        "{tagger:?}"
-    );
-    let first = |reason: &str| {
-        tagger
-            .iter()
-            .find(|r| r["reason"] == reason)
-            .cloned()
-            .unwrap_or_default()
-    };
-    assert_eq!(first("tagged")["patched"], true);
-    assert_eq!(first("already_tagged")["patched"], false);
-    assert_eq!(
-        first("tagged")["disruption_reason"],
-        "PreemptionByScheduler"
-    );
 
     // An operator deletes it with kubectl, as a known user, with a grace period.
     let (ok, _, err) = bed.kubectl(
@@ -111,7 +77,8 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
     assert_eq!(d["decision"], "allow");
     assert_eq!(
         d["uid"],
-        pod.metadata
+        running
+            .metadata
             .uid
             .as_deref()
             .unwrap_or("")
@@ -125,6 +92,56 @@ async fn a_preempted_pod_is_tagged_once_and_its_deletion_audited_with_the_reason
     // The delete was allowed: the pod is Terminating with the requested grace.
     let terminating = api.get("train-0").await?;
     assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(45));
+
+    // Now graceguard tags it: the follow-up's record, then the tags.
+    let follow_up = webhook
+        .wait_record(|r| r["event"] == "follow_up" && r["name"] == "train-0")
+        .await?;
+    assert_eq!(follow_up["reason"], "tagged", "{follow_up}");
+    assert_eq!(follow_up["disruption_reason"], "PreemptionByScheduler");
+    let pod = api.get("train-0").await?;
+    assert!(pod.metadata.deletion_timestamp.is_some());
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("graceguard.io/disruption").map(String::as_str),
+        Some("PreemptionByScheduler")
+    );
+    assert_eq!(
+        labels.get("app").map(String::as_str),
+        Some("task"),
+        "existing labels are kept"
+    );
+    assert_eq!(
+        annotations
+            .get("graceguard.io/disruption-message")
+            .map(String::as_str),
+        Some("Preempted by a pod on node node-1")
+    );
+    assert!(annotations.contains_key("graceguard.io/disruption-time"));
+
+    // The same status update again: the tags already say it, so no patch.
+    kubelet.repeat_disruption_target(&ns, "train-0").await?;
+    webhook
+        .wait_record(|r| r["reason"] == "already_tagged" && r["name"] == "train-0")
+        .await?;
+    let tagger = webhook.records_for("disruption_tagger", &ns, "train-0")?;
+    // The kubelet's Running update, the first DisruptionTarget, the repeat;
+    // the follow-up's record last. (Under load the API server re-runs a patch
+    // after a write conflict, and admission with it: a request may leave the
+    // same record twice.)
+    let mut reasons: Vec<&str> = tagger.iter().filter_map(|r| r["reason"].as_str()).collect();
+    reasons.retain(|r| *r != "tagged");
+    reasons.dedup();
+    assert_eq!(
+        reasons,
+        vec!["no_disruption_target", "running_pod_follow_up", "already_tagged"],
+        "{tagger:?}"
+    );
+    let tagged: Vec<&Value> = tagger.iter().filter(|r| r["reason"] == "tagged").collect();
+    assert_eq!(tagged.len(), 1, "one tag, by the follow-up: {tagger:?}");
+    assert_eq!(tagged[0]["event"], "follow_up");
+    assert_eq!(tagged[0]["patched"], true);
     Ok(())
 }
 

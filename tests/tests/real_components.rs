@@ -267,8 +267,10 @@ async fn with_match_conditions_ordinary_status_updates_generated_names_and_final
     for p in &list.items {
         pods::wait_running(&api, &p.name_any()).await?;
     }
-    // One real disruption: it reaches the tagger and is tagged in admission.
+    // One real disruption: it reaches the tagger, which leaves the running
+    // pod alone; the preemption's delete follows and the pod is tagged then.
     kubelet.mark_preempted(&ns, "named-0").await?;
+    api.delete("named-0", &DeleteParams::default()).await?;
     pods::wait_label(
         &api,
         "named-0",

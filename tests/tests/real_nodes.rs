@@ -426,3 +426,80 @@ async fn guard_chaos_on_a_real_node_on_1_37() -> R {
     report.assert_held(&opts);
     Ok(())
 }
+
+/// A real preemption (kube-scheduler, a real kubelet, containerd, runc) with
+/// graceguard registered as the chart registers it (every webhook, with its
+/// matchConditions): no write of graceguard's reaches the victim while it
+/// runs (a metadata change there makes the kubelet's termination wait a PLEG
+/// relist, about 1 s a preemption), and the victim is still tagged before it
+/// is gone and its deletion audited once, by the scheduler. Every version of
+/// the victim the watch delivered is checked, so this holds whatever the
+/// timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion_begins_on_1_37(
+) -> R {
+    use testbed::disruptions::{most_of_node_cpu, priority_classes};
+    use testbed::preemption_trace::{preempt_once, Timeline};
+    use testbed::webhook::Registration;
+    let (bed, ns) = bed("preempt-trace", 1).await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook
+        .register_with(
+            &bed,
+            ALL_HOOKS,
+            Registration {
+                match_conditions: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+    priority_classes(&bed).await?;
+    let cpu = most_of_node_cpu(&bed, pods::NODE).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);
+    let timeline = Timeline::start(bed.client.clone(), &ns);
+    let image = bed.task_image()?;
+    let kubelets = Kubelets::Real {
+        image: &image,
+        terminate_seconds: 0,
+    };
+    for i in 0..2 {
+        let t = preempt_once(&api, &timeline, &kubelets, i, &cpu).await?;
+        assert!(
+            t.tagged_while_running().is_empty(),
+            "graceguard changed the running victim {}: {:?}",
+            t.victim,
+            t.victim_versions
+        );
+        assert!(
+            t.tagged_before_gone(),
+            "victim {} was never seen tagged: {:?}",
+            t.victim,
+            t.victim_versions
+        );
+        assert!(
+            t.victim_versions.iter().any(|v| v.deleting),
+            "{:?}",
+            t.victim_versions
+        );
+        // Its deletion audited once, as the scheduler's; its tag written once.
+        let records = webhook.records_for("deletion_audit", &ns, &t.victim)?;
+        let began: Vec<_> = records
+            .iter()
+            .filter(|r| r["already_terminating"] == false)
+            .collect();
+        assert_eq!(began.len(), 1, "{records:?}");
+        assert_eq!(began[0]["user"], "system:kube-scheduler", "{records:?}");
+        assert_eq!(began[0]["disruption_reason"], "PreemptionByScheduler");
+        webhook
+            .wait_record(|r| r["event"] == "follow_up" && r["name"] == t.victim.as_str())
+            .await?;
+        let tags: Vec<serde_json::Value> = webhook
+            .records_for("disruption_tagger", &ns, &t.victim)?
+            .into_iter()
+            .filter(|r| r["patched"] == true)
+            .collect();
+        assert_eq!(tags.len(), 1, "{tags:?}");
+        assert_eq!(tags[0]["event"], "follow_up", "{tags:?}");
+    }
+    Ok(())
+}

@@ -136,6 +136,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     register_noop_like(
         &bed,
         &format!("app.kubernetes.io/instance={RELEASE}"),
+        "noop",
         &opts.noop_url,
         &opts.noop_ca_pem,
         NOOP_LABEL,

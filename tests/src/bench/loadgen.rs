@@ -306,10 +306,16 @@ async fn collect(
 /// the request's `uid` (the API server refuses a v1 response whose uid is not
 /// the request's, and would fail open on every call: an error path, not the
 /// floor). Whatever graceguard costs beyond this is its own work.
+///
+/// With `tag_inline`, the floor also answers `/mutate/pods-status` with the
+/// tags graceguard's tagger wrote in admission until it stopped changing
+/// running pods ([`tag_inline`]): the experiment that shows what such a
+/// patch costs a preemption, apart from anything else graceguard does.
 pub async fn serve_baseline(
     listen: SocketAddr,
     cert: &std::path::Path,
     key: &std::path::Path,
+    tag_inline: bool,
 ) -> Result<()> {
     graceguard_certs::install_crypto_provider();
     let resolver = graceguard_certs::ReloadingResolver::from_files(cert, key)?;
@@ -325,7 +331,8 @@ pub async fn serve_baseline(
                 return;
             };
             let svc = hyper::service::service_fn(
-                |req: http::Request<hyper::body::Incoming>| async move {
+                move |req: http::Request<hyper::body::Incoming>| async move {
+                    let tag = tag_inline && req.uri().path() == "/mutate/pods-status";
                     let body = req
                         .into_body()
                         .collect()
@@ -335,7 +342,11 @@ pub async fn serve_baseline(
                     Ok::<_, std::convert::Infallible>(
                         http::Response::builder()
                             .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from(allow(&body))))
+                            .body(Full::new(Bytes::from(if tag {
+                                self::tag_inline(&body)
+                            } else {
+                                allow(&body)
+                            })))
                             .unwrap_or_default(),
                     )
                 },
@@ -372,6 +383,26 @@ pub fn allow(body: &[u8]) -> Vec<u8> {
         &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "response": {"uid": uid, "allowed": true}}),
     )
+    .unwrap_or_default()
+}
+
+/// The answer graceguard's tagger gave before it stopped changing running
+/// pods: for a status update carrying an untagged `DisruptionTarget`, the
+/// JSONPatch of its tags, whatever the pod's state; otherwise [`allow`].
+pub fn tag_inline(body: &[u8]) -> Vec<u8> {
+    use graceguard_webhook::{disruption, review, tagger};
+    let patch = review::parse(body).ok().and_then(|req| {
+        let pod = req.object.as_ref()?;
+        let d = disruption::of_pod(pod)?;
+        let patch = tagger::patch_for(&pod.metadata, &d)?;
+        Some((req.uid.clone(), serde_json::to_vec(&patch).ok()?))
+    });
+    let Some((uid, patch)) = patch else {
+        return allow(body);
+    };
+    serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "response": {"uid": uid, "allowed": true, "patchType": "JSONPatch",
+            "patch": k8s_openapi::ByteString(patch)}}))
     .unwrap_or_default()
 }
 

@@ -7,5 +7,6 @@ pub mod cluster_churn;
 pub mod histogram;
 pub mod loadgen;
 pub mod pin;
+pub mod preemption_trace;
 pub mod procfs;
 pub mod stats;

@@ -58,7 +58,7 @@ struct Args {
     /// saturation, fixed rate), apiserver_overhead, livelock_storm,
     /// guard_recovery, tag_delay, kind_index_memory, kind_index_peak, match_conditions_share,
     /// index_memory_scale, sidecar_scale, sidecar_rss, executor_storm,
-    /// cluster_churn.
+    /// cluster_churn, preemption_trace.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Hollow nodes of cluster_churn (50; 3 with --quick).
@@ -70,6 +70,12 @@ struct Args {
     /// Times each cluster_churn phase runs (3; 1 with --quick).
     #[arg(long)]
     churn_repetitions: Option<usize>,
+    /// Preemptions per phase and repetition of preemption_trace (8; 1 with --quick).
+    #[arg(long)]
+    preemptions: Option<usize>,
+    /// Times each preemption_trace phase runs (3; 1 with --quick).
+    #[arg(long)]
+    preemption_repetitions: Option<usize>,
     /// Real pods in the API server when a webhook starts, for its start-to-ready
     /// time and memory (150,000, Kubernetes' documented per-cluster limit;
     /// 1,000 with --quick).
@@ -102,6 +108,9 @@ enum Helper {
         cert: PathBuf,
         #[arg(long)]
         key: PathBuf,
+        /// Answer the tagger's path with the tags in admission.
+        #[arg(long)]
+        tag_inline: bool,
     },
     /// (internal) build a pod index of N synthetic pods and print this process's RSS.
     SyntheticIndex {
@@ -122,8 +131,13 @@ struct Sizes {
 async fn main() {
     let args = Args::parse();
     let res = match &args.helper {
-        Some(Helper::BaselineServer { listen, cert, key }) => {
-            loadgen::serve_baseline(*listen, cert, key).await
+        Some(Helper::BaselineServer {
+            listen,
+            cert,
+            key,
+            tag_inline,
+        }) => {
+            loadgen::serve_baseline(*listen, cert, key, *tag_inline).await
         }
         Some(Helper::SyntheticIndex { pods }) => synthetic_index(*pods),
         None => run(&args).await,
@@ -215,6 +229,9 @@ async fn run(args: &Args) -> Result<()> {
     }
     if wanted("cluster_churn") {
         cluster_churn(args).await?;
+    }
+    if wanted("preemption_trace") {
+        preemption_trace(args).await?;
     }
     table(format!("done in {:.0} s", started.elapsed().as_secs_f64()));
     Ok(())
@@ -581,9 +598,21 @@ impl BaselineServer {
 
     /// The server with certificate `cert` and key `key`.
     async fn serving(cert: &std::path::Path, key: &std::path::Path) -> Result<Self> {
+        Self::spawn(cert, key, false).await
+    }
+
+    /// [`BaselineServer::serving`], answering the tagger's path with the
+    /// tags in admission when `tag_inline`.
+    async fn spawn(cert: &std::path::Path, key: &std::path::Path, tag_inline: bool) -> Result<Self> {
         let port = free_port()?;
-        let child = Command::new(std::env::current_exe()?)
-            .args(["baseline-server", "--listen", &format!("127.0.0.1:{port}")])
+        let mut cmd = Command::new(std::env::current_exe()?);
+        if tag_inline {
+            cmd.arg("baseline-server").arg("--tag-inline");
+        } else {
+            cmd.arg("baseline-server");
+        }
+        let child = cmd
+            .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--cert")
             .arg(cert)
             .arg("--key")
@@ -1035,6 +1064,35 @@ async fn cluster_churn(args: &Args) -> Result<()> {
         emit(row);
     }
     drop(noop);
+    Ok(())
+}
+
+/// Scheduler preemptions on a real node with no webhook, the no-op floor,
+/// the floor tagging in admission, and graceguard ([`testbed::bench::preemption_trace`]).
+async fn preemption_trace(args: &Args) -> Result<()> {
+    use testbed::bench::preemption_trace::{self, Options};
+    let q = args.quick;
+    let dir = tempfile::tempdir()?;
+    let ca = graceguard_certs::Ca::new("graceguard-bench-noop")?;
+    let pair = ca.issue_server(&["localhost".to_string()], &["127.0.0.1".parse()?])?;
+    ca.write_files(&pair, dir.path())?;
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let noop = BaselineServer::spawn(&cert, &key, false).await?;
+    let tagging = BaselineServer::spawn(&cert, &key, true).await?;
+    let opts = Options {
+        preemptions: args.preemptions.unwrap_or(if q { 1 } else { 8 }).max(1),
+        repetitions: args
+            .preemption_repetitions
+            .unwrap_or(if q { 1 } else { 3 })
+            .max(1),
+        noop_url: format!("https://127.0.0.1:{}", noop.port),
+        tagging_url: format!("https://127.0.0.1:{}", tagging.port),
+        ca_pem: ca.cert_pem(),
+    };
+    for row in preemption_trace::run(&opts, table).await? {
+        emit(row);
+    }
+    drop((noop, tagging));
     Ok(())
 }
 

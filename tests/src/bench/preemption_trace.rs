@@ -1,0 +1,282 @@
+//! `scripts/bench` group `preemption_trace`: the same fixed schedule of
+//! scheduler preemptions on a real node (real kubelet, containerd, runc),
+//! one at a time, traced ([`crate::preemption_trace`]) in four phases that
+//! differ only in what admission calls:
+//!
+//! * `none`: no webhook (the namespace carries `graceguard.io/ignore=true`);
+//! * `noop`: the no-op floor, a copy of every graceguard webhook answering
+//!   "allowed" at once;
+//! * `noop_tagging`: the same floor, except that it answers the tagger's
+//!   calls with the tags in admission, as graceguard did until it stopped
+//!   changing running pods: the experiment that isolates that one patch;
+//! * `graceguard`: graceguard registered as the chart registers it.
+//!
+//! The phases run in a rotated order, `repetitions` times; each reports the
+//! medians and the slowest preemption of every interval, and the ratios
+//! of graceguard (and of the tagging floor) over the no-op floor.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::PostParams;
+use kube::Api;
+use serde_json::{json, Value};
+
+use super::stats::{percentile_f64, round3};
+use crate::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
+use crate::preemption_trace::{preempt_once, Timeline, Trace};
+use crate::webhook::{
+    register_noop_like, Registration, WebhookProcess, ALL_HOOKS, OPT_OUT_LABEL, REGISTERED_LABEL,
+};
+use crate::{KubeVersion, TestBed, TestBedOptions};
+
+/// The phases, in their first repetition's order.
+pub const PHASES: [&str; 4] = ["none", "noop", "noop_tagging", "graceguard"];
+
+const NOOP_LABEL: &str = "bench.graceguard.io/noop";
+const TAGGING_LABEL: &str = "bench.graceguard.io/noop-tagging";
+
+pub struct Options {
+    /// Preemptions per phase and repetition.
+    pub preemptions: usize,
+    pub repetitions: usize,
+    /// The no-op floor's and the tagging floor's `https://HOST:PORT`, both
+    /// serving a certificate `ca_pem` signs.
+    pub noop_url: String,
+    pub tagging_url: String,
+    pub ca_pem: String,
+}
+
+/// Phase `p`'s position in repetition `rep`: each phase leads one repetition.
+fn order(rep: usize) -> Vec<&'static str> {
+    let mut o = PHASES.to_vec();
+    o.rotate_left(rep % PHASES.len());
+    o
+}
+
+fn namespace(phase: &str) -> String {
+    format!("preempt-{}", phase.replace('_', "-"))
+}
+
+pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
+    let bed = TestBed::start_with(TestBedOptions {
+        version: Some(KubeVersion::V1_37),
+        real_nodes: 1,
+        ..Default::default()
+    })
+    .await?;
+    let ns_api: Api<Namespace> = Api::all(bed.client.clone());
+    for phase in PHASES {
+        let mut labels = BTreeMap::new();
+        if phase != "graceguard" {
+            labels.insert(OPT_OUT_LABEL, "true");
+        }
+        match phase {
+            "noop" => labels.insert(NOOP_LABEL, "true"),
+            "noop_tagging" => labels.insert(TAGGING_LABEL, "true"),
+            _ => None,
+        };
+        let ns: Namespace = serde_json::from_value(
+            json!({"metadata": {"name": namespace(phase), "labels": labels}}),
+        )?;
+        ns_api
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating namespace {}", namespace(phase)))?;
+    }
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook
+        .register_with(
+            &bed,
+            ALL_HOOKS,
+            Registration {
+                match_conditions: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let selector = format!("{}={}", REGISTERED_LABEL.0, REGISTERED_LABEL.1);
+    for (prefix, url, label, phase) in [
+        ("noop", &opts.noop_url, NOOP_LABEL, "noop"),
+        ("noop-tagging", &opts.tagging_url, TAGGING_LABEL, "noop_tagging"),
+    ] {
+        register_noop_like(
+            &bed,
+            &selector,
+            prefix,
+            url,
+            &opts.ca_pem,
+            label,
+            &namespace(phase),
+        )
+        .await?;
+    }
+    priority_classes(&bed).await?;
+    let cpu = most_of_node_cpu(&bed, crate::pods::NODE).await?;
+    let image = bed.task_image()?;
+    let kubelets = Kubelets::Real {
+        image: &image,
+        terminate_seconds: 0,
+    };
+    let alice = bed.client_as("alice").await?;
+    let mut traces: BTreeMap<&str, Vec<Trace>> = BTreeMap::new();
+    let mut rows = Vec::new();
+    let mut n = 0;
+    for rep in 0..opts.repetitions {
+        for phase in order(rep) {
+            let ns = namespace(phase);
+            let api: Api<Pod> = Api::namespaced(alice.clone(), &ns);
+            let timeline = Timeline::start(bed.client.clone(), &ns);
+            let mut these = Vec::new();
+            for _ in 0..opts.preemptions {
+                these.push(preempt_once(&api, &timeline, &kubelets, n, &cpu).await?);
+                n += 1;
+            }
+            let mut row = summarize(phase, &these);
+            row["repetition"] = json!(rep);
+            log(line(&row));
+            rows.push(row);
+            traces.entry(phase).or_default().extend(these);
+        }
+    }
+    let mut by_phase = BTreeMap::new();
+    for (phase, t) in &traces {
+        by_phase.insert(*phase, summarize(phase, t));
+    }
+    let ratio = |a: &str, key: &str| -> Value {
+        let num = by_phase.get(a).and_then(|r| r[key].as_f64());
+        let den = by_phase.get("noop").and_then(|r| r[key].as_f64());
+        match (num, den) {
+            (Some(x), Some(y)) if y > 0.0 => json!(round3(x / y)),
+            _ => Value::Null,
+        }
+    };
+    let keys = [
+        "preemption_p50_ms",
+        "preemption_max_ms",
+        "deletion_to_gone_p50_ms",
+        "disruption_to_deletion_p50_ms",
+    ];
+    let ratios = |a: &str| -> Value {
+        keys.iter()
+            .map(|k| (k.to_string(), ratio(a, k)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    let summary = json!({"group": "preemption_trace", "summary": true,
+        "preemptions_per_phase": opts.preemptions * opts.repetitions,
+        "phases": by_phase.values().cloned().collect::<Vec<_>>(),
+        "ratios_graceguard_over_noop": ratios("graceguard"),
+        "ratios_noop_tagging_over_noop": ratios("noop_tagging"),
+        "note": "one real node (kubelet, containerd, runc); one preemption at a time; times from a watch of the namespace, from the preemptor's Create; noop_tagging is the no-op floor answering the tagger with the tags in admission (graceguard's behaviour before the fix)"});
+    log(summary_line(&summary));
+    rows.push(summary);
+    Ok(rows)
+}
+
+fn p(v: &[f64], q: f64) -> Value {
+    if v.is_empty() {
+        return Value::Null;
+    }
+    let mut v = v.to_vec();
+    json!(round3(percentile_f64(&mut v, q)))
+}
+
+/// A phase's figures over `traces`.
+pub fn summarize(phase: &str, traces: &[Trace]) -> Value {
+    let of = |f: &dyn Fn(&Trace) -> Option<f64>| -> Vec<f64> { traces.iter().filter_map(f).collect() };
+    let preemption = of(&|t| Some(t.preemptor_running_ms));
+    let to_dt = of(&|t| t.victim_disruption_target_ms);
+    let dt_to_del = of(&|t| Some(t.victim_deletion_ms? - t.victim_disruption_target_ms?));
+    let del_to_gone = of(&|t| t.deletion_to_gone_ms());
+    let gone_to_bound = of(&|t| Some(t.preemptor_bound_ms? - t.victim_gone_ms?));
+    let bound_to_running = of(&|t| Some(t.preemptor_running_ms - t.preemptor_bound_ms?));
+    json!({"group": "preemption_trace", "phase": phase, "preemptions": traces.len(),
+        "preemption_p50_ms": p(&preemption, 50.0), "preemption_max_ms": p(&preemption, 100.0),
+        "created_to_disruption_target_p50_ms": p(&to_dt, 50.0),
+        "disruption_to_deletion_p50_ms": p(&dt_to_del, 50.0),
+        "deletion_to_gone_p50_ms": p(&del_to_gone, 50.0), "deletion_to_gone_max_ms": p(&del_to_gone, 100.0),
+        "gone_to_bound_p50_ms": p(&gone_to_bound, 50.0),
+        "bound_to_running_p50_ms": p(&bound_to_running, 50.0),
+        "victims_changed_while_running": traces.iter().filter(|t| !t.tagged_while_running().is_empty()).count(),
+        "victims_tagged_before_gone": traces.iter().filter(|t| t.tagged_before_gone()).count()})
+}
+
+fn ms(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), |x| format!("{x:.0}"))
+}
+
+fn line(r: &Value) -> String {
+    format!(
+        "preemption_trace {:<12} rep {}: {} preemptions, created->Running p50 {} ms (max {}), victim deletion->gone p50 {} ms, DisruptionTarget->deletion p50 {} ms; changed while running {}, tagged {}",
+        r["phase"].as_str().unwrap_or("?"),
+        r["repetition"],
+        r["preemptions"],
+        ms(&r["preemption_p50_ms"]),
+        ms(&r["preemption_max_ms"]),
+        ms(&r["deletion_to_gone_p50_ms"]),
+        ms(&r["disruption_to_deletion_p50_ms"]),
+        r["victims_changed_while_running"],
+        r["victims_tagged_before_gone"],
+    )
+}
+
+fn summary_line(s: &Value) -> String {
+    let g = &s["ratios_graceguard_over_noop"];
+    let t = &s["ratios_noop_tagging_over_noop"];
+    format!(
+        "preemption_trace summary ({} per phase): graceguard/noop preemption p50 {} max {} deletion->gone {}; noop_tagging/noop preemption p50 {} deletion->gone {}",
+        s["preemptions_per_phase"],
+        g["preemption_p50_ms"],
+        g["preemption_max_ms"],
+        g["deletion_to_gone_p50_ms"],
+        t["preemption_p50_ms"],
+        t["deletion_to_gone_p50_ms"],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preemption_trace::VictimVersion;
+
+    fn trace(running: f64, deletion: f64, gone: f64, tagged_running: bool) -> Trace {
+        let v = |tagged, deleting| VictimVersion {
+            resource_version: "1".into(),
+            tagged,
+            deleting,
+            phase: Some("Running".into()),
+        };
+        Trace {
+            victim: "v".into(),
+            preemptor: "p".into(),
+            victim_disruption_target_ms: Some(10.0),
+            victim_deletion_ms: Some(deletion),
+            victim_gone_ms: Some(gone),
+            preemptor_bound_ms: Some(gone + 5.0),
+            preemptor_running_ms: running,
+            victim_versions: vec![v(tagged_running, false), v(true, true)],
+        }
+    }
+
+    #[test]
+    fn every_phase_leads_one_repetition() {
+        let leads: Vec<&str> = (0..4).map(|r| order(r)[0]).collect();
+        assert_eq!(leads, PHASES.to_vec());
+    }
+
+    #[test]
+    fn a_phase_reports_its_intervals_and_the_victims_changed_while_running() {
+        let r = summarize(
+            "graceguard",
+            &[trace(900.0, 20.0, 820.0, false), trace(2000.0, 20.0, 1820.0, true)],
+        );
+        assert_eq!(r["preemptions"], 2);
+        assert_eq!(r["preemption_max_ms"], 2000.0);
+        assert_eq!(r["deletion_to_gone_max_ms"], 1800.0);
+        assert_eq!(r["disruption_to_deletion_p50_ms"], 10.0);
+        assert_eq!(r["victims_changed_while_running"], 1);
+        assert_eq!(r["victims_tagged_before_gone"], 2);
+    }
+}
