@@ -1,18 +1,26 @@
-//! The live read that confirms an index hit, cached briefly for live holders.
+//! The live read that confirms an index hit, cached briefly.
 //!
 //! The index can lag the API server, so a held name is confirmed with one
-//! metadata GET before a Create is denied. A client looping on a live pod's
-//! name would otherwise cost one GET per request: a live holder is cached
-//! for about a second, and concurrent requests for the same name share one
-//! GET. A terminating holder is never answered from the cache, since its
-//! deletion may have finished a moment after it was read (containers often
-//! exit long before their grace ends, and finalizers go at any time): every
-//! denial of a terminating holder rests on a read made for it, or shared
-//! with requests that arrived while that read was in flight. "Free" and
-//! failed reads are not cached, and a cached live holder is dropped once the
-//! index has another uid under the name or has seen its deletion begin, and
-//! when the index sees it go (`forget`, from the pod index and from each
-//! kind index).
+//! metadata GET before a Create is denied. A client looping on a held name
+//! would otherwise cost one GET per request (a 12 Hz loop: 12 quorum reads a
+//! second): a read is cached for `ttl` (about a second), and concurrent
+//! requests for the same name share one GET.
+//!
+//! A cached read answers only while the index agrees with it (the same uid,
+//! and a deletion the index has seen begin is never answered by a read that
+//! saw none), and is dropped the moment the watch feeding the index sees the
+//! object go (`forget`, from the pod index and from each kind index). A
+//! terminating holder may vanish at any moment (its containers exit, its
+//! finalizers go), so its read is reused only while that watch is current
+//! ([`Confirmer::confirm_with`]: synced and not broken); otherwise every
+//! denial of a terminating holder rests on a read made for it.
+//!
+//! So a Create the API server would accept is denied only between its
+//! holder's removal and the watch delivering that removal (milliseconds on
+//! a current watch), and never later than `ttl` after the read that denied
+//! it, however the watch fares: the bound the docs state
+//! (docs/webhook.md, "Confirmation reads"). "Free" and failed reads are not
+//! cached.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,15 +116,29 @@ impl Confirmer {
         Self::new(fetch, ttl, 100_000, metrics)
     }
 
-    /// Who holds `namespace/name`, which the index says `indexed` holds: from
-    /// the cache (a live holder the index agrees on) or one live read.
+    /// [`Confirmer::confirm_with`] for an index whose watch is not known
+    /// to be current: a terminating holder is always read again.
     pub async fn confirm(&self, namespace: &str, name: &str, indexed: &HeldPod) -> Confirmation {
+        self.confirm_with(namespace, name, indexed, false).await
+    }
+
+    /// Who holds `namespace/name`, which the index says `indexed` holds: from
+    /// the cache (a read the index agrees with, a terminating holder's only
+    /// while `watch_current`: the index's watch is synced and not broken, so
+    /// its deletion event would have dropped the entry) or one live read.
+    pub async fn confirm_with(
+        &self,
+        namespace: &str,
+        name: &str,
+        indexed: &HeldPod,
+        watch_current: bool,
+    ) -> Confirmation {
         let key = (namespace.to_string(), name.to_string());
         if self
             .cache
             .get(&key)
             .await
-            .is_some_and(|h| !answers_from_cache(&h, indexed))
+            .is_some_and(|h| !answers_from_cache(&h, indexed, watch_current))
         {
             self.cache.invalidate(&key).await;
         }
@@ -183,10 +205,16 @@ impl Confirmer {
 }
 
 /// Whether a cached read `cached` may answer for the holder the index has
-/// (`indexed`): only a live holder, still the one the index has, not yet
-/// seen terminating there.
-fn answers_from_cache(cached: &Holder, indexed: &HeldPod) -> bool {
-    cached.held.deletion.is_none() && indexed.deletion.is_none() && cached.held.uid == indexed.uid
+/// (`indexed`): the same uid; a live holder only while the index has not
+/// seen its deletion begin; a terminating one only while the watch is
+/// current (its removal would have dropped the entry).
+fn answers_from_cache(cached: &Holder, indexed: &HeldPod, watch_current: bool) -> bool {
+    cached.held.uid == indexed.uid
+        && match (&cached.held.deletion, &indexed.deletion) {
+            (None, None) => true,
+            (Some(_), Some(_)) => watch_current,
+            (None, Some(_)) | (Some(_), None) => false,
+        }
 }
 
 /// A read that found no holder: not cached.
@@ -243,7 +271,63 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_terminating_holder_is_read_again_for_every_denial() {
+    async fn a_terminating_holder_is_read_once_per_ttl_while_the_watch_is_current() {
+        use crate::pod_index::Deletion;
+        let held = HeldPod {
+            uid: "u".into(),
+            deletion: Some(Deletion {
+                at_unix: k8s_openapi::jiff::Timestamp::now().as_second() + 60,
+                grace_seconds: 90,
+            }),
+        };
+        let (f, calls) = counting(Ok(Some(Holder::from(held.clone()))));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        // A looping client: one read for every denial within the TTL.
+        for _ in 0..12 {
+            assert!(matches!(
+                c.confirm_with("ns", "p", &held, true).await,
+                Confirmation::Held(_)
+            ));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Past the TTL the read is made again.
+        let (f, short) = counting(Ok(Some(Holder::from(held.clone()))));
+        let brief = Confirmer::new(f, Duration::from_millis(50), 100, Metrics::new().0);
+        brief.confirm_with("ns", "p", &held, true).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        brief.confirm_with("ns", "p", &held, true).await;
+        assert_eq!(short.load(Ordering::SeqCst), 2);
+        // The watch sees it go: the next request reads again at once.
+        let before = calls.load(Ordering::SeqCst);
+        c.forget("ns", "p").await;
+        c.confirm_with("ns", "p", &held, true).await;
+        assert_eq!(calls.load(Ordering::SeqCst), before + 1);
+        // The watch broken: every denial of a terminating holder reads.
+        for _ in 0..3 {
+            c.confirm_with("ns", "p", &held, false).await;
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), before + 4);
+    }
+
+    #[tokio::test]
+    async fn a_read_that_saw_a_deletion_never_answers_for_a_holder_the_index_has_live() {
+        use crate::pod_index::Deletion;
+        let terminating = HeldPod {
+            uid: "u".into(),
+            deletion: Some(Deletion {
+                at_unix: k8s_openapi::jiff::Timestamp::now().as_second() + 60,
+                grace_seconds: 90,
+            }),
+        };
+        let (f, calls) = counting(Ok(Some(Holder::from(terminating))));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        c.confirm_with("ns", "p", &indexed("u"), true).await;
+        c.confirm_with("ns", "p", &indexed("u"), true).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_terminating_holder_is_read_again_for_every_denial_unless_the_watch_is_current() {
         use crate::pod_index::Deletion;
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
         // The index and the read agree on the holder, terminating: within its

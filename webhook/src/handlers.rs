@@ -379,8 +379,12 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     }
     // Pods: the pod index. Any other kind: its index, when a quota counts it.
     let kind_index;
-    let (indexed, confirmer) = match &other_kind {
-        None => (app.pods.get(&namespace, &name), &app.confirmer),
+    let (indexed, confirmer, watch_current) = match &other_kind {
+        None => (
+            app.pods.get(&namespace, &name),
+            &app.confirmer,
+            app.pods.is_ready(),
+        ),
         Some(kind) => {
             let Some(idx) = app.kinds.as_ref().and_then(|k| k.get(kind)) else {
                 rec.reason = AllowReason::KindNotIndexed.as_str().into();
@@ -394,13 +398,16 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
             (
                 kind_index.index.get(&namespace, &name),
                 &kind_index.confirmer,
+                kind_index.index.is_ready(),
             )
         }
     };
     let Some(indexed) = indexed else {
         return (Answer::allow(), rec);
     };
-    let confirmation = confirmer.confirm(&namespace, &name, &indexed).await;
+    let confirmation = confirmer
+        .confirm_with(&namespace, &name, &indexed, watch_current)
+        .await;
     if let collision::Confirmation::Failed(e) = &confirmation {
         tracing::warn!(namespace = %namespace, name = %name, error = %e, "could not confirm an index hit; allowing the Create");
     }
