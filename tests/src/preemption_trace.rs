@@ -77,6 +77,14 @@ enum Seen {
     Deleted(Pod),
 }
 
+impl Seen {
+    fn pod(&self) -> &Pod {
+        match self {
+            Seen::Applied(p) | Seen::Deleted(p) => p,
+        }
+    }
+}
+
 /// Every pod event of a namespace with the moment it arrived.
 pub struct Timeline {
     events: Arc<Mutex<Vec<(Instant, Seen)>>>,
@@ -110,9 +118,7 @@ impl Timeline {
     fn first(&self, name: &str, pred: impl Fn(&Seen, &Pod) -> bool) -> Option<Instant> {
         let events = self.events.lock().ok()?;
         events.iter().find_map(|(at, seen)| {
-            let pod = match seen {
-                Seen::Applied(p) | Seen::Deleted(p) => p,
-            };
+            let pod = seen.pod();
             (pod.name_any() == name && pred(seen, pod)).then_some(*at)
         })
     }
@@ -123,9 +129,7 @@ impl Timeline {
         };
         events
             .iter()
-            .filter_map(|(_, seen)| match seen {
-                Seen::Applied(p) | Seen::Deleted(p) => Some(p),
-            })
+            .map(|(_, seen)| seen.pod())
             .filter(|p| p.name_any() == name && p.uid().as_deref() == Some(uid))
             .map(|p| VictimVersion {
                 resource_version: p.resource_version().unwrap_or_default(),
@@ -177,11 +181,15 @@ pub async fn preempt_once(
         .context("the victim has no uid")?;
     let t0 = Instant::now();
     let out = pods::create(api, &kubelets.schedulable_pod(&preemptor, 30, HIGH, cpu)).await?;
-    ensure!(out == CreateOutcome::Created, "creating {preemptor}: {out:?}");
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating {preemptor}: {out:?}"
+    );
     pods::wait_running(api, &preemptor).await?;
     let running = t0.elapsed();
     pods::wait_gone(api, &victim, &victim_uid).await?;
-    let ms = |at: Option<Instant>| at.map(|at| at.saturating_duration_since(t0).as_secs_f64() * 1000.0);
+    let ms =
+        |at: Option<Instant>| at.map(|at| at.saturating_duration_since(t0).as_secs_f64() * 1000.0);
     let uid = victim_uid.as_str();
     let of_victim = |pred: fn(&Seen, &Pod) -> bool| {
         ms(timeline.first(&victim, move |seen, pod| {

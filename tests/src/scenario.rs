@@ -205,7 +205,13 @@ pub async fn preemption(
     )?;
     ensure!(ok, "kubectl delete failed: {err}");
     // Tagged once its deletion has begun, never while it ran.
-    let pod = pods::wait_label(&api, name, "graceguard.io/disruption", "PreemptionByScheduler").await?;
+    let pod = pods::wait_label(
+        &api,
+        name,
+        "graceguard.io/disruption",
+        "PreemptionByScheduler",
+    )
+    .await?;
     let label = pod
         .metadata
         .labels

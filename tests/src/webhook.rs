@@ -162,7 +162,8 @@ pub struct Registration {
 
 /// The label [`WebhookProcess::register_with`] puts on its configurations,
 /// so a floor can copy them ([`register_noop_like`]).
-pub const REGISTERED_LABEL: (&str, &str) = ("testbed.graceguard.io/registered-by", "webhook-process");
+pub const REGISTERED_LABEL: (&str, &str) =
+    ("testbed.graceguard.io/registered-by", "webhook-process");
 
 /// The label that opts a namespace out, as the chart does.
 pub const OPT_OUT_LABEL: &str = "graceguard.io/ignore";
@@ -258,10 +259,16 @@ pub async fn register_noop_like(
     let redirect = |name: &mut String,
                     cc: &mut k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
                     ns: &mut Option<LabelSelector>| {
+        // The path the original is called at: its Service's, or its URL's.
         let path = cc
             .service
             .as_ref()
             .and_then(|s| s.path.clone())
+            .or_else(|| {
+                let url = cc.url.as_deref()?;
+                let rest = url.split_once("://").map_or(url, |(_, r)| r);
+                rest.find('/').map(|i| rest[i..].to_string())
+            })
             .unwrap_or_default();
         *name = format!("{prefix}-{name}");
         cc.service = None;
@@ -555,7 +562,13 @@ impl WebhookProcess {
             .collect::<Result<_>>()?;
         let meta = ObjectMeta {
             name: Some("graceguard".into()),
-            labels: Some([(REGISTERED_LABEL.0.to_string(), REGISTERED_LABEL.1.to_string())].into()),
+            labels: Some(
+                [(
+                    REGISTERED_LABEL.0.to_string(),
+                    REGISTERED_LABEL.1.to_string(),
+                )]
+                .into(),
+            ),
             ..Default::default()
         };
         if !validating.is_empty() {

@@ -135,7 +135,11 @@ async fn a_preempted_pod_is_tagged_once_its_deletion_begins_and_audited_with_the
     reasons.dedup();
     assert_eq!(
         reasons,
-        vec!["no_disruption_target", "running_pod_follow_up", "already_tagged"],
+        vec![
+            "no_disruption_target",
+            "running_pod_follow_up",
+            "already_tagged"
+        ],
         "{tagger:?}"
     );
     let tagged: Vec<&Value> = tagger.iter().filter(|r| r["reason"] == "tagged").collect();

@@ -254,8 +254,12 @@ fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
             disruption::of_pod(pod).is_some_and(|d| tagger::patch_for(&pod.metadata, &d).is_some())
         });
         if untagged {
-            app.follow_up
-                .request(&req.namespace, &req.name, rec.uid.as_deref(), Source::Deletion);
+            app.follow_up.request(
+                &req.namespace,
+                &req.name,
+                rec.uid.as_deref(),
+                Source::Deletion,
+            );
         }
     }
     let explained = if rec.disruption_reason.is_some() {

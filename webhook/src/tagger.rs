@@ -273,7 +273,10 @@ mod tests {
             (json!({}), false),
             (json!({"status": {"phase": "Running"}}), false),
             (json!({"status": {"phase": "Pending"}}), false),
-            (json!({"metadata": {"deletionTimestamp": "2026-11-30T11:30:01Z"}, "status": {"phase": "Running"}}), true),
+            (
+                json!({"metadata": {"deletionTimestamp": "2026-11-30T11:30:01Z"}, "status": {"phase": "Running"}}),
+                true,
+            ),
             (json!({"status": {"phase": "Failed"}}), true),
             (json!({"status": {"phase": "Succeeded"}}), true),
         ];

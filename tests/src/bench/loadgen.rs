@@ -400,9 +400,11 @@ pub fn tag_inline(body: &[u8]) -> Vec<u8> {
     let Some((uid, patch)) = patch else {
         return allow(body);
     };
-    serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+    serde_json::to_vec(
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "response": {"uid": uid, "allowed": true, "patchType": "JSONPatch",
-            "patch": k8s_openapi::ByteString(patch)}}))
+            "patch": k8s_openapi::ByteString(patch)}}),
+    )
     .unwrap_or_default()
 }
 

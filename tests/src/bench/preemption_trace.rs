@@ -99,7 +99,12 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let selector = format!("{}={}", REGISTERED_LABEL.0, REGISTERED_LABEL.1);
     for (prefix, url, label, phase) in [
         ("noop", &opts.noop_url, NOOP_LABEL, "noop"),
-        ("noop-tagging", &opts.tagging_url, TAGGING_LABEL, "noop_tagging"),
+        (
+            "noop-tagging",
+            &opts.tagging_url,
+            TAGGING_LABEL,
+            "noop_tagging",
+        ),
     ] {
         register_noop_like(
             &bed,
@@ -185,7 +190,8 @@ fn p(v: &[f64], q: f64) -> Value {
 
 /// A phase's figures over `traces`.
 pub fn summarize(phase: &str, traces: &[Trace]) -> Value {
-    let of = |f: &dyn Fn(&Trace) -> Option<f64>| -> Vec<f64> { traces.iter().filter_map(f).collect() };
+    let of =
+        |f: &dyn Fn(&Trace) -> Option<f64>| -> Vec<f64> { traces.iter().filter_map(f).collect() };
     let preemption = of(&|t| Some(t.preemptor_running_ms));
     let to_dt = of(&|t| t.victim_disruption_target_ms);
     let dt_to_del = of(&|t| Some(t.victim_deletion_ms? - t.victim_disruption_target_ms?));
@@ -270,7 +276,10 @@ mod tests {
     fn a_phase_reports_its_intervals_and_the_victims_changed_while_running() {
         let r = summarize(
             "graceguard",
-            &[trace(900.0, 20.0, 820.0, false), trace(2000.0, 20.0, 1820.0, true)],
+            &[
+                trace(900.0, 20.0, 820.0, false),
+                trace(2000.0, 20.0, 1820.0, true),
+            ],
         );
         assert_eq!(r["preemptions"], 2);
         assert_eq!(r["preemption_max_ms"], 2000.0);

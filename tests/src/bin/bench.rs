@@ -136,9 +136,7 @@ async fn main() {
             cert,
             key,
             tag_inline,
-        }) => {
-            loadgen::serve_baseline(*listen, cert, key, *tag_inline).await
-        }
+        }) => loadgen::serve_baseline(*listen, cert, key, *tag_inline).await,
         Some(Helper::SyntheticIndex { pods }) => synthetic_index(*pods),
         None => run(&args).await,
     };
@@ -603,7 +601,11 @@ impl BaselineServer {
 
     /// [`BaselineServer::serving`], answering the tagger's path with the
     /// tags in admission when `tag_inline`.
-    async fn spawn(cert: &std::path::Path, key: &std::path::Path, tag_inline: bool) -> Result<Self> {
+    async fn spawn(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        tag_inline: bool,
+    ) -> Result<Self> {
         let port = free_port()?;
         let mut cmd = Command::new(std::env::current_exe()?);
         if tag_inline {
