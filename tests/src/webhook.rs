@@ -534,6 +534,16 @@ impl WebhookProcess {
         Ok(())
     }
 
+    /// Every endpoint registered as the chart registers them, with its
+    /// `matchConditions` (Kubernetes >= 1.28).
+    pub async fn register_as_the_chart_does(&self, bed: &TestBed) -> Result<()> {
+        let how = Registration {
+            match_conditions: true,
+            ..Default::default()
+        };
+        self.register_with(bed, ALL_HOOKS, how).await
+    }
+
     /// Registers `hooks` with the bed's API server (failurePolicy Ignore) and
     /// waits until the API server demonstrably calls each of them.
     pub async fn register(&self, bed: &TestBed, hooks: &[Hook]) -> Result<()> {

@@ -15,7 +15,7 @@ use serde_json::json;
 use testbed::disruptions::{drain, scheduler_preemption};
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
-use testbed::webhook::{Registration, WebhookProcess, ALL_HOOKS};
+use testbed::webhook::{WebhookProcess, ALL_HOOKS};
 use testbed::{objects, quota, KubeVersion, TestBed};
 
 type R = anyhow::Result<()>;
@@ -236,16 +236,7 @@ async fn with_match_conditions_ordinary_status_updates_generated_names_and_final
 ) -> R {
     let (bed, ns) = bed_1_37("match").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
-    webhook
-        .register_with(
-            &bed,
-            ALL_HOOKS,
-            Registration {
-                match_conditions: true,
-                ..Default::default()
-            },
-        )
-        .await?;
+    webhook.register_as_the_chart_does(&bed).await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     // Five named pods: five Creates the guard must see; their kubelet status

@@ -440,19 +440,9 @@ async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion
 ) -> R {
     use testbed::disruptions::{most_of_node_cpu, priority_classes};
     use testbed::preemption_trace::{preempt_once, Timeline};
-    use testbed::webhook::Registration;
     let (bed, ns) = bed("preempt-trace", 1).await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
-    webhook
-        .register_with(
-            &bed,
-            ALL_HOOKS,
-            Registration {
-                match_conditions: true,
-                ..Default::default()
-            },
-        )
-        .await?;
+    webhook.register_as_the_chart_does(&bed).await?;
     priority_classes(&bed).await?;
     let cpu = most_of_node_cpu(&bed, pods::NODE).await?;
     let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);

@@ -26,9 +26,7 @@ use serde_json::{json, Value};
 use super::stats::{percentile_f64, round3};
 use crate::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
 use crate::preemption_trace::{preempt_once, Timeline, Trace};
-use crate::webhook::{
-    register_noop_like, Registration, WebhookProcess, ALL_HOOKS, OPT_OUT_LABEL, REGISTERED_LABEL,
-};
+use crate::webhook::{register_noop_like, WebhookProcess, OPT_OUT_LABEL, REGISTERED_LABEL};
 use crate::{KubeVersion, TestBed, TestBedOptions};
 
 /// The phases, in their first repetition's order.
@@ -86,16 +84,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             .with_context(|| format!("creating namespace {}", namespace(phase)))?;
     }
     let webhook = WebhookProcess::start(&bed, &[]).await?;
-    webhook
-        .register_with(
-            &bed,
-            ALL_HOOKS,
-            Registration {
-                match_conditions: true,
-                ..Default::default()
-            },
-        )
-        .await?;
+    webhook.register_as_the_chart_does(&bed).await?;
     let selector = format!("{}={}", REGISTERED_LABEL.0, REGISTERED_LABEL.1);
     for (prefix, url, label, phase) in [
         ("noop", &opts.noop_url, NOOP_LABEL, "noop"),

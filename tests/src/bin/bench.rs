@@ -1028,17 +1028,23 @@ const INDEX_READY_TARGET_S: f64 = 15.0;
 /// sig-scalability's API call latency SLO for a cluster-scoped LIST (p99).
 const LIST_SLO_S: f64 = 30.0;
 
+/// The no-op floor's own CA, with a serving pair for 127.0.0.1 written into
+/// `dir` (`tls.crt`, `tls.key`): its server runs on this machine.
+fn floor_certificate(dir: &std::path::Path) -> Result<graceguard_certs::Ca> {
+    let ca = graceguard_certs::Ca::new("graceguard-bench-noop")?;
+    let pair = ca.issue_server(&["localhost".to_string()], &["127.0.0.1".parse()?])?;
+    ca.write_files(&pair, dir)?;
+    Ok(ca)
+}
+
 /// The cluster at scale ([`testbed::bench::cluster_churn`]): hollow nodes,
 /// a churning workload, the API server's latency SLIs with no webhook, the
 /// no-op floor and graceguard installed by its chart.
 async fn cluster_churn(args: &Args) -> Result<()> {
     use testbed::bench::cluster_churn::{self, Options};
     let q = args.quick;
-    // The no-op floor's own certificate (its server runs on this machine).
     let dir = tempfile::tempdir()?;
-    let ca = graceguard_certs::Ca::new("graceguard-bench-noop")?;
-    let pair = ca.issue_server(&["localhost".to_string()], &["127.0.0.1".parse()?])?;
-    ca.write_files(&pair, dir.path())?;
+    let ca = floor_certificate(dir.path())?;
     let noop =
         BaselineServer::serving(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await?;
     let opts = Options {
@@ -1075,9 +1081,7 @@ async fn preemption_trace(args: &Args) -> Result<()> {
     use testbed::bench::preemption_trace::{self, Options};
     let q = args.quick;
     let dir = tempfile::tempdir()?;
-    let ca = graceguard_certs::Ca::new("graceguard-bench-noop")?;
-    let pair = ca.issue_server(&["localhost".to_string()], &["127.0.0.1".parse()?])?;
-    ca.write_files(&pair, dir.path())?;
+    let ca = floor_certificate(dir.path())?;
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     let noop = BaselineServer::spawn(&cert, &key, false).await?;
     let tagging = BaselineServer::spawn(&cert, &key, true).await?;
