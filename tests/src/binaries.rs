@@ -50,6 +50,13 @@ impl KubeVersion {
         self == Self::V1_37
     }
 
+    /// Whether its API server serves streaming lists (a watch with
+    /// `sendInitialEvents`): the WatchList feature, on by default in 1.32 and
+    /// from 1.34 on.
+    pub fn serves_streaming_lists(self) -> bool {
+        self.minor() == 32 || self.minor() >= 34
+    }
+
     /// Fails, naming the test's requirement, when the bed runs an older version
     /// than `min` (such a test runs only in the 1.37 pass of `scripts/test`).
     pub fn require(self, min: KubeVersion, what: &str) -> Result<()> {

@@ -374,3 +374,51 @@ async fn with_a_client_ca_only_the_api_server_s_certificate_is_answered() -> R {
     assert!(picky.records_for("collision_guard", &ns, POD)?.is_empty());
     Ok(())
 }
+
+/// The pod index fills from a streaming list where the API server serves one
+/// (WatchList, on by default from 1.34) and from a paged list where the
+/// server refuses it (older versions): either way it is ready only once
+/// every pod of the cluster is in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_index_streams_its_initial_list_where_served_and_pages_it_elsewhere() -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("list").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    for i in 0..30 {
+        assert_eq!(
+            pods::create(&api, &pods::task_pod(&format!("pre-{i}"), 30)).await?,
+            CreateOutcome::Created
+        );
+    }
+    let in_cluster = Api::<Pod>::all(bed.client.clone())
+        .list(&Default::default())
+        .await?
+        .items
+        .len();
+    for (args, streams) in [
+        (
+            &["--pod-list-streaming=true"][..],
+            bed.version.serves_streaming_lists(),
+        ),
+        (
+            &["--pod-list-streaming=false", "--pod-list-page-size=7"][..],
+            false,
+        ),
+    ] {
+        let webhook = WebhookProcess::start(&bed, args).await?;
+        // Ready means listed: every pod of the cluster is indexed at once.
+        let indexed = webhook.metric("graceguard_index_pods")?.unwrap_or(0.0);
+        assert!(
+            indexed >= in_cluster as f64,
+            "{args:?}: {indexed} of {in_cluster} pods indexed when ready"
+        );
+        let fell_back = webhook.log_lines_with("does not serve streaming lists")? > 0;
+        assert_eq!(
+            fell_back,
+            args[0].ends_with("true") && !streams,
+            "{args:?} on {}",
+            bed.version.as_str()
+        );
+    }
+    Ok(())
+}

@@ -191,6 +191,17 @@ pub struct ServeArgs {
     /// graceguard_kind_index_over_cap, a log line) until a re-list fits.
     #[arg(long, env = "GRACEGUARD_KIND_INDEX_MAX_OBJECTS", default_value_t = IndexBounds::default().max_objects)]
     pub kind_index_max_objects: usize,
+    /// Pods per page of the pod index's initial list when it lists in pages.
+    /// Larger pages mean fewer round trips at start (150,000 pods: 300 pages
+    /// of 500); the pod index keeps metadata only, so the peak grows little.
+    #[arg(long, env = "GRACEGUARD_POD_LIST_PAGE_SIZE", default_value_t = crate::watchers::PodList::default().page_size)]
+    pub pod_list_page_size: u32,
+    /// Fill the pod index with a streaming list (a watch with
+    /// sendInitialEvents, Kubernetes' WatchList) where the API server serves
+    /// one; a server that refuses it is listed in pages. Ready still means
+    /// the whole list arrived.
+    #[arg(long, env = "GRACEGUARD_POD_LIST_STREAMING", default_value_t = crate::watchers::PodList::default().streaming, action = clap::ArgAction::Set)]
+    pub pod_list_streaming: bool,
     /// Tag pods afterwards, under graceguard's own identity, where a tag cannot
     /// go into the request itself: a node's status update (NodeRestriction
     /// refuses changed labels) and an eviction's condition (written outside
@@ -426,6 +437,10 @@ pub async fn serve(
         Arc::clone(&app.pods),
         Arc::clone(&app.namespaces),
         metrics,
+        watchers::PodList {
+            page_size: args.pod_list_page_size.max(1),
+            streaming: args.pod_list_streaming,
+        },
     );
 
     let tls_listener = bind(args.listen, "--listen").await?;
