@@ -132,6 +132,10 @@ type task struct {
 	runningAt      time.Time
 	disruptedAt    time.Time
 	runningAgainAt time.Time
+	// goneAt: the informer saw the first pod deleted (its name free);
+	// recreatedAt: the Create that made the successor returned.
+	goneAt      time.Time
+	recreatedAt time.Time
 }
 
 // taskReport is what the executor prints per task.
@@ -146,6 +150,9 @@ type taskReport struct {
 	FailedWhy           string         `json:"failed_permanently_why,omitempty"`
 	// Disrupted tasks: from the first sight of the deletion to the new pod Running.
 	RunningAgainAfterMS *int64 `json:"running_again_after_ms,omitempty"`
+	// Disrupted tasks: from the old pod gone (the informer's delete) to the
+	// Create that made its successor returning: how long the name stood free.
+	RelaunchedAfterGoneMS *int64 `json:"relaunched_after_gone_ms,omitempty"`
 	// Disrupted tasks: Create requests from the disruption to the Create
 	// that made the successor pod, that one included; a Create sent after
 	// (the informer not yet showing the new pod) is not one of them.
@@ -183,6 +190,7 @@ type executor struct {
 	namespace   string
 	image       string
 	grace       int64
+	stopAfter   int64
 	maxFailures int
 	requeue     time.Duration
 	unrelated   int
@@ -231,8 +239,8 @@ func (e *executor) pod(name string) *corev1.Pod {
 				Image:           e.image,
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Resources:       resources,
-				// Runs until SIGTERM, then takes its grace period to exit.
-				Command: []string{"sh", "-c", fmt.Sprintf("trap 'sleep %d; exit 143' TERM; while true; do sleep 1; done", e.grace)},
+				// Runs until SIGTERM, then takes --stop-after (its grace period by default) to exit.
+				Command: []string{"sh", "-c", fmt.Sprintf("trap 'sleep %d; exit 143' TERM; while true; do sleep 1; done", e.stopAfter)},
 			}},
 		},
 	}
@@ -277,6 +285,8 @@ func (e *executor) create(ctx context.Context, t *task) {
 		t.systemFailures = 0
 		if t.createdAt.IsZero() {
 			t.createdAt = time.Now()
+		} else if t.recreatedAt.IsZero() {
+			t.recreatedAt = time.Now()
 		}
 	case apierrors.IsAlreadyExists(err):
 		// "my pod exists": the plugin moves on (Queued), which resets the count.
@@ -377,6 +387,16 @@ func (e *executor) disrupted(name string) {
 	})
 }
 
+// gone notes when the informer saw task name's first pod (uid) deleted:
+// from then on its name is free.
+func (e *executor) gone(name, uid string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t, ok := e.tasks[name]; ok && t.goneAt.IsZero() && t.firstUID != "" && uid == t.firstUID {
+		t.goneAt = time.Now()
+	}
+}
+
 // settled: every disrupted task has run again (or failed for good) and every
 // unrelated task runs, since when; zero if not yet.
 func (e *executor) settled() time.Time {
@@ -446,6 +466,7 @@ func (e *executor) report(workers int, count *counts) result {
 			continue
 		}
 		r.RunningAgainAfterMS = ms(t.disruptedAt, t.runningAgainAt)
+		r.RelaunchedAfterGoneMS = ms(t.goneAt, t.recreatedAt)
 		r.RelaunchPodCreates = t.relaunchRequests.Load()
 		res.RelaunchPodCreates += r.RelaunchPodCreates
 		res.Tasks = append(res.Tasks, r)
@@ -494,6 +515,7 @@ func main() {
 	burst := flag.Int("burst", 2000, "client-side burst of the shared client (Flyte's manager: 2000)")
 	image := flag.String("image", "", "the task container's image")
 	grace := flag.Int64("grace", 30, "terminationGracePeriodSeconds, and how long the task takes to stop")
+	stopAfter := flag.Int64("stop-after", -1, "seconds the task takes to stop after SIGTERM (-1: its whole grace)")
 	runFor := flag.Duration("run-for", 2*time.Minute, "stop after this long")
 	settle := flag.Duration("settle", 3*time.Second, "once every task has run again, stop after this long")
 	maxFailures := flag.Int("max-system-failures", 3, "fail a task after more than this many system failures in a row (Flyte: 3; 0: never)")
@@ -532,9 +554,12 @@ func main() {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = executorLabel + "=model" }))
 	podInformer := factory.Core().V1().Pods()
 	queue := workqueue.NewTypedDelayingQueue[string]()
+	if *stopAfter < 0 {
+		*stopAfter = *grace
+	}
 	e := &executor{
 		client: client, pods: podInformer.Lister(), queue: queue, namespace: *namespace, image: *image,
-		grace: *grace, maxFailures: *maxFailures, requeue: *requeue, unrelated: *unrelated, unrelatedAfter: *unrelatedAfter, cpuRequest: *cpuRequest, priorityClass: *priorityClass,
+		grace: *grace, stopAfter: *stopAfter, maxFailures: *maxFailures, requeue: *requeue, unrelated: *unrelated, unrelatedAfter: *unrelatedAfter, cpuRequest: *cpuRequest, priorityClass: *priorityClass,
 		tasks: map[string]*task{},
 	}
 	enqueue := func(o any) {
@@ -552,7 +577,13 @@ func main() {
 		}
 	}
 	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,
+		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) },
+		DeleteFunc: func(o any) {
+			if m, err := meta(o); err == nil {
+				e.gone(m.GetLabels()[taskLabel], string(m.GetUID()))
+			}
+			enqueue(o)
+		},
 	}
 	for _, inf := range []cache.SharedIndexInformer{podInformer.Informer(), factory.Core().V1().ConfigMaps().Informer()} {
 		if _, err := inf.AddEventHandler(handler); err != nil {

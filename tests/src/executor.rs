@@ -65,6 +65,11 @@ pub struct TaskFigures {
     /// Disrupted tasks: see [`ExecutorReport::relaunch_pod_creates`].
     #[serde(default)]
     pub relaunch_pod_creates: u64,
+    /// Disrupted tasks: from the old pod gone (the executor's informer saw
+    /// it deleted: its name free) to the Create that made its successor
+    /// returning.
+    #[serde(default)]
+    pub relaunched_after_gone_ms: Option<u64>,
     /// Unrelated tasks: from launch to their Create returning 201.
     #[serde(default)]
     pub created_after_ms: Option<u64>,
@@ -87,6 +92,8 @@ pub struct Load {
     /// filling the node, one high-priority pod that needs all of it) instead
     /// of graceful deletes.
     pub preempt: bool,
+    /// Seconds a task takes to stop after SIGTERM (`None`: its whole grace).
+    pub stop_after: Option<u32>,
 }
 
 impl Default for Load {
@@ -96,6 +103,7 @@ impl Default for Load {
             unrelated: 0,
             workers: 512,
             preempt: false,
+            stop_after: None,
         }
     }
 }

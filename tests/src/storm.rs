@@ -55,6 +55,10 @@ pub struct StormRow {
     pub system_failures_recorded: u64,
     pub attempts: u64,
     pub running_again_after_ms: Option<u64>,
+    /// From each disrupted task's old pod gone to its successor's Create
+    /// returning: the median and the slowest over the tasks.
+    pub relaunched_after_gone_ms_median: Option<u64>,
+    pub relaunched_after_gone_ms_max: Option<u64>,
     pub longest_create_call_ms: u64,
     pub grace_seconds: u32,
     /// Tasks disrupted at once, unrelated tasks launched 3 s later, workers.
@@ -207,7 +211,7 @@ pub async fn run_with(
     let image = bed.task_image()?;
     // For a preemption: the task pods, low priority, share three quarters of
     // the node's CPU; the preemptor asks for all of it, so every one goes.
-    let (node_cpu, extra) = match load.preempt {
+    let (node_cpu, mut extra) = match load.preempt {
         false => (String::new(), Vec::new()),
         true => {
             disruptions::priority_classes(bed).await?;
@@ -223,6 +227,9 @@ pub async fn run_with(
             )
         }
     };
+    if let Some(s) = load.stop_after {
+        extra.push(format!("--stop-after={s}"));
+    }
     let mut runs = Vec::new();
     for &mode in modes {
         let ns = namespace(bed, prefix, mode, load).await?;
@@ -267,6 +274,12 @@ pub async fn run_with(
                 .filter_map(|t| t.running_after_ms)
                 .collect(),
         );
+        let (gone_max, gone_median) = max_and_median(
+            r.tasks
+                .iter()
+                .filter_map(|t| t.relaunched_after_gone_ms)
+                .collect(),
+        );
         rows.push(StormRow {
             scenario: "flyte-seed-client-go",
             kube_version: bed.version.as_str(),
@@ -279,6 +292,8 @@ pub async fn run_with(
             system_failures_recorded: r.system_failures_recorded,
             attempts: r.attempts,
             running_again_after_ms: r.running_again_after_ms,
+            relaunched_after_gone_ms_median: gone_median,
+            relaunched_after_gone_ms_max: gone_max,
             longest_create_call_ms: r.longest_create_call_ms,
             grace_seconds: grace,
             load,

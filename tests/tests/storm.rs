@@ -202,6 +202,7 @@ async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_task
         unrelated: 3,
         workers: 512,
         preempt: false,
+        stop_after: None,
     };
     let rows = storm::run_with(&bed, "many", GRACE, load, &["adaptive"]).await?;
     let row = &rows[0];

@@ -58,7 +58,7 @@ struct Args {
     /// saturation, fixed rate), apiserver_overhead, livelock_storm,
     /// guard_recovery, tag_delay, kind_index_memory, kind_index_peak, match_conditions_share,
     /// index_memory_scale, sidecar_scale, sidecar_rss, executor_storm,
-    /// cluster_churn, preemption_trace.
+    /// cluster_churn, preemption_trace, relaunch_delay.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Hollow nodes of cluster_churn (50; 3 with --quick).
@@ -224,6 +224,9 @@ async fn run(args: &Args) -> Result<()> {
     }
     if wanted("executor_storm") {
         executor_storm(q).await?;
+    }
+    if wanted("relaunch_delay") {
+        relaunch_delay(q).await?;
     }
     if wanted("cluster_churn") {
         cluster_churn(args).await?;
@@ -1200,6 +1203,7 @@ async fn executor_storm(quick: bool) -> Result<()> {
             unrelated: tasks,
             workers,
             preempt: false,
+            stop_after: None,
         };
         let rows = storm::run_with(&bed, &format!("bench-w{workers}"), grace, load, &MODES).await?;
         let total = |r: &storm::StormRow| r.requests.values().sum::<u64>();
@@ -1239,6 +1243,58 @@ async fn executor_storm(quick: bool) -> Result<()> {
                 s(r.unrelated_created_ms_max),
                 s(r.unrelated_created_ms_median),
                 r.longest_create_call_ms as f64 / 1000.0
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How soon a client-go executor (the model of Flyte's v2 pod plugin)
+/// re-creates a disrupted task's pod once its old pod is gone, in mode
+/// `adaptive` (graceguard's default) and in `conflict` (a 409 at once: as soon
+/// as a client can), for a holder that takes its whole grace and for one
+/// whose container exits at SIGTERM. From the executor's informer seeing the
+/// old pod deleted to its successor's Create returning 201, per task.
+async fn relaunch_delay(quick: bool) -> Result<()> {
+    use testbed::executor::Load;
+    use testbed::storm;
+    let (bed, _webhook) = storm::bed_with_guard(&["--mode=adaptive"]).await?;
+    let (tasks, grace) = if quick { (1, 10) } else { (6, 30) };
+    for (holder, stop_after) in [("whole_grace", None), ("early_exit", Some(0))] {
+        let load = Load {
+            tasks,
+            stop_after,
+            ..Load::default()
+        };
+        let prefix = format!("relaunch-{}", holder.replace('_', "-"));
+        let rows = storm::run_with(&bed, &prefix, grace, load, &["conflict", "adaptive"]).await?;
+        for r in &rows {
+            let mut creates: Vec<u64> = r
+                .report
+                .tasks
+                .iter()
+                .map(|t| t.relaunch_pod_creates)
+                .collect();
+            creates.sort_unstable();
+            let creates_max = creates.last().copied();
+            let creates_median = creates.get(creates.len() / 2).copied();
+            emit(
+                json!({"group": "relaunch_delay", "kube_version": r.kube_version, "holder": holder, "mode": r.mode,
+                "tasks": tasks, "grace_seconds": grace,
+                "after_name_free_ms_median": r.relaunched_after_gone_ms_median, "after_name_free_ms_max": r.relaunched_after_gone_ms_max,
+                "relaunch_creates_per_task_median": creates_median, "relaunch_creates_per_task_max": creates_max,
+                "quota_used": r.quota_used}),
+            );
+            let s = |v: Option<u64>| {
+                v.map_or("-".to_string(), |ms| format!("{:.2} s", ms as f64 / 1000.0))
+            };
+            table(format!(
+                "relaunch_delay  {holder:<11} {:<8} {tasks} tasks, grace {grace} s: successor created {} after the name was free (median; slowest {}), Creates per task {} (max {})",
+                r.mode,
+                s(r.relaunched_after_gone_ms_median),
+                s(r.relaunched_after_gone_ms_max),
+                creates_median.map_or("-".into(), |c| c.to_string()),
+                creates_max.map_or("-".into(), |c| c.to_string()),
             ));
         }
     }

@@ -309,7 +309,7 @@ async fn run(args: &Args) -> Result<()> {
         if !storm.is_empty() {
             println!("\nflyte seed, client-go executor on a real node (grace {} s taken in full, deleted gracefully):", storm[0].grace_seconds);
             println!(
-                "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>10} {:>16} {:>20}",
+                "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>10} {:>16} {:>20} {:>16}",
                 "mode",
                 "pod creates",
                 "409",
@@ -318,11 +318,12 @@ async fn run(args: &Args) -> Result<()> {
                 "sys fails",
                 "in a row",
                 "running again s",
-                "longest Create s"
+                "longest Create s",
+                "after name free s"
             );
             for r in &storm {
                 println!(
-                    "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>10} {:>16} {:>20.1}",
+                    "{:<9} {:>12} {:>5} {:>5} {:>12} {:>10} {:>10} {:>16} {:>20.1} {:>16}",
                     r.mode,
                     r.pod_creates_sent,
                     r.report.sent("POST pods 409"),
@@ -332,7 +333,9 @@ async fn run(args: &Args) -> Result<()> {
                     r.system_failures_charged,
                     r.running_again_after_ms
                         .map_or("-".to_string(), |ms| format!("{:.1}", ms as f64 / 1000.0)),
-                    r.longest_create_call_ms as f64 / 1000.0
+                    r.longest_create_call_ms as f64 / 1000.0,
+                    r.relaunched_after_gone_ms_median
+                        .map_or("-".to_string(), |ms| format!("{:.1}", ms as f64 / 1000.0))
                 );
             }
         }
