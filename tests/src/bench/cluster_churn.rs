@@ -120,7 +120,11 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let helm = Helm::for_bed(&bed)?;
     let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
     helm::load(&bed, &image.archive)?;
-    helm.install(RELEASE, RELEASE_NS, &[])?;
+    // Chart values for an experiment (`GRACEGUARD_CHURN_SET=a=b,c=d`); the
+    // chart's defaults otherwise.
+    let sets = std::env::var("GRACEGUARD_CHURN_SET").unwrap_or_default();
+    let sets: Vec<&str> = sets.split(',').filter(|s| !s.is_empty()).collect();
+    helm.install(RELEASE, RELEASE_NS, &sets)?;
     let gg_pids = procfs::pids_named_in_cgroup("graceguard-webh", &real_cgroup)?;
     anyhow::ensure!(
         gg_pids.len() == 2,
