@@ -38,3 +38,45 @@ find_new_go() {
 	done
 	return 1
 }
+
+# The Kubernetes minors of tests/kube/versions (the one list of versions).
+KUBE_VERSIONS_FILE="$REPO_ROOT/tests/kube/versions"
+
+# kube_minors SELECTION: the minors a selection names, one per line, oldest
+# first. ci (the oldest and the newest: what scripts/test runs), all, or a
+# comma-separated list of minors such as 1.30,1.37.
+kube_minors() {
+	local all sel=$1 m
+	all=$(awk '!/^#/ && NF { print $1 }' "$KUBE_VERSIONS_FILE")
+	case "$sel" in
+	ci) { head -n1 <<<"$all"; tail -n1 <<<"$all"; } | uniq ;;
+	all) echo "$all" ;;
+	*)
+		for m in ${sel//,/ }; do
+			m=${m#v}
+			m=$(awk -F. '{ print $1 "." $2 }' <<<"$m")
+			grep -qx "$m" <<<"$all" || die "reading the version '$sel'" "'$m' is not a minor of tests/kube/versions; use one of: $(tr '\n' ' ' <<<"$all")(or ci, all)"
+			echo "$m"
+		done
+		;;
+	esac
+}
+
+# kube_release MINOR: the release tests/kube/versions pins for MINOR (v1.30.14).
+kube_release() {
+	awk -v m="$1" '$1 == m { print $2 }' "$KUBE_VERSIONS_FILE"
+}
+
+# kube_version_ldflags VERSION: what `make` stamps into a release build; the
+# components read their own version from it.
+kube_version_ldflags() {
+	local version=$1 v major minor pkg out="-s -w"
+	v=${version#v}
+	major=${v%%.*}
+	minor=${v#*.}
+	minor=${minor%%.*}
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		out+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+	done
+	echo "$out"
+}

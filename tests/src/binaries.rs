@@ -1,73 +1,114 @@
-//! Finding the programs the test bed runs, for the Kubernetes version under test.
+//! Finding the programs the test bed runs, for the Kubernetes version under
+//! test, and what that version's API server and kubelet do.
 
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use anyhow::{bail, Result};
 
-/// A Kubernetes version the test bed runs: the oldest and the newest graceguard supports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum KubeVersion {
-    /// kube-apiserver v1.20.2 alone (Debian's source package): no scheduler or
-    /// controller-manager, no `DisruptionTarget`, no `matchConditions`.
-    V1_20,
-    /// v1.37.2 with kube-scheduler and kube-controller-manager (the Go module in `tests/kube`).
-    V1_37,
+/// The supported minors and the release built for each: `tests/kube/versions`,
+/// the one list the scripts read too.
+const VERSIONS_FILE: &str = include_str!("../kube/versions");
+
+static VERSIONS: LazyLock<Vec<KubeVersion>> = LazyLock::new(|| {
+    VERSIONS_FILE
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let minor = words.next()?.strip_prefix("1.")?.parse().ok()?;
+            let release = words.next()?;
+            Some(KubeVersion { minor, release })
+        })
+        .collect()
+});
+
+/// A Kubernetes minor the test bed runs, one of `tests/kube/versions`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KubeVersion {
+    minor: u32,
+    release: &'static str,
 }
 
-/// The environment variable that picks the version: `1.20` or `1.37` (the default).
+/// What a test may need from the server or the kubelet beyond what every
+/// supported minor has. A test asks `KubeVersion::has`, never a version number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feature {
+    /// A watch with `sendInitialEvents` (the WatchList feature): on by default
+    /// in 1.32 and again from 1.34.
+    StreamingLists,
+}
+
+/// The environment variable that picks the version: a minor (`1.30`) or a
+/// release (`v1.30.14`) of `tests/kube/versions`; the newest when unset.
 pub const KUBE_ENV: &str = "GRACEGUARD_KUBE";
 
 impl KubeVersion {
-    /// The version `GRACEGUARD_KUBE` names; 1.37 when unset.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var(KUBE_ENV).as_deref() {
-            Err(_) | Ok("") | Ok("1.37") | Ok("v1.37.2") => Ok(Self::V1_37),
-            Ok("1.20") | Ok("v1.20.2") => Ok(Self::V1_20),
-            Ok(other) => bail!(
-                "{KUBE_ENV}={other:?} is not a version the test bed has; set it to 1.20 or 1.37"
+    /// Every supported minor, oldest first.
+    pub fn all() -> &'static [KubeVersion] {
+        &VERSIONS
+    }
+
+    /// The oldest supported minor.
+    pub fn oldest() -> KubeVersion {
+        Self::all()[0]
+    }
+
+    /// The newest supported minor.
+    pub fn newest() -> KubeVersion {
+        Self::all()[Self::all().len() - 1]
+    }
+
+    /// The version a minor (`1.30`, `30`) or its release (`v1.30.14`) names.
+    pub fn parse(s: &str) -> Result<Self> {
+        let t = s.trim().trim_start_matches('v');
+        let by_minor = |m: &str| Self::all().iter().find(|v| v.minor.to_string() == m);
+        let found = match t.split('.').collect::<Vec<_>>().as_slice() {
+            [m] | ["1", m] => by_minor(m),
+            ["1", _, _] => Self::all()
+                .iter()
+                .find(|v| v.release.trim_start_matches('v') == t),
+            _ => None,
+        };
+        match found {
+            Some(v) => Ok(*v),
+            None => bail!(
+                "{s:?} is not a Kubernetes version the test bed has; use one of {} (the minors of tests/kube/versions, or their releases)",
+                Self::all().iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
             ),
         }
     }
 
-    /// The full version, as `kube-apiserver --version` prints it after "Kubernetes ".
+    /// The version `GRACEGUARD_KUBE` names; the newest when unset.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(KUBE_ENV).as_deref() {
+            Err(_) | Ok("") => Ok(Self::newest()),
+            Ok(v) => Self::parse(v).map_err(|e| e.context(format!("reading {KUBE_ENV}"))),
+        }
+    }
+
+    /// The full release, as `kube-apiserver --version` prints it after "Kubernetes ".
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::V1_20 => "v1.20.2",
-            Self::V1_37 => "v1.37.2",
-        }
+        self.release
     }
 
-    /// The minor version (20, 37).
+    /// The minor version (30, 37).
     pub fn minor(self) -> u32 {
-        match self {
-            Self::V1_20 => 20,
-            Self::V1_37 => 37,
+        self.minor
+    }
+
+    /// Whether the server (and its kubelet) has `feature`: the one place a
+    /// version number turns into behaviour.
+    pub fn has(self, feature: Feature) -> bool {
+        match feature {
+            Feature::StreamingLists => self.minor == 32 || self.minor >= 34,
         }
     }
+}
 
-    /// Whether kube-scheduler and kube-controller-manager run with it.
-    pub fn has_controllers(self) -> bool {
-        self == Self::V1_37
-    }
-
-    /// Whether its API server serves streaming lists (a watch with
-    /// `sendInitialEvents`): the WatchList feature, on by default in 1.32 and
-    /// from 1.34 on.
-    pub fn serves_streaming_lists(self) -> bool {
-        self.minor() == 32 || self.minor() >= 34
-    }
-
-    /// Fails, naming the test's requirement, when the bed runs an older version
-    /// than `min` (such a test runs only in the 1.37 pass of `scripts/test`).
-    pub fn require(self, min: KubeVersion, what: &str) -> Result<()> {
-        if self < min {
-            bail!(
-                "this test needs Kubernetes {} or newer ({what}), but the bed runs {}; run it with {KUBE_ENV}=1.37",
-                min.as_str(),
-                self.as_str()
-            );
-        }
-        Ok(())
+impl std::fmt::Display for KubeVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "1.{}", self.minor)
     }
 }
 
@@ -77,40 +118,23 @@ pub struct ControlPlaneBins {
     pub version: KubeVersion,
     pub kube_apiserver: PathBuf,
     pub etcd: PathBuf,
-    /// `None` on 1.20.
-    pub kube_scheduler: Option<PathBuf>,
-    /// `None` on 1.20.
-    pub kube_controller_manager: Option<PathBuf>,
-    /// The 1.37 kubectl, for both versions.
+    pub kube_scheduler: PathBuf,
+    pub kube_controller_manager: PathBuf,
     pub kubectl: PathBuf,
 }
 
 impl ControlPlaneBins {
     /// The cached binaries `scripts/install-control-plane` built for `version`.
     pub fn find(version: KubeVersion) -> Result<Self> {
-        let new = cache_dir().join(format!("kube-{}/bin", KubeVersion::V1_37.as_str()));
         let dir = cache_dir().join(format!("kube-{}/bin", version.as_str()));
-        let bin = |d: &Path, name: &str| executable(d.join(name));
-        Ok(match version {
-            KubeVersion::V1_20 => Self {
-                version,
-                kube_apiserver: bin(&dir, "kube-apiserver")?,
-                etcd: match find_on_path("etcd") {
-                    Some(p) => p,
-                    None => bail!("etcd is not on PATH; run scripts/install-control-plane (it installs Debian's etcd-server for 1.20)"),
-                },
-                kube_scheduler: None,
-                kube_controller_manager: None,
-                kubectl: bin(&new, "kubectl")?,
-            },
-            KubeVersion::V1_37 => Self {
-                version,
-                kube_apiserver: bin(&dir, "kube-apiserver")?,
-                etcd: bin(&dir, "etcd")?,
-                kube_scheduler: Some(bin(&dir, "kube-scheduler")?),
-                kube_controller_manager: Some(bin(&dir, "kube-controller-manager")?),
-                kubectl: bin(&dir, "kubectl")?,
-            },
+        let bin = |name: &str| executable(dir.join(name), version);
+        Ok(Self {
+            version,
+            kube_apiserver: bin("kube-apiserver")?,
+            etcd: bin("etcd")?,
+            kube_scheduler: bin("kube-scheduler")?,
+            kube_controller_manager: bin("kube-controller-manager")?,
+            kubectl: bin("kubectl")?,
         })
     }
 }
@@ -132,7 +156,14 @@ pub fn cache_dir() -> PathBuf {
 /// puts the workspace's binaries.
 pub fn workspace_bin(name: &str, var: &str) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(var) {
-        return executable(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        bail!(
+            "{var}={} names no file; unset it or point it at the built {name}",
+            p.display()
+        );
     }
     let exe = std::env::current_exe()?;
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -149,20 +180,13 @@ pub fn workspace_bin(name: &str, var: &str) -> Result<PathBuf> {
     )
 }
 
-fn executable(p: PathBuf) -> Result<PathBuf> {
+fn executable(p: PathBuf, version: KubeVersion) -> Result<PathBuf> {
     if p.is_file() {
         Ok(p)
     } else {
         bail!(
-            "{} does not exist; run scripts/install-control-plane (scripts/test and scripts/demo run it), which builds the test bed's control planes",
+            "{} does not exist; run scripts/install-control-plane --only {version} (scripts/test and scripts/demo run it), which builds the test bed's control planes",
             p.display()
         )
     }
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }

@@ -269,10 +269,7 @@ impl TestBed {
         // network, its address come from it.
         let mut slot = match opts.real_nodes {
             0 => None,
-            _ => {
-                version.require(KubeVersion::V1_37, "real nodes (no 1.20 kubelet is built)")?;
-                Some(crate::node::slot::Slot::acquire()?)
-            }
+            _ => Some(crate::node::slot::Slot::acquire()?),
         };
         // etcd fsyncs every write; tmpfs keeps that cheap when it exists.
         let dir = match Path::new("/dev/shm").is_dir() {
@@ -428,15 +425,6 @@ impl TestBed {
                 ))
                 .arg(format!("--cert-dir={}", path(&pki)))
                 .arg("--v=1");
-            match version {
-                KubeVersion::V1_20 => {
-                    // No controller-manager runs on 1.20, so no default ServiceAccount
-                    // would ever exist for the ServiceAccount plugin to find.
-                    cmd.arg("--insecure-port=0")
-                        .arg("--disable-admission-plugins=ServiceAccount");
-                }
-                KubeVersion::V1_37 => {}
-            }
             if opts.audit {
                 std::fs::write(
                     d.join("audit-policy.yaml"),
@@ -487,10 +475,8 @@ impl TestBed {
             // The node every bed registers at start, the one task pods are bound to.
             bed.register_node(NODE).await?;
         }
-        if version.has_controllers() {
-            bed.start_controllers(&sa_key, slot.is_some())?;
-            bed.wait_controllers().await?;
-        }
+        bed.start_controllers(&sa_key, slot.is_some())?;
+        bed.wait_controllers().await?;
         if let Some(slot) = slot {
             let mut creds = Vec::new();
             for (i, (tls_cert, tls_key)) in node_creds.into_iter().enumerate() {
@@ -501,9 +487,15 @@ impl TestBed {
                 });
             }
             let dir = bed.dir().join("nodes");
-            let mut nodes =
-                crate::node::RealNodes::start(slot, &dir, &bed.client, &bed.ca_file(), &creds)
-                    .await?;
+            let mut nodes = crate::node::RealNodes::start(
+                slot,
+                version,
+                &dir,
+                &bed.client,
+                &bed.ca_file(),
+                &creds,
+            )
+            .await?;
             if opts.pod_network {
                 let pods = nodes.slot.pod_subnet();
                 nodes.start_kube_proxy(&bed.kubeconfig_for("kube-proxy")?, &pods)?;
@@ -613,8 +605,8 @@ impl TestBed {
             .create(&PostParams::default(), &node)
             .await
             .with_context(|| format!("registering Node {name} as system:node:{name}"))?;
-        // Create keeps the status a kubelet sends on 1.20 but not on every
-        // version; post it through nodes/status as the kubelet's next update does.
+        // Create does not keep the status a kubelet sends on every version;
+        // post it through nodes/status as the kubelet's next update does.
         let status = json!({"status": node.status});
         nodes
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
@@ -637,15 +629,10 @@ impl TestBed {
     /// leave it out).
     fn start_controllers(&mut self, sa_key: &Path, real_nodes: bool) -> Result<()> {
         let d = self.dir().to_path_buf();
-        let (Some(kcm), Some(sched)) = (
+        let (kcm, sched) = (
             self.bins.kube_controller_manager.clone(),
             self.bins.kube_scheduler.clone(),
-        ) else {
-            bail!(
-                "no kube-controller-manager/kube-scheduler for {}",
-                self.version.as_str()
-            );
-        };
+        );
         let mut kcm_cmd = self.component("controller-manager", &kcm)?;
         // Each controller acts as its own service account, as kubeadm runs it.
         kcm_cmd
@@ -864,7 +851,7 @@ impl TestBed {
 
     /// A client of the admin impersonating `user` in `groups`, as the API
     /// server sees a ServiceAccount's token (a service account's identity
-    /// without a token controller: 1.20 runs none here).
+    /// without minting its token).
     pub async fn client_impersonating(&self, user: &str, groups: &[&str]) -> Result<Client> {
         let mut kc = Kubeconfig::read_from(&self.kubeconfig)
             .with_context(|| format!("reading kubeconfig {}", self.kubeconfig.display()))?;
@@ -912,14 +899,12 @@ impl TestBed {
             .create(&PostParams::default(), &ns)
             .await
             .with_context(|| format!("creating namespace {name}"))?;
-        if self.version.has_controllers() {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !self.default_service_account(name).await? {
-                if Instant::now() > deadline {
-                    bail!("no default ServiceAccount in namespace {name} after 60 s; is kube-controller-manager's serviceaccount-controller running?");
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.default_service_account(name).await? {
+            if Instant::now() > deadline {
+                bail!("no default ServiceAccount in namespace {name} after 60 s; is kube-controller-manager's serviceaccount-controller running?");
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(())
     }

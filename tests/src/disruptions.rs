@@ -13,7 +13,6 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
-use crate::binaries::KubeVersion;
 use crate::containers::PodRecorder;
 use crate::kubelet::{FinishDeletions, Kubelet, KubeletOptions};
 use crate::pods::{self, CreateOutcome};
@@ -102,8 +101,6 @@ pub async fn scheduler_preemption(
     kubelet: &Kubelet,
     ns: &str,
 ) -> Result<SchedulerPreemptionReport> {
-    bed.version
-        .require(KubeVersion::V1_37, "a kube-scheduler that preempts")?;
     priority_classes(bed).await?;
     let alice: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, ns);
     let watch = LabelWatch::start(bed.client.clone(), ns);
@@ -206,8 +203,6 @@ pub async fn drain(
     ns: &str,
     n: usize,
 ) -> Result<DrainReport> {
-    bed.version
-        .require(KubeVersion::V1_37, "the Eviction API's DisruptionTarget")?;
     const NODE: &str = "node-2";
     bed.register_node(NODE).await?;
     let _kubelet = Kubelet::start(
@@ -392,8 +387,6 @@ pub async fn flyte_seed_naive(
     mode: &str,
     laps: u32,
 ) -> Result<crate::scenario::CollisionReport> {
-    bed.version
-        .require(KubeVersion::V1_37, "a kube-scheduler that preempts")?;
     priority_classes(bed).await?;
     crate::quota::set_pods_quota(bed, ns, 10).await?;
     let cpu = most_of_node_cpu(bed, pods::NODE).await?;

@@ -266,7 +266,7 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
                     pods::delete_gracefully(&api, pod, None).await
                 } else {
                     report.pods_evicted += 1;
-                    pods::evict(&bed.client, bed.version, ns, pod, None, false)
+                    pods::evict(&bed.client, ns, pod, None, false)
                         .await
                         .map(|_| ())
                 }

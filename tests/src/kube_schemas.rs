@@ -1,7 +1,7 @@
 //! The Kubernetes schemas the sidecar's OpenAPI document includes for a pod
-//! template, read from a real kube-apiserver: v1.37 serves them as OpenAPI
-//! v3 (`/openapi/v3/api/v1`, what the document holds); v1.20 serves only
-//! v2 (`/openapi/v2`), compared by the properties each schema names.
+//! template, read from a real kube-apiserver as OpenAPI v3
+//! (`/openapi/v3/api/v1`, what the document holds); an older minor's are
+//! compared by the properties each schema names.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -106,20 +106,6 @@ pub async fn served_v3(bed: &TestBed) -> Result<BTreeMap<String, Value>> {
     let mut out = closure(schemas, "#/components/schemas/")?;
     out.values_mut().for_each(drop_zero_defaults);
     Ok(out)
-}
-
-/// The property names of each schema a v1.20 API server serves (v2) for a
-/// pod template.
-pub async fn served_v2_properties(bed: &TestBed) -> Result<BTreeMap<String, BTreeSet<String>>> {
-    let doc = get_json(bed, "/openapi/v2").await?;
-    let defs = doc
-        .get("definitions")
-        .and_then(Value::as_object)
-        .context("/openapi/v2 has no definitions")?;
-    Ok(closure(defs, "#/definitions/")?
-        .into_iter()
-        .map(|(name, s)| (name, properties(&s)))
-        .collect())
 }
 
 /// The property names a schema lists.

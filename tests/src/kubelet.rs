@@ -14,8 +14,8 @@
 //!
 //! Tests can also end a pod, report the kubelet's own `TerminationByKubelet`
 //! disruption, and, with kube-scheduler's identity, set `DisruptionTarget` the
-//! way the scheduler does before a preemption (on 1.20, where no scheduler
-//! writes that condition).
+//! way the scheduler does before a preemption (where a test needs it without
+//! a scheduler's decision).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -4,12 +4,12 @@
 //! the end-to-end tests start one per test ([`TestBed`]): etcd and
 //! kube-apiserver on free loopback ports, started as a production cluster runs
 //! them (Node and RBAC authorization, NodeRestriction, ResourceQuota), on the
-//! Kubernetes version `GRACEGUARD_KUBE` names: v1.20.2 (the oldest supported)
-//! or v1.37.2, which adds kube-scheduler and kube-controller-manager. Requests
-//! carry real identities (admin, plain users, nodes, the controllers' own).
-//! [`kubelet::Kubelet`] plays a node's kubelet with that node's identity;
-//! [`quota`] waits for the real quota controller on 1.37 and plays its part
-//! on 1.20. [`webhook::WebhookProcess`] runs the real `graceguard-webhook`
+//! Kubernetes minor `GRACEGUARD_KUBE` names (one of `tests/kube/versions`,
+//! 1.30 through 1.37; [`KubeVersion`]), with kube-scheduler and
+//! kube-controller-manager. Requests carry real identities (admin, plain
+//! users, nodes, the controllers' own). [`kubelet::Kubelet`] plays a node's
+//! kubelet with that node's identity; [`quota`] waits for the real quota
+//! controller. [`webhook::WebhookProcess`] runs the real `graceguard-webhook`
 //! binary against the bed.
 
 pub mod airflow_executor;
@@ -44,7 +44,7 @@ pub mod stall;
 pub mod storm;
 pub mod webhook;
 
-pub use binaries::KubeVersion;
+pub use binaries::{Feature, KubeVersion};
 pub use control_plane::{TestBed, TestBedOptions};
 
 /// Any failure of the test bed, with what to do about it in the message.

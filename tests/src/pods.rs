@@ -150,22 +150,15 @@ pub async fn delete_gracefully(
 }
 
 /// Evicts `ns/name` through the Eviction API (`pods/eviction` CREATE), as
-/// `kubectl drain` and the cluster-autoscaler do: `policy/v1` on 1.37,
-/// `policy/v1beta1` on 1.20 (which has no v1). A refusal (429 for a
-/// PodDisruptionBudget, 404) is an outcome, not an error.
+/// `kubectl drain` and the cluster-autoscaler do (`policy/v1`). A refusal
+/// (429 for a PodDisruptionBudget, 404) is an outcome, not an error.
 pub async fn evict(
     client: &kube::Client,
-    version: crate::KubeVersion,
     ns: &str,
     name: &str,
     grace: Option<i64>,
     dry_run: bool,
 ) -> anyhow::Result<CreateOutcome> {
-    let api_version = if version.minor() >= 22 {
-        "policy/v1"
-    } else {
-        "policy/v1beta1"
-    };
     let mut options = serde_json::json!({});
     if let Some(g) = grace {
         options["gracePeriodSeconds"] = g.into();
@@ -174,7 +167,7 @@ pub async fn evict(
         options["dryRun"] = serde_json::json!(["All"]);
     }
     let body = serde_json::json!({
-        "apiVersion": api_version,
+        "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": name, "namespace": ns},
         "deleteOptions": options,

@@ -3,10 +3,7 @@
 //! The ResourceQuota admission plugin charges every admitted Create to
 //! `status.used`; the quota controller (kube-controller-manager) fills
 //! `status.hard` when a quota appears and recomputes `status.used` when pods
-//! end or go. On 1.37 the real controller does both and these helpers only
-//! wait for it; on 1.20, where no controller-manager runs, they write what
-//! the controller would (`status.used.pods` = the namespace's pods that still
-//! count), so the admission plugin sees the same thing either way.
+//! end or go. These helpers only wait for it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -14,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
 
 use crate::control_plane::TestBed;
@@ -55,9 +52,8 @@ pub async fn set_named_quota(
     Ok(())
 }
 
-/// Creates quota `name` in `ns` with `hard` limits. On 1.20 it also writes the
-/// status the quota controller would (only `pods` may be in use); on 1.37 the
-/// real controller fills it: see [`in_force`].
+/// Creates quota `name` in `ns` with `hard` limits; the quota controller
+/// fills its status: see [`in_force`].
 pub async fn create_named(
     bed: &TestBed,
     ns: &str,
@@ -83,21 +79,6 @@ pub async fn create_named(
     api.create(&PostParams::default(), &rq)
         .await
         .with_context(|| format!("creating quota {ns}/{name}"))?;
-    if bed.version.has_controllers() {
-        return Ok(());
-    }
-    let pods = counted_pods(&bed.client, ns).await?;
-    let used: BTreeMap<String, Quantity> = map
-        .keys()
-        .map(|k| {
-            let v = if k == "pods" { pods } else { 0 };
-            (k.clone(), Quantity(v.to_string()))
-        })
-        .collect();
-    let status = serde_json::json!({"status": {"hard": map, "used": used}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .with_context(|| format!("setting the status of quota {ns}/{name}"))?;
     Ok(())
 }
 
@@ -146,29 +127,20 @@ pub async fn counted_pods(client: &Client, ns: &str) -> Result<i64> {
     Ok(i64::try_from(n)?)
 }
 
-/// After pods ended or went: on 1.37, waits until the quota controller has
-/// recomputed `status.used.pods`; on 1.20, writes what it would compute.
+/// After pods ended or went: waits until the quota controller has
+/// recomputed `status.used.pods`.
 pub async fn recalculate(bed: &TestBed, ns: &str) -> Result<()> {
-    let api: Api<ResourceQuota> = Api::namespaced(bed.client.clone(), ns);
-    if bed.version.has_controllers() {
-        let deadline = Instant::now() + CONTROLLER_WAIT;
-        loop {
-            let want = counted_pods(&bed.client, ns).await?;
-            if used_pods(&bed.client, ns).await? == want {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("the quota controller did not recompute {ns}/{QUOTA} to {want} pods within {CONTROLLER_WAIT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    let deadline = Instant::now() + CONTROLLER_WAIT;
+    loop {
+        let want = counted_pods(&bed.client, ns).await?;
+        if used_pods(&bed.client, ns).await? == want {
+            return Ok(());
         }
+        if Instant::now() > deadline {
+            bail!("the quota controller did not recompute {ns}/{QUOTA} to {want} pods within {CONTROLLER_WAIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let want = counted_pods(&bed.client, ns).await?;
-    let status = serde_json::json!({"status": {"used": {"pods": want.to_string()}}});
-    api.patch_status(QUOTA, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .with_context(|| format!("recomputing the status of quota {ns}/{QUOTA}"))?;
-    Ok(())
 }
 
 /// `status.used.pods` of quota `pods` in `ns`, as the apiserver has it now.

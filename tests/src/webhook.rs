@@ -667,7 +667,7 @@ impl WebhookProcess {
                         api.delete(POD, &dp).await?;
                     }
                     Hook::EvictionAudit => {
-                        crate::pods::evict(&bed.client, bed.version, NS, POD, None, true).await?;
+                        crate::pods::evict(&bed.client, NS, POD, None, true).await?;
                     }
                     Hook::CollisionKinds => {
                         let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(

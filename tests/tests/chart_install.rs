@@ -10,7 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota, Secret};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::Api;
 use testbed::helm::{chart_dir, Helm};
 use testbed::pods::{self, CreateOutcome};
@@ -37,26 +37,14 @@ async fn priority_class_admitted_only_under_the_charts_quota(bed: &TestBed) -> R
         serde_json::json!([{"scopeName": "PriorityClass", "operator": "In", "values": [CLASS]}]),
         "{spec}"
     );
-    if bed.version.has_controllers() {
-        // As a cluster has it: the quota controller has filled its status.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !testbed::quota::in_force(bed, "graceguard", "graceguard-priority-class").await? {
-            anyhow::ensure!(
-                std::time::Instant::now() < deadline,
-                "kube-controller-manager did not fill the chart's quota's status within 60 s"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        }
-    } else {
-        // No quota controller on 1.20: write the status it would.
-        let status = serde_json::json!({"status": {"hard": {"pods": "10"}, "used": {"pods": "0"}}});
-        quotas
-            .patch_status(
-                "graceguard-priority-class",
-                &PatchParams::default(),
-                &Patch::Merge(&status),
-            )
-            .await?;
+    // As a cluster has it: the quota controller has filled its status.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !testbed::quota::in_force(bed, "graceguard", "graceguard-priority-class").await? {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "kube-controller-manager did not fill the chart's quota's status within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     let dry = PostParams {
         dry_run: true,
@@ -159,10 +147,7 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
 
     // Exactly get/list/watch on pods and namespaces and on the collision
     // guard's default kinds and resourcequotas, and patch on pods/status for
-    // the tagger's follow-up; nothing else. The tagger (and so the follow-up)
-    // is on by default only where matchConditions are (1.28+): on 1.20 the
-    // service account only reads.
-    let modern = bed.version >= testbed::KubeVersion::V1_37;
+    // the tagger's follow-up; nothing else.
     let follow_up = [("patch", "pods --subresource=status")];
     let reads = [
         ("watch", "persistentvolumeclaims"),
@@ -176,11 +161,7 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         ("list", "namespaces"),
         ("watch", "namespaces"),
     ];
-    let allowed: Vec<_> = reads
-        .iter()
-        .chain(follow_up.iter().filter(|_| modern))
-        .copied()
-        .collect();
+    let allowed: Vec<_> = reads.iter().chain(follow_up.iter()).copied().collect();
     let denied: Vec<_> = [
         ("create", "pods"),
         ("update", "pods"),
@@ -200,7 +181,6 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         ("update", "validatingwebhookconfigurations"),
     ]
     .into_iter()
-    .chain(follow_up.iter().copied().filter(|_| !modern))
     .collect();
     for (verb, resource) in allowed.iter().chain(denied.iter()) {
         let want = allowed.contains(&(*verb, *resource));
@@ -248,13 +228,12 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         }
     }
     // The collision guard's configuration holds pods and the other kinds.
-    assert_eq!(hooks.len(), if modern { 5 } else { 4 }, "{hooks:?}");
-    assert_eq!(
+    assert_eq!(hooks.len(), 5, "{hooks:?}");
+    assert!(
         hooks
             .iter()
             .any(|(name, ..)| name == "disruption-tagger.graceguard.io"),
-        modern,
-        "the tagger is registered only with matchConditions: {hooks:?}"
+        "the tagger is registered: {hooks:?}"
     );
     for (name, policy, selector, ca, conditions) in &hooks {
         let filtered = matches!(
@@ -264,7 +243,7 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
                 | "disruption-tagger.graceguard.io"
                 | "deletion-audit.graceguard.io"
         );
-        let want = usize::from(filtered && modern);
+        let want = usize::from(filtered);
         assert_eq!(
             *conditions,
             want,

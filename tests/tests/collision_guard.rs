@@ -398,7 +398,7 @@ async fn the_pod_index_streams_its_initial_list_where_served_and_pages_it_elsewh
     for (args, streams) in [
         (
             &["--pod-list-streaming=true"][..],
-            bed.version.serves_streaming_lists(),
+            bed.version.has(testbed::Feature::StreamingLists),
         ),
         (
             &["--pod-list-streaming=false", "--pod-list-page-size=7"][..],

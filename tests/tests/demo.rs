@@ -106,10 +106,6 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     assert_eq!(ours["executors"], 2, "{ours}");
 
     let scenario = |s: &str| runs.iter().find(|r| r["scenario"] == s).cloned();
-    if version < testbed::KubeVersion::V1_37 {
-        assert!(scenario("scheduler-preemption").is_none() && scenario("drain").is_none());
-        return Ok(());
-    }
     // The Flyte seed with a real preemption on a real node (the kubelet
     // terminates the victim): the naive loop leaks one pod of quota per lap
     // (read from the real quota controller's status), not with the webhook,

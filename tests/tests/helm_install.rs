@@ -2,7 +2,7 @@
 //! packs, imported into real nodes' containerd; the real `helm` CLI (Helm 4,
 //! `scripts/install-helm`); the webhook served from pods behind the chart's
 //! Service, which the API server reaches through kube-proxy. Named
-//! `*_on_1_37`: real nodes run on 1.37 only.
+//! `*`: real nodes run on 1.37 only.
 
 use std::time::{Duration, Instant};
 
@@ -343,8 +343,7 @@ async fn scale(bed: &TestBed, replicas: i32) -> R {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninstalls_on_1_37() -> R
-{
+async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninstalls() -> R {
     let bed = bed().await?;
     let helm = Helm::for_bed(&bed)?;
     let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
@@ -636,7 +635,7 @@ where
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same_on_1_37() -> R {
+async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same() -> R {
     let bed = bed().await?;
     let helm = Helm::for_bed(&bed)?;
     let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
@@ -695,7 +694,7 @@ async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same_on_1_37() 
 /// the Secret the serving Certificate names, which cert-manager would write.
 /// 1.37 only: cert-manager v1.21 does not support 1.20.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cert_manager_mode_is_accepted_by_cert_managers_crds_on_1_37() -> R {
+async fn cert_manager_mode_is_accepted_by_cert_managers_crds() -> R {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let bed = TestBed::start().await?;
     let helm = Helm::for_bed(&bed)?;

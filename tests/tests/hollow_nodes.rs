@@ -2,7 +2,7 @@
 //! --hollow-nodes N`, the nodes of `scripts/bench`'s cluster_churn): each
 //! registers its own Node as `system:node:<name>` under the Node authorizer
 //! and NodeRestriction, tainted so that only pods that tolerate it land
-//! there, and runs the pods bound to it on its fake runtime. Named `*_on_1_37`:
+//! there, and runs the pods bound to it on its fake runtime. Named `*`:
 //! they run beside a real node (1.37 only).
 
 use std::time::{Duration, Instant};
@@ -34,7 +34,7 @@ async fn node_of_when_running(api: &Api<Pod>, name: &str) -> anyhow::Result<Stri
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hollow_nodes_register_as_themselves_tainted_and_run_only_tolerating_pods_on_1_37() -> R {
+async fn hollow_nodes_register_as_themselves_tainted_and_run_only_tolerating_pods() -> R {
     let bed = TestBed::start_with(TestBedOptions {
         real_nodes: 1,
         hollow_nodes: 2,

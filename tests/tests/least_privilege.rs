@@ -13,7 +13,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 use testbed::helm::{chart_dir, Helm};
 use testbed::pods;
-use testbed::{KubeVersion, TestBed};
+use testbed::TestBed;
 
 type R = anyhow::Result<()>;
 
@@ -21,12 +21,10 @@ const RELEASE_NS: &str = "graceguard-system";
 const POLICY_MESSAGE: &str = "graceguard may change only graceguard.io/";
 
 /// The chart's identity objects, rendered by `helm` for the bed's server.
-/// Below 1.28 the tagger (and so its write) is off by default: the test turns
-/// it on, as a user who wants tagging there would.
 fn rendered_identity(bed: &TestBed) -> anyhow::Result<Vec<Value>> {
     let helm = Helm::for_bed(bed)?;
     let chart = chart_dir().display().to_string();
-    let mut args = vec![
+    let args = vec![
         "install",
         "graceguard",
         &chart,
@@ -36,9 +34,6 @@ fn rendered_identity(bed: &TestBed) -> anyhow::Result<Vec<Value>> {
         "--output",
         "json",
     ];
-    if bed.version < KubeVersion::V1_37 {
-        args.extend(["--set", "webhooks.disruptionTagger.enabled=true"]);
-    }
     let out = helm.ok(&args)?;
     let release: Value = serde_json::from_str(&out)?;
     let manifest = release["manifest"].as_str().unwrap_or_default();
@@ -107,7 +102,6 @@ async fn status_patch(api: &Api<Pod>, name: &str, patch: Value) -> Result<Pod, k
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceguards_identity_may_tag_a_pod_and_change_nothing_else() -> R {
     let bed = TestBed::start().await?;
-    let policy_served = bed.version >= KubeVersion::V1_37;
     Api::<Namespace>::all(bed.client.clone())
         .create(
             &PostParams::default(),
@@ -116,12 +110,8 @@ async fn graceguards_identity_may_tag_a_pod_and_change_nothing_else() -> R {
         .await?;
     let objects = rendered_identity(&bed)?;
     let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
-    // Helm asked the server: the policy only where it serves the API (1.30+).
-    assert_eq!(
-        kinds.contains(&"ValidatingAdmissionPolicy"),
-        policy_served,
-        "{kinds:?}"
-    );
+    // The policy always comes with the grant it confines.
+    assert!(kinds.contains(&"ValidatingAdmissionPolicy"), "{kinds:?}");
     let sa = objects
         .iter()
         .find(|o| o["kind"] == "ServiceAccount")
@@ -165,10 +155,9 @@ async fn graceguards_identity_may_tag_a_pod_and_change_nothing_else() -> R {
     );
 
     // A forbidden change, tried while the policy may still be syncing into
-    // the API server: on a server with the policy it is refused within a
-    // few seconds and stays refused.
+    // the API server: it is refused within a few seconds and stays refused.
     let relabel = json!({"metadata": {"labels": {"app": "evil"}}});
-    let r = if policy_served {
+    let r = {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let r = status_patch(&api, "tagged", relabel.clone()).await;
@@ -184,23 +173,9 @@ async fn graceguards_identity_may_tag_a_pod_and_change_nothing_else() -> R {
             .await?;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    } else {
-        status_patch(&api, "tagged", relabel.clone()).await
     };
-    if policy_served {
-        assert_eq!(code(&r), 403, "relabel: {}", message(&r));
-        assert!(message(&r).contains(POLICY_MESSAGE), "{}", message(&r));
-    } else {
-        // Below 1.30 nothing but RBAC stands here: pods/status may rewrite
-        // labels (what the README's security section says remains possible).
-        assert_eq!(code(&r), 200, "relabel below 1.30: {}", message(&r));
-        status_patch(
-            &admin,
-            "tagged",
-            json!({"metadata": {"labels": {"app": "train"}}}),
-        )
-        .await?;
-    }
+    assert_eq!(code(&r), 403, "relabel: {}", message(&r));
+    assert!(message(&r).contains(POLICY_MESSAGE), "{}", message(&r));
 
     // graceguard's own tags, through pods/status, with the uid precondition: allowed.
     let tags = json!({"metadata": {
@@ -218,7 +193,7 @@ async fn graceguards_identity_may_tag_a_pod_and_change_nothing_else() -> R {
     );
     assert_eq!(labels.get("app").map(String::as_str), Some("train"));
 
-    // Everything else: refused by the policy where it is served.
+    // Everything else: refused by the policy.
     let forbidden = [
         (
             "an annotation",
@@ -243,14 +218,12 @@ async fn graceguards_identity_may_tag_a_pod_and_change_nothing_else() -> R {
     ];
     for (what, patch) in forbidden {
         let r = status_patch(&api, "tagged", patch).await;
-        if policy_served {
-            assert_eq!(code(&r), 403, "{what}: {}", message(&r));
-            assert!(
-                message(&r).contains("graceguard may"),
-                "{what}: {}",
-                message(&r)
-            );
-        }
+        assert_eq!(code(&r), 403, "{what}: {}", message(&r));
+        assert!(
+            message(&r).contains("graceguard may"),
+            "{what}: {}",
+            message(&r)
+        );
     }
     // The spec cannot change through pods/status on any version: the
     // subresource's strategy puts the stored spec back.
@@ -262,21 +235,19 @@ async fn graceguards_identity_may_tag_a_pod_and_change_nothing_else() -> R {
     .await;
     let deadline = |p: Pod| p.spec.and_then(|s| s.active_deadline_seconds);
     assert_eq!(deadline(admin.get("tagged").await?), None);
-    if policy_served {
-        let after = admin.get("tagged").await?;
-        assert_eq!(
-            after
-                .metadata
-                .labels
-                .unwrap_or_default()
-                .get("app")
-                .map(String::as_str),
-            Some("train")
-        );
-        assert_eq!(
-            after.metadata.finalizers.unwrap_or_default(),
-            Vec::<String>::new()
-        );
-    }
+    let after = admin.get("tagged").await?;
+    assert_eq!(
+        after
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("app")
+            .map(String::as_str),
+        Some("train")
+    );
+    assert_eq!(
+        after.metadata.finalizers.unwrap_or_default(),
+        Vec::<String>::new()
+    );
     Ok(())
 }

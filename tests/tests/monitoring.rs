@@ -24,7 +24,7 @@ use testbed::objects;
 use testbed::pods::{self, CreateOutcome};
 use testbed::promql::{exposed_samples, metric_names};
 use testbed::sidecar::SidecarProcess;
-use testbed::{quota, KubeVersion, TestBed};
+use testbed::{quota, TestBed};
 
 type R = anyhow::Result<()>;
 
@@ -151,12 +151,8 @@ fn unreachable_hook(ca_pem: &str) -> anyhow::Result<ValidatingWebhookConfigurati
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_series_the_alerts_and_the_dashboard_name_is_exported_on_1_37() -> R {
+async fn every_series_the_alerts_and_the_dashboard_name_is_exported() -> R {
     let bed = TestBed::start().await?;
-    bed.version.require(
-        KubeVersion::V1_37,
-        "the API server's fail-open and rejection series the alerts read",
-    )?;
     let (rules, queries) = rendered(&bed)?;
 
     // The webhook with other kinds guarded (their index series exist once a

@@ -8,7 +8,7 @@ use kube::{Api, ResourceExt};
 use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, disruption_label, CreateOutcome};
 use testbed::webhook::{WebhookProcess, ALL_HOOKS};
-use testbed::{KubeVersion, TestBed};
+use testbed::TestBed;
 
 type R = anyhow::Result<()>;
 
@@ -126,9 +126,9 @@ async fn one_eviction_is_audited_exactly_once_and_tagged_where_the_api_writes_it
     let alice = bed.client_as("alice").await?;
 
     // A dry run first: audited as one, the pod left alone.
-    let dry = pods::evict(&alice, bed.version, &ns, "e1", Some(20), true).await?;
+    let dry = pods::evict(&alice, &ns, "e1", Some(20), true).await?;
     assert_eq!(dry, CreateOutcome::Created, "{dry:?}");
-    let out = pods::evict(&alice, bed.version, &ns, "e1", Some(20), false).await?;
+    let out = pods::evict(&alice, &ns, "e1", Some(20), false).await?;
     assert_eq!(out, CreateOutcome::Created, "{out:?}");
     let pod = api.get("e1").await?;
     assert!(
@@ -159,11 +159,9 @@ async fn one_eviction_is_audited_exactly_once_and_tagged_where_the_api_writes_it
     // The eviction deleted it through the registry: no DELETE webhook call.
     assert!(webhook.records_for("deletion_audit", &ns, "e1")?.is_empty());
 
-    if bed.version >= KubeVersion::V1_37 {
-        // Since 1.26 the Eviction API writes DisruptionTarget outside
-        // admission; graceguard tags it afterwards.
-        pods::wait_label(&api, "e1", LABEL, "EvictionByEvictionAPI").await?;
-    }
+    // The Eviction API writes DisruptionTarget outside admission; graceguard
+    // tags it afterwards.
+    pods::wait_label(&api, "e1", LABEL, "EvictionByEvictionAPI").await?;
     // The kubelet finishes the deletion as the node: final status, delete grace 0.
     kubelet.finish_deletion(&ns, "e1").await?;
     pods::wait_gone(&api, "e1", &pod.uid().unwrap_or_default()).await?;
@@ -209,13 +207,8 @@ async fn a_drain_a_budget_refuses_for_a_while_records_each_attempt_and_one_evict
     pod.metadata.labels = Some([("app".to_string(), "guarded".to_string())].into());
     assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
     pods::wait_running(&api, "guarded").await?;
-    // No disruption allowed (on 1.20, where no disruption controller runs
-    // here, the budget's status is never computed: refused all the same).
-    let policy = if bed.version >= KubeVersion::V1_37 {
-        "policy/v1"
-    } else {
-        "policy/v1beta1"
-    };
+    // No disruption allowed.
+    let policy = "policy/v1";
     let pdb = bed.dir().join("pdb.yaml");
     std::fs::write(
         &pdb,
@@ -329,18 +322,16 @@ async fn a_drain_a_budget_refuses_for_a_while_records_each_attempt_and_one_evict
         Some(1.0)
     );
 
-    if bed.version >= KubeVersion::V1_37 {
-        // One follow-up, for the eviction that happened.
-        webhook
-            .wait_record(|r| r["event"] == "follow_up" && r["name"] == "guarded")
-            .await?;
-        let follow_ups: Vec<_> = webhook
-            .records_for("disruption_tagger", &ns, "guarded")?
-            .into_iter()
-            .filter(|r| r["event"] == "follow_up")
-            .collect();
-        assert_eq!(follow_ups.len(), 1, "{follow_ups:?}");
-        assert_eq!(follow_ups[0]["reason"], "tagged", "{follow_ups:?}");
-    }
+    // One follow-up, for the eviction that happened.
+    webhook
+        .wait_record(|r| r["event"] == "follow_up" && r["name"] == "guarded")
+        .await?;
+    let follow_ups: Vec<_> = webhook
+        .records_for("disruption_tagger", &ns, "guarded")?
+        .into_iter()
+        .filter(|r| r["event"] == "follow_up")
+        .collect();
+    assert_eq!(follow_ups.len(), 1, "{follow_ups:?}");
+    assert_eq!(follow_ups[0]["reason"], "tagged", "{follow_ups:?}");
     Ok(())
 }

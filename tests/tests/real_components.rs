@@ -1,7 +1,7 @@
 //! Scenarios only real components produce, on Kubernetes 1.37 with its
 //! kube-scheduler and kube-controller-manager: a preemption, a drain, pods
 //! made by controllers, and a Job held by the garbage collector's foreground
-//! deletion. Named `*_on_1_37`: `scripts/test` runs them in the
+//! deletion. Named `*`: `scripts/test` runs them in the
 //! 1.37 pass only (1.20 has no scheduler here, and no DisruptionTarget).
 
 use std::time::{Duration, Instant};
@@ -16,23 +16,19 @@ use testbed::disruptions::{drain, scheduler_preemption};
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::webhook::{WebhookProcess, ALL_HOOKS};
-use testbed::{objects, quota, KubeVersion, TestBed};
+use testbed::{objects, quota, TestBed};
 
 type R = anyhow::Result<()>;
 
-async fn bed_1_37(prefix: &str) -> anyhow::Result<(TestBed, String)> {
+async fn bed_in(prefix: &str) -> anyhow::Result<(TestBed, String)> {
     let bed = TestBed::start().await?;
-    bed.version.require(
-        KubeVersion::V1_37,
-        "kube-scheduler and kube-controller-manager",
-    )?;
     let ns = bed.namespace(prefix).await?;
     Ok((bed, ns))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_scheduler_s_preemption_is_tagged_and_its_delete_audited_once_on_1_37() -> R {
-    let (bed, ns) = bed_1_37("preempt").await?;
+async fn the_scheduler_s_preemption_is_tagged_and_its_delete_audited_once() -> R {
+    let (bed, ns) = bed_in("preempt").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register(&bed, ALL_HOOKS).await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
@@ -46,8 +42,8 @@ async fn the_scheduler_s_preemption_is_tagged_and_its_delete_audited_once_on_1_3
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_kubectl_drain_completes_with_every_pod_tagged_and_audited_once_on_1_37() -> R {
-    let (bed, ns) = bed_1_37("drain").await?;
+async fn a_real_kubectl_drain_completes_with_every_pod_tagged_and_audited_once() -> R {
+    let (bed, ns) = bed_in("drain").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register(&bed, ALL_HOOKS).await?;
     let r = drain(&bed, &webhook, &ns, 3).await?;
@@ -92,9 +88,8 @@ fn workload_pod_template(app: &str) -> serde_json::Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_of_real_controllers_are_never_denied_and_a_statefulset_pod_returns_once_gone_on_1_37(
-) -> R {
-    let (bed, ns) = bed_1_37("controllers").await?;
+async fn pods_of_real_controllers_are_never_denied_and_a_statefulset_pod_returns_once_gone() -> R {
+    let (bed, ns) = bed_in("controllers").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register(&bed, ALL_HOOKS).await?;
     let kubelet = Kubelet::start(
@@ -232,9 +227,9 @@ async fn pods_of_real_controllers_are_never_denied_and_a_statefulset_pod_returns
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_match_conditions_ordinary_status_updates_generated_names_and_final_deletes_never_call_graceguard_on_1_37(
+async fn with_match_conditions_ordinary_status_updates_generated_names_and_final_deletes_never_call_graceguard(
 ) -> R {
-    let (bed, ns) = bed_1_37("match").await?;
+    let (bed, ns) = bed_in("match").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register_as_the_chart_does(&bed).await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
@@ -334,12 +329,8 @@ async fn job_pod(client: &Client, ns: &str) -> anyhow::Result<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_held_by_foreground_deletion_is_denied_and_count_jobs_never_charged_on_1_37() -> R {
+async fn a_job_held_by_foreground_deletion_is_denied_and_count_jobs_never_charged() -> R {
     let bed = TestBed::start().await?;
-    bed.version.require(
-        KubeVersion::V1_37,
-        "the garbage collector's foreground deletion",
-    )?;
     let ns = bed.namespace("job").await?;
     let webhook = testbed::objects::guarding_kinds(&bed).await?;
     quota::set_named_quota(&bed, &ns, "jobs", &[("count/jobs.batch", "5")]).await?;

@@ -3,7 +3,7 @@
 //! plugins running real containers of the bed's busybox image. Graceful
 //! deletions are carried out by the kubelet (SIGTERM, the container's own
 //! exit or SIGKILL at the end of the grace period, the final status update,
-//! its delete with grace 0). Named `*_on_1_37`: `scripts/test` runs them in
+//! its delete with grace 0). Named `*`: `scripts/test` runs them in
 //! the 1.37 pass only (no 1.20 kubelet is built).
 
 use std::time::{Duration, Instant};
@@ -131,8 +131,7 @@ async fn kubelet_traffic(bed: &TestBed, ns: &str) -> anyhow::Result<(usize, usiz
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_its_pod_on_1_37(
-) -> R {
+async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_its_pod() -> R {
     let (bed, ns) = bed("graceful", 1).await?;
     let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);
     let ends = EndWatch::start(bed.client.clone(), &ns);
@@ -164,7 +163,7 @@ async fn a_container_that_traps_sigterm_exits_by_itself_and_the_kubelet_deletes_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_container_that_ignores_sigterm_is_killed_at_the_end_of_its_grace_period_on_1_37() -> R {
+async fn a_container_that_ignores_sigterm_is_killed_at_the_end_of_its_grace_period() -> R {
     let (bed, ns) = bed("stubborn", 1).await?;
     let api: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, &ns);
     let ends = EndWatch::start(bed.client.clone(), &ns);
@@ -203,7 +202,7 @@ fn guard_template(bed: &TestBed, script: &str, memory: Option<&str>) -> anyhow::
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_tasks_end_as_their_containers_exit_0_1_or_are_oom_killed_on_1_37() -> R {
+async fn guard_tasks_end_as_their_containers_exit_0_1_or_are_oom_killed() -> R {
     let (bed, ns) = bed("exits", 1).await?;
     let alice = bed.client_as("alice").await?;
     let ends = EndWatch::start(bed.client.clone(), &ns);
@@ -270,7 +269,7 @@ async fn guard_tasks_end_as_their_containers_exit_0_1_or_are_oom_killed_on_1_37(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_real_kubelet_s_status_updates_of_a_disrupted_pod_go_through_graceguard_on_1_37() -> R {
+async fn the_real_kubelet_s_status_updates_of_a_disrupted_pod_go_through_graceguard() -> R {
     let (bed, ns) = bed("kubelet-status", 1).await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register(&bed, ALL_HOOKS).await?;
@@ -282,15 +281,7 @@ async fn the_real_kubelet_s_status_updates_of_a_disrupted_pod_go_through_gracegu
     wait_log(&api, "evicted", "started").await?;
     let uid = api.get("evicted").await?.uid().unwrap_or_default();
     // The Eviction API sets DisruptionTarget, then deletes gracefully.
-    let out = pods::evict(
-        &bed.client_as("alice").await?,
-        bed.version,
-        &ns,
-        "evicted",
-        None,
-        false,
-    )
-    .await?;
+    let out = pods::evict(&bed.client_as("alice").await?, &ns, "evicted", None, false).await?;
     assert_eq!(out, CreateOutcome::Created, "the eviction");
     pods::wait_gone(&api, "evicted", &uid).await?;
     // Tagged, and every request the kubelet sent (status updates while the
@@ -313,8 +304,7 @@ async fn the_real_kubelet_s_status_updates_of_a_disrupted_pod_go_through_gracegu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_kubectl_drain_of_a_real_node_completes_every_pod_tagged_and_audited_once_on_1_37(
-) -> R {
+async fn a_real_kubectl_drain_of_a_real_node_completes_every_pod_tagged_and_audited_once() -> R {
     let (bed, ns) = bed("drain", 1).await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register(&bed, ALL_HOOKS).await?;
@@ -341,8 +331,7 @@ async fn a_real_kubectl_drain_of_a_real_node_completes_every_pod_tagged_and_audi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creates_once_on_1_37(
-) -> R {
+async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creates_once() -> R {
     let (bed, _) = bed("flyte", 1).await?;
     let image = bed.task_image()?;
     // The preempted pod traps SIGTERM and takes 15 s to exit: the real
@@ -410,7 +399,7 @@ async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creat
 /// evicted, the real kubelet carrying out each termination. Every result
 /// arrives, no name is created twice, nothing is left running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_chaos_on_a_real_node_on_1_37() -> R {
+async fn guard_chaos_on_a_real_node() -> R {
     use testbed::guard_chaos::{run, ChaosOptions};
     let (mut bed, ns) = bed("chaos", 1).await?;
     let opts = ChaosOptions {
@@ -436,8 +425,7 @@ async fn guard_chaos_on_a_real_node_on_1_37() -> R {
 /// the victim the watch delivered is checked, so this holds whatever the
 /// timing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion_begins_on_1_37(
-) -> R {
+async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion_begins() -> R {
     use testbed::disruptions::{most_of_node_cpu, priority_classes};
     use testbed::preemption_trace::{preempt_once, Timeline};
     let (bed, ns) = bed("preempt-trace", 1).await?;

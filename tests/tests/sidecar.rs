@@ -520,34 +520,22 @@ async fn a_result_outlives_its_pods_deletion_while_the_sidecar_is_down() -> R {
     Ok(())
 }
 
-/// Waits until `ns` is gone (a bed with kube-controller-manager, whose
-/// namespace controller deletes its content) or, on a bed without one,
-/// until pod `pod` is gone after this test deleted it as that controller
-/// would.
-async fn wait_namespace_emptied(bed: &TestBed, ns: &str, pod: &str) -> R {
+/// Waits until `ns` is gone (kube-controller-manager's namespace controller
+/// deletes its content).
+async fn wait_namespace_emptied(bed: &TestBed, ns: &str) -> R {
     use k8s_openapi::api::core::v1::Namespace;
     let namespaces: Api<Namespace> = Api::all(bed.client.clone());
-    let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-    let controllers = bed.version.has_controllers();
     eventually(Duration::from_secs(90), "the namespace emptied", || async {
-        Ok(match controllers {
-            true => namespaces.get_opt(ns).await?.is_none(),
-            false => api.get_opt(pod).await?.is_none(),
-        })
+        Ok(namespaces.get_opt(ns).await?.is_none())
     })
     .await
 }
 
-/// Deletes namespace `ns` and, on a bed without a namespace controller,
-/// pod `pod` in it as that controller would.
-async fn delete_namespace(bed: &TestBed, ns: &str, pod: &str) -> R {
+/// Deletes namespace `ns`; the namespace controller deletes its pods.
+async fn delete_namespace(bed: &TestBed, ns: &str) -> R {
     use k8s_openapi::api::core::v1::Namespace;
     let namespaces: Api<Namespace> = Api::all(bed.client.clone());
     namespaces.delete(ns, &Default::default()).await?;
-    if !bed.version.has_controllers() {
-        let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
-        pods::delete_gracefully(&api, pod, Some(0)).await?;
-    }
     Ok(())
 }
 
@@ -585,8 +573,8 @@ async fn a_namespace_deletion_is_not_held_up_by_unacknowledged_results() -> R {
     }
 
     // The live sidecar lets go once it learns the namespace is being deleted.
-    delete_namespace(&bed, &live_ns, "left-0").await?;
-    wait_namespace_emptied(&bed, &live_ns, "left-0").await?;
+    delete_namespace(&bed, &live_ns).await?;
+    wait_namespace_emptied(&bed, &live_ns).await?;
     assert!(
         live.log().contains("the namespace is being deleted"),
         "{}",
@@ -595,7 +583,7 @@ async fn a_namespace_deletion_is_not_held_up_by_unacknowledged_results() -> R {
 
     // A dead instance's pod is held until the cleanup command runs.
     gone.kill();
-    delete_namespace(&bed, &gone_ns, "left-0").await?;
+    delete_namespace(&bed, &gone_ns).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &gone_ns);
     let held = api.get_opt("left-0").await?;
@@ -626,7 +614,7 @@ async fn a_namespace_deletion_is_not_held_up_by_unacknowledged_results() -> R {
         (Some("left-0"), Some("released")),
         "{stdout}"
     );
-    wait_namespace_emptied(&bed, &gone_ns, "left-0").await?;
+    wait_namespace_emptied(&bed, &gone_ns).await?;
     drop(live);
     Ok(())
 }

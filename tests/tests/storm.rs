@@ -1,7 +1,7 @@
 //! The storm, not just the leak: a client-go executor that re-creates its
 //! task pod under the same name (a model of Flyte's v2 pod plugin,
 //! `tests/executor`) against each mode, on a real node whose kubelet carries
-//! out the graceful deletion. Named `*_on_1_37`: real nodes run on 1.37 only.
+//! out the graceful deletion. Named `*`: real nodes run on 1.37 only.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
@@ -15,8 +15,7 @@ type R = anyhow::Result<()>;
 const GRACE: u32 = 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn adaptive_turns_a_client_go_executors_recreate_loop_into_a_few_waiting_creates_on_1_37() -> R
-{
+async fn adaptive_turns_a_client_go_executors_recreate_loop_into_a_few_waiting_creates() -> R {
     // The install-wide mode is the chart's default; each namespace's label
     // picks its own.
     let (bed, webhook) = storm::bed_with_guard(&["--mode=adaptive"]).await?;
@@ -192,8 +191,7 @@ async fn adaptive_turns_a_client_go_executors_recreate_loop_into_a_few_waiting_c
 /// failure and fails the task past 3), and tasks launched meanwhile are not
 /// held up by the workers waiting in their Creates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_tasks_go_on_on_1_37(
-) -> R {
+async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_tasks_go_on() -> R {
     use testbed::executor::Load;
     let (bed, webhook) =
         storm::bed_with_guard(&["--mode=adaptive", "--max-retry-after=1s"]).await?;
@@ -256,7 +254,7 @@ async fn with_many_collisions_no_client_go_call_returns_a_429_and_unrelated_task
 /// that needs the whole node, which runs 2 s and ends. Every mode gets its
 /// task back without leaking quota; conflict storms, adaptive waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_preemption_of_the_three_modes_tasks_storms_only_in_conflict_on_1_37() -> R {
+async fn a_real_preemption_of_the_three_modes_tasks_storms_only_in_conflict() -> R {
     use testbed::executor::Load;
     let (bed, webhook) = storm::bed_with_guard(&["--mode=adaptive"]).await?;
     let load = Load {

@@ -31,7 +31,7 @@ use super::stats::{percentile_f64, round3};
 use crate::churn::{self, PodWatch, Shape};
 use crate::helm::{self, Helm};
 use crate::webhook::register_noop_like;
-use crate::{KubeVersion, TestBed, TestBedOptions};
+use crate::{TestBed, TestBedOptions};
 
 /// The phases, in the order of the first repetition.
 pub const PHASES: [&str; 3] = ["none", "noop", "graceguard"];
@@ -97,7 +97,7 @@ pub fn order(rep: usize) -> [&'static str; 3] {
 pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let started = Instant::now();
     let bed = TestBed::start_with(TestBedOptions {
-        version: Some(KubeVersion::V1_37),
+        version: None,
         real_nodes: 1,
         pod_network: true,
         hollow_nodes: opts.hollow_nodes,

@@ -27,7 +27,7 @@ use super::stats::{percentile_f64, round3};
 use crate::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
 use crate::preemption_trace::{preempt_once, Timeline, Trace};
 use crate::webhook::{register_noop_like, WebhookProcess, OPT_OUT_LABEL, REGISTERED_LABEL};
-use crate::{KubeVersion, TestBed, TestBedOptions};
+use crate::{TestBed, TestBedOptions};
 
 /// The phases, in their first repetition's order.
 pub const PHASES: [&str; 4] = ["none", "noop", "noop_tagging", "graceguard"];
@@ -59,7 +59,7 @@ fn namespace(phase: &str) -> String {
 
 pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let bed = TestBed::start_with(TestBedOptions {
-        version: Some(KubeVersion::V1_37),
+        version: None,
         real_nodes: 1,
         ..Default::default()
     })

@@ -29,7 +29,7 @@ use testbed::pods::{self, CreateOutcome};
 use testbed::process::free_port;
 use testbed::sidecar::SidecarProcess;
 use testbed::webhook::{register_noop, Hook, Registration, WebhookProcess};
-use testbed::{KubeVersion, TestBed, TestBedOptions};
+use testbed::{TestBed, TestBedOptions};
 
 #[derive(Parser)]
 #[command(
@@ -846,10 +846,6 @@ async fn apiserver_overhead(s: &Sizes, bed: &TestBed, webhook: &WebhookProcess) 
 /// `DisruptionTarget` as well; then each is deleted.
 async fn match_conditions_share(n: usize) -> Result<()> {
     let bed = TestBed::start().await?;
-    if bed.version != KubeVersion::V1_37 {
-        table("match_conditions_share: needs Kubernetes >= 1.30 (GRACEGUARD_KUBE=1.37)".into());
-        return Ok(());
-    }
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     let hooks = [
         Hook::CollisionGuard,
@@ -1386,11 +1382,7 @@ async fn tag_delay(n: usize) -> Result<()> {
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
     let alice = bed.client_as("alice").await?;
-    let mut sources = vec!["node_status_update"];
-    if bed.version >= testbed::KubeVersion::V1_37 {
-        sources.push("eviction");
-    }
-    for source in sources {
+    for source in ["node_status_update", "eviction"] {
         let mut seen_ms = Vec::new();
         for i in 0..n {
             let name = format!(
@@ -1407,7 +1399,7 @@ async fn tag_delay(n: usize) -> Result<()> {
             }
             pods::wait_running(&api, &name).await?;
             let want = if source == "eviction" {
-                pods::evict(&alice, bed.version, &ns, &name, None, false).await?;
+                pods::evict(&alice, &ns, &name, None, false).await?;
                 "EvictionByEvictionAPI"
             } else {
                 pods::delete_gracefully(&api, &name, None).await?;

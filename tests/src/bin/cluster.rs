@@ -162,7 +162,7 @@ async fn up(dir: &Path, nodes: u8, hollow_nodes: usize, json_out: bool) -> Resul
     std::fs::write(pid_path(dir), child.id().to_string())?;
     eprintln!(
         "starting a Kubernetes {} cluster with {nodes} real node(s) and {hollow_nodes} hollow node(s); log: {}",
-        KubeVersion::V1_37.as_str(),
+        KubeVersion::from_env()?.as_str(),
         log.display()
     );
     // Hollow nodes register at once and share the machine's cores.
@@ -250,7 +250,7 @@ async fn serve(dir: &Path, nodes: u8, hollow_nodes: usize) -> Result<()> {
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let bed = TestBed::start_with(TestBedOptions {
         audit: true,
-        version: Some(KubeVersion::V1_37),
+        version: None,
         real_nodes: nodes,
         pod_network: true,
         hollow_nodes,

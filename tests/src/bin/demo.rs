@@ -1,12 +1,11 @@
 //! `scripts/demo`: replays the graceful-delete collision against a real
-//! control plane and shows what it costs; on 1.37 also a real scheduler
+//! control plane and shows what it costs; also a real scheduler
 //! preemption (the Flyte seed among them) and a real `kubectl drain`.
 
 use anyhow::Result;
 use clap::Parser;
 use testbed::disruptions::{
     drain, drain_node, flyte_seed_naive, scheduler_preemption, DrainReport, Kubelets,
-    SchedulerPreemptionReport,
 };
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::scenario::{
@@ -25,27 +24,20 @@ struct Args {
     /// Colliding Creates to issue while the pod is Terminating.
     #[arg(long, default_value_t = 10)]
     creates: u32,
-    /// The Kubernetes version to run on: 1.37 (with kube-scheduler and
-    /// kube-controller-manager) or 1.20 (the oldest supported).
-    #[arg(long, env = "GRACEGUARD_KUBE", default_value = "1.37", value_parser = kube_version)]
+    /// The Kubernetes minor to run on, one of tests/kube/versions (1.30
+    /// through 1.37); the newest by default.
+    #[arg(long, env = "GRACEGUARD_KUBE", default_value_t = KubeVersion::newest(), value_parser = kube_version)]
     kube: KubeVersion,
-    /// Who runs the disruption scenarios' pods on 1.37 (the Flyte seed in
-    /// all three modes, and the drain): `real` nodes (kubelet, containerd,
-    /// runc; the default) or the `simulated` kubelet. 1.20 has no real
-    /// kubelet here: every scenario there, and the others on 1.37, use the
+    /// Who runs the disruption scenarios' pods (the Flyte seed in all three
+    /// modes, and the drain): `real` nodes (kubelet, containerd, runc; the
+    /// default) or the `simulated` kubelet. The other scenarios use the
     /// simulated one. Every JSON object says which ran it (`kubelet`).
     #[arg(long, value_parser = ["real", "simulated"])]
     kubelet: Option<String>,
 }
 
 fn kube_version(s: &str) -> Result<KubeVersion, String> {
-    match s {
-        "1.37" | "v1.37.2" => Ok(KubeVersion::V1_37),
-        "1.20" | "v1.20.2" => Ok(KubeVersion::V1_20),
-        other => Err(format!(
-            "{other:?} is not a version the demo has; use 1.20 or 1.37"
-        )),
-    }
+    KubeVersion::parse(s).map_err(|e| e.to_string())
 }
 
 #[tokio::main]
@@ -69,14 +61,7 @@ async fn run(args: &Args) -> Result<()> {
     let mut reports: Vec<CollisionReport> = Vec::new();
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let simulated = Kubelets::Simulated(&kubelet);
-    let real = match (args.kubelet.as_deref(), args.kube) {
-        (Some("simulated"), _) => false,
-        (Some(_), KubeVersion::V1_20) => {
-            anyhow::bail!("--kubelet real needs --kube 1.37: no 1.20 kubelet is built")
-        }
-        (_, KubeVersion::V1_37) => true,
-        (None, KubeVersion::V1_20) => false,
-    };
+    let real = args.kubelet.as_deref() != Some("simulated");
 
     let ns = bed.namespace("demo-bare").await?;
     eprintln!(
@@ -84,8 +69,8 @@ async fn run(args: &Args) -> Result<()> {
         args.creates
     );
     reports.push(graceful_delete_collision(&bed, &ns, "bare", args.creates, 100).await?);
-    let flyte_bare = match args.kube {
-        KubeVersion::V1_37 if !real => {
+    let flyte_bare = match real {
+        false => {
             eprintln!("flyte seed, bare: kube-scheduler preempts a task pod; a naive executor re-creates its name every 80 ms");
             let ns = bed.namespace("demo-flyte-bare").await?;
             Some(flyte_seed_naive(&bed, &simulated, &ns, "bare", args.creates).await?)
@@ -125,10 +110,9 @@ async fn run(args: &Args) -> Result<()> {
         guard_graceful_delete(&bed, &simulated, &ns, three, Disruption::GracefulDelete).await?,
     );
 
-    let mut scheduler: Option<SchedulerPreemptionReport> = None;
     let mut drained: Option<DrainReport> = None;
     let mut storm: Vec<testbed::storm::StormRow> = Vec::new();
-    if args.kube == KubeVersion::V1_37 && real {
+    if real {
         eprintln!("starting a second control plane with a real node (kubelet, containerd, runc, CNI) for the disruptions...");
         let real_bed = TestBed::start_with(TestBedOptions {
             audit: true,
@@ -174,33 +158,24 @@ async fn run(args: &Args) -> Result<()> {
         drained =
             Some(drain_node(&real_bed, &real_webhook, &ns, testbed::pods::NODE, &pods).await?);
     }
-    if args.kube == KubeVersion::V1_37 {
-        if !real {
-            reports.extend(flyte_bare);
-            eprintln!(
-                "flyte seed, graceguard: the same naive executor with the webhook registered"
-            );
-            let ns = bed.namespace("demo-flyte-graceguard").await?;
-            reports
-                .push(flyte_seed_naive(&bed, &simulated, &ns, "graceguard", args.creates).await?);
-            eprintln!(
-                "flyte seed, guard: the task launched by the guard, preempted by kube-scheduler"
-            );
-            let ns = bed.namespace("demo-flyte-guard").await?;
-            reports.push(
-                guard_graceful_delete(&bed, &simulated, &ns, three, Disruption::Preemption).await?,
-            );
-        }
-        eprintln!(
-            "scheduler preemption: kube-scheduler preempts a low-priority pod on a full node"
+    if !real {
+        reports.extend(flyte_bare);
+        eprintln!("flyte seed, graceguard: the same naive executor with the webhook registered");
+        let ns = bed.namespace("demo-flyte-graceguard").await?;
+        reports.push(flyte_seed_naive(&bed, &simulated, &ns, "graceguard", args.creates).await?);
+        eprintln!("flyte seed, guard: the task launched by the guard, preempted by kube-scheduler");
+        let ns = bed.namespace("demo-flyte-guard").await?;
+        reports.push(
+            guard_graceful_delete(&bed, &simulated, &ns, three, Disruption::Preemption).await?,
         );
-        let ns = bed.namespace("demo-scheduler").await?;
-        scheduler = Some(scheduler_preemption(&bed, &webhook, &kubelet, &ns).await?);
-        if !real {
-            eprintln!("drain: kubectl drain of a node running 3 pods (Eviction API)");
-            let ns = bed.namespace("demo-drain").await?;
-            drained = Some(drain(&bed, &webhook, &ns, 3).await?);
-        }
+    }
+    eprintln!("scheduler preemption: kube-scheduler preempts a low-priority pod on a full node");
+    let ns = bed.namespace("demo-scheduler").await?;
+    let scheduler = Some(scheduler_preemption(&bed, &webhook, &kubelet, &ns).await?);
+    if !real {
+        eprintln!("drain: kubectl drain of a node running 3 pods (Eviction API)");
+        let ns = bed.namespace("demo-drain").await?;
+        drained = Some(drain(&bed, &webhook, &ns, 3).await?);
     }
 
     eprintln!("airflow seed: 100 completed pods of a dead scheduler, 50 syncs; a naive adopter that never drains its adopted set (apache/airflow#68683), then graceguard's adopter");

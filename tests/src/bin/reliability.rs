@@ -22,7 +22,7 @@ use testbed::bench::procfs;
 use testbed::bench::{attack, loadgen};
 use testbed::pods::{self, CreateOutcome};
 use testbed::webhook::{Hook, Registration, WebhookProcess};
-use testbed::{KubeVersion, TestBed};
+use testbed::TestBed;
 
 #[derive(Parser)]
 #[command(
@@ -609,9 +609,6 @@ async fn apiserver_fail_open(bed: &TestBed) -> Result<Option<u64>> {
             *found.get_or_insert(0) += n as u64;
         }
     }
-    // A counter with no series prints nothing: 0 where the version has it (1.28+).
-    Ok(match bed.version {
-        KubeVersion::V1_20 => found,
-        KubeVersion::V1_37 => Some(found.unwrap_or(0)),
-    })
+    // A counter with no series prints nothing: 0.
+    Ok(Some(found.unwrap_or(0)))
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
-use crate::binaries::cache_dir;
+use crate::binaries::{cache_dir, KubeVersion};
 
 /// What `scripts/install-node --json` prints (and writes to `node.json`).
 #[derive(Clone, Debug, Deserialize)]
@@ -23,12 +23,12 @@ pub struct NodeBins {
 }
 
 impl NodeBins {
-    /// The cached build; fails, saying what to run, when it is missing.
-    pub fn find() -> Result<Self> {
-        let path = cache_dir().join("node-v1.37.2/node.json");
+    /// The cached build for `version`; fails, saying what to run, when it is missing.
+    pub fn find(version: KubeVersion) -> Result<Self> {
+        let path = cache_dir().join(format!("node-{}/node.json", version.as_str()));
         let text = std::fs::read_to_string(&path).with_context(|| {
             format!(
-                "{} is missing: run scripts/install-node (scripts/test and scripts/cluster run it), which builds the real nodes' components",
+                "{} is missing: run scripts/install-node --only {version} (scripts/test and scripts/cluster run it), which builds the real nodes' components",
                 path.display()
             )
         })?;

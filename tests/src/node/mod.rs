@@ -79,12 +79,13 @@ impl RealNodes {
     /// under `dir`, and waits until every one is Ready.
     pub async fn start(
         mut slot: Slot,
+        version: crate::KubeVersion,
         dir: &Path,
         admin: &Client,
         client_ca: &Path,
         creds: &[NodeCredentials],
     ) -> Result<Self> {
-        let bins = NodeBins::find()?;
+        let bins = NodeBins::find(version)?;
         if creds.len() > usize::from(slot::MAX_NODES) {
             bail!(
                 "a bed has at most {} real nodes; {} were asked for",
