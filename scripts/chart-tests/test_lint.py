@@ -1,7 +1,10 @@
 """`helm lint --strict` (the Helm 4 CLI, $GRACEGUARD_HELM) of the chart
 with each ci/*-values.yaml, at the linter's default Kubernetes version and at
-v1.20.2 (the oldest the chart supports). Any finding fails, except Helm's INFO
-"icon is recommended" (see chartlib.ACCEPTED_LINT_MESSAGES)."""
+both ends of the supported window (v1.30.0, the oldest the chart installs on,
+and v1.37.2). Any finding fails, except Helm's INFO "icon is recommended" (see
+chartlib.ACCEPTED_LINT_MESSAGES). `helm lint` does not check Chart.yaml's
+kubeVersion against --kube-version; test_render.py checks that `helm
+template` refuses an older server."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from pathlib import Path
 
 import chartlib as cl
 
-KUBE_VERSIONS = (None, "v1.20.2")
+# The supported window's ends: Chart.yaml's kubeVersion (>=1.30.0-0) and the newest tested.
+KUBE_VERSIONS = (None, "v1.30.0", "v1.37.2")
 
 
 class LintPerValuesFile:

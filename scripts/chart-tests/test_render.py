@@ -12,10 +12,11 @@ from typing import Any
 import chartlib as cl
 from chartlib import NAMESPACE, RELEASE
 
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 # Every apiVersion the chart may render, and what serves it.
 KNOWN_APIS = {
-    "v1", "apps/v1", "policy/v1", "policy/v1beta1", "rbac.authorization.k8s.io/v1",
+    "v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1",
     "admissionregistration.k8s.io/v1", "cert-manager.io/v1", "monitoring.coreos.com/v1", "networking.k8s.io/v1",
 }
 WEBHOOKS = {
@@ -26,12 +27,30 @@ WEBHOOKS = {
     "evictionAudit": ("eviction-audit.graceguard.io", "ValidatingWebhookConfiguration", "/validate/pods-eviction", "CREATE", "pods/eviction"),
 }
 MATCH_CONDITIONS = cl.yaml_file(cl.CHART_DIR / "files" / "match-conditions.yaml")
+# The supported window: Chart.yaml's kubeVersion (>=1.30.0-0) to the newest tested.
+OLDEST, NEWEST = "v1.30.0", "v1.37.2"
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
 
 def enabled(wcfg: dict[str, Any], key: str) -> bool:
-    """Whether webhook `key` is registered in a render at Helm's default
-    Kubernetes version (>= 1.28, so "auto" means on)."""
+    """Whether webhook `key` is registered ("auto", which earlier releases
+    gave the tagger, is read as true)."""
     return str(wcfg[key]["enabled"]).lower() in ("true", "auto")
+
+
+def grants_pod_status_patch(r: cl.Rendered) -> bool:
+    return any("pods/status" in rule["resources"] and "patch" in rule["verbs"]
+               for role in r.of_kind("ClusterRole") for rule in role["rules"])
+
+
+def write_policy(r: cl.Rendered) -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicy and its binding, in that order, as rendered."""
+    return [o for k in POLICY_KINDS for o in r.of_kind(k)]
+
+
+def match_conditions(r: cl.Rendered) -> dict[str, Any]:
+    """{webhook name: its matchConditions (None without)}."""
+    return {wh["name"]: wh.get("matchConditions") for cfg in r.webhook_configurations() for wh in cfg["webhooks"]}
 
 
 def other_kinds(values: dict[str, Any]) -> list[tuple[str, str]]:
@@ -165,6 +184,12 @@ class PerValuesFile:
             self.assertIn(IGNORE_EXPR, exprs, name)
             self.assertNotIn("matchLabels", wh["namespaceSelector"])
             self.assertEqual(wh["objectSelector"], {"matchExpressions": [IGNORE_EXPR]}, name)
+            # Always (Kubernetes 1.30+): each webhook's own from files/match-conditions.yaml;
+            # the eviction audit has none (every eviction request is audited).
+            self.assertEqual(wh.get("matchConditions"), MATCH_CONDITIONS.get(key), name)
+        if others:
+            _, wh = self.r.webhook("collision-guard-kinds.graceguard.io")
+            self.assertEqual(wh["matchConditions"], MATCH_CONDITIONS["collisionGuard"])
 
     def test_certificates(self) -> None:
         mode = self.merged["certs"]["mode"]
@@ -261,6 +286,12 @@ class PerValuesFile:
         self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                                 "namespace": NAMESPACE}])
         self.assertEqual(self.pod_spec()["serviceAccountName"], sa["metadata"]["name"])
+        # The patch never comes without the policy that confines it, nor the policy without it.
+        policy = write_policy(self.r)
+        self.assertEqual([o["kind"] for o in policy], list(POLICY_KINDS) if follow_up else [])
+        if follow_up:
+            self.assertEqual(policy[0]["spec"]["matchConditions"][0]["expression"],
+                             f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{sa["metadata"]["name"]}"')
 
     def test_security_context(self) -> None:
         for what, spec in [("deployment", self.pod_spec())] + [(f"helm test pod {p['metadata']['name']}", p["spec"]) for p in self.r.of_kind("Pod")]:
@@ -290,7 +321,7 @@ class PerValuesFile:
         if replicas > 1:
             self.assertEqual(len(pdbs), 1)
             pdb = pdbs[0]
-            # Offline, Helm v4 reports policy/v1 as served (Kubernetes 1.21+).
+            # Always policy/v1 (served since Kubernetes 1.21).
             self.assertEqual(pdb["apiVersion"], "policy/v1")
             self.assertEqual(pdb["spec"]["selector"]["matchLabels"], self.deployment()["spec"]["selector"]["matchLabels"])
             self.assertEqual(len({"minAvailable", "maxUnavailable"} & set(pdb["spec"])), 1)
@@ -519,13 +550,32 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(r.of_kind("ServiceMonitor"), [])
         self.assertIn("does not serve", r.notes)
 
-    def test_kubernetes_1_20_render(self) -> None:
-        r = cl.render_objects({}, kube_version="v1.20.2")
-        # No matchConditions below 1.28, so no tagger by default.
-        self.assertEqual(len(r.webhook_configurations()), 3)
-        # 1.20 namespaces lack kubernetes.io/metadata.name: NOTES tells how to exclude them.
-        self.assertIn("kubectl label namespace kube-system graceguard graceguard.io/ignore=true", r.notes)
-        self.assertNotIn("kubectl label namespace kube-system", cl.render_objects({}).notes)
+    def test_refuses_kubernetes_older_than_1_30(self) -> None:
+        # Chart.yaml's kubeVersion: Helm itself refuses to template (and so to
+        # install or upgrade) for an older server, naming the constraint.
+        for kube in ("v1.29.9", "v1.28.0", "v1.20.2"):
+            with self.subTest(kube_version=kube), self.assertRaises(cl.HelmError) as ctx:
+                cl.render({}, kube_version=kube)
+            self.assertIn(">=1.30.0-0", str(ctx.exception))
+            self.assertIn(kube, str(ctx.exception))
+        # The window's ends render, and so does a provider's pre-release build of 1.30.
+        for kube in (OLDEST, NEWEST, "v1.30.0-eks-1234"):
+            with self.subTest(kube_version=kube):
+                self.assertEqual(len(cl.render_objects({}, kube_version=kube).webhook_configurations()), 4)
+
+    def test_notes_name_the_tested_window_only_past_its_newest(self) -> None:
+        for kube in (OLDEST, NEWEST, "v1.37.99"):
+            with self.subTest(kube_version=kube):
+                notes = cl.render_objects({}, kube_version=kube).notes
+                self.assertNotIn("not yet tested", notes)
+                # Nothing left of the notes for older servers.
+                self.assertNotIn("matchConditions are off", notes)
+                self.assertNotIn("kubectl label namespace kube-system", notes)
+                self.assertNotIn("disruption tagger is off", notes)
+        for kube in ("v1.38.0", "v1.38.0-alpha.1", "v1.40.2-gke.100"):
+            with self.subTest(kube_version=kube):
+                self.assertIn(f"NOTE: graceguard is not yet tested on Kubernetes {kube}; tested 1.30–1.37.",
+                              cl.render_objects({}, kube_version=kube).notes)
 
     def test_release_namespace_is_excluded(self) -> None:
         r = cl.render_objects({}, namespace="platform")
@@ -695,93 +745,171 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(r.webhook_configurations(), [])
         self.assertEqual(r.one("Deployment")["spec"]["replicas"], 2)
 
-    def test_match_conditions_from_1_28_or_when_asked(self) -> None:
-        def conditions(r: cl.Rendered) -> dict[str, Any]:
-            return {wh["name"]: wh.get("matchConditions") for cfg in r.webhook_configurations() for wh in cfg["webhooks"]}
+    def test_match_conditions_always_and_the_tagger_registered(self) -> None:
+        # No version branch left: from the oldest supported server on, every
+        # webhook configuration carries matchConditions (the eviction audit's
+        # entry is empty by design: every eviction request is audited), and
+        # the tagger is registered, with its own.
+        for kube in (OLDEST, NEWEST, None):
+            with self.subTest(kube_version=kube or "default"):
+                r = cl.render_objects({}, kube_version=kube)
+                on = match_conditions(r)
+                self.assertEqual(set(on), {WEBHOOKS[k][0] for k in WEBHOOKS} | {"collision-guard-kinds.graceguard.io"})
+                self.assertEqual(on["collision-guard.graceguard.io"], MATCH_CONDITIONS["collisionGuard"])
+                self.assertEqual(on["collision-guard-kinds.graceguard.io"], MATCH_CONDITIONS["collisionGuard"])
+                self.assertEqual(on["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"])
+                # A node's final grace-0 delete completes a deletion already audited.
+                self.assertEqual(on["deletion-audit.graceguard.io"], MATCH_CONDITIONS["deletionAudit"])
+                self.assertIsNone(on["eviction-audit.graceguard.io"])
+                self.assertNotIn("evictionAudit", MATCH_CONDITIONS)
+                for cfg in r.webhook_configurations():
+                    if cfg["metadata"]["name"].endswith("-eviction-audit"):
+                        continue
+                    for wh in cfg["webhooks"]:
+                        self.assertTrue(wh.get("matchConditions"), f"{cfg['metadata']['name']}: {wh['name']}")
+                self.assertEqual(r.webhook("disruption-tagger.graceguard.io")[0]["kind"], "MutatingWebhookConfiguration")
+                self.assertIn("disruption tagger  MutatingWebhookConfiguration", r.notes)
+        # No accepted values render a webhook without its matchConditions or
+        # leave the tagger out (short of disruptionTagger.enabled=false): the
+        # webhooks.matchConditions values earlier releases took either change
+        # nothing or are refused.
+        for values in ({"webhooks": {"disruptionTagger": {"enabled": True}}},
+                       {"webhooks": {"disruptionTagger": {"enabled": "auto", "followUp": False}}},
+                       {"webhooks": {"disruptionTagger": {"enabled": True, "timeoutSeconds": 5}}, "rbac": {"create": False}},
+                       *({"webhooks": {"matchConditions": old}} for old in ("auto", True, "true", False, "false")),
+                       {"webhooks": {"matchConditions": False, "disruptionTagger": {"enabled": True}}}):
+            with self.subTest(values=values):
+                try:
+                    on = match_conditions(cl.render_objects(values, kube_version=OLDEST))
+                except cl.HelmError as e:
+                    self.assertIn("webhooks.matchConditions was removed", str(e))
+                    continue
+                self.assertEqual(on["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"])
+                for name, conditions in on.items():
+                    if name != "eviction-audit.graceguard.io":
+                        self.assertTrue(conditions, name)
 
-        for version in ("v1.37.2", "v1.28.0"):
-            on = conditions(cl.render_objects({}, kube_version=version))
-            self.assertEqual(on["collision-guard.graceguard.io"], MATCH_CONDITIONS["collisionGuard"], version)
-            self.assertEqual(on["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"], version)
-            # A node's final grace-0 delete completes a deletion already audited.
-            self.assertEqual(on["deletion-audit.graceguard.io"], MATCH_CONDITIONS["deletionAudit"], version)
-            # Every eviction request is audited.
-            self.assertIsNone(on["eviction-audit.graceguard.io"], version)
-        for version in ("v1.27.9", "v1.20.2"):
-            off = conditions(cl.render_objects({}, kube_version=version))
-            self.assertEqual(set(off.values()), {None}, version)
-            self.assertNotIn("disruption-tagger.graceguard.io", off, version)
-        off = conditions(cl.render_objects({"webhooks": {"matchConditions": False}}, kube_version="v1.37.2"))
-        self.assertEqual(set(off.values()), {None})
-        self.assertNotIn("disruption-tagger.graceguard.io", off)
-        # A GitOps render for a server Helm cannot see: asked for explicitly.
-        for asked in (True, "true"):
-            forced = conditions(cl.render_objects({"webhooks": {"matchConditions": asked}}, kube_version="v1.20.2"))
-            self.assertEqual(forced["deletion-audit.graceguard.io"], MATCH_CONDITIONS["deletionAudit"])
-            self.assertEqual(forced["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"])
+    def test_removed_match_conditions_value(self) -> None:
+        # What `helm upgrade --reuse-values` carries over from an earlier
+        # release is accepted: "auto" and true asked for what is now always
+        # done; null is how the upgrade notes say to drop a false.
+        want = match_conditions(cl.render_objects({}, kube_version=OLDEST))
+        for old in ("auto", True, "true", None):
+            with self.subTest(value=old):
+                got = match_conditions(cl.render_objects({"webhooks": {"matchConditions": old}}, kube_version=OLDEST))
+                self.assertEqual(got, want)
+        # false asked for no matchConditions (and so no tagger): refused, saying what to do.
+        for old in (False, "false"):
+            with self.subTest(value=old), self.assertRaises(cl.HelmError) as ctx:
+                cl.render({"webhooks": {"matchConditions": old}}, kube_version=OLDEST)
+            self.assertIn("webhooks.matchConditions was removed", str(ctx.exception))
+            self.assertIn("--set webhooks.matchConditions=null", str(ctx.exception))
 
-    def test_tagger_below_1_28_only_when_asked_with_a_short_timeout(self) -> None:
-        def tagger_and_follow_up(values: dict[str, Any], version: str) -> tuple[Any, str, bool]:
-            r = cl.render_objects(values, kube_version=version)
+    def test_tagger_enabled_is_a_boolean_and_auto_means_true(self) -> None:
+        def tagger_and_follow_up(values: dict[str, Any]) -> tuple[Any, str, bool]:
+            r = cl.render_objects(values, kube_version=OLDEST)
             hooks = [wh for cfg in r.webhook_configurations() for wh in cfg["webhooks"]
                      if wh["name"] == "disruption-tagger.graceguard.io"]
             env = {e["name"]: e.get("value") for e in
                    r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
-            patches = any("pods/status" in rule["resources"] and "patch" in rule["verbs"]
-                          for rule in r.one("ClusterRole")["rules"])
-            return (hooks[0] if hooks else None), env["GRACEGUARD_FOLLOW_UP_TAGGING"], patches
+            return (hooks[0] if hooks else None), env["GRACEGUARD_FOLLOW_UP_TAGGING"], grants_pod_status_patch(r)
 
-        hook, follow_up, patches = tagger_and_follow_up({}, "v1.20.2")
-        self.assertEqual((hook, follow_up, patches), (None, "false", False))
-        self.assertIn("The disruption tagger is off", cl.render_objects({}, kube_version="v1.20.2").notes)
-        hook, follow_up, patches = tagger_and_follow_up(
-            {"webhooks": {"disruptionTagger": {"enabled": True}}}, "v1.20.2")
-        self.assertIsNotNone(hook)
-        self.assertEqual(hook["timeoutSeconds"], 1)
-        self.assertNotIn("matchConditions", hook)
-        self.assertEqual((follow_up, patches), ("true", True))
-        hook, follow_up, patches = tagger_and_follow_up({}, "v1.37.2")
-        self.assertEqual((hook["timeoutSeconds"], follow_up, patches), (1, "true", True))
-        hook, follow_up, patches = tagger_and_follow_up(
-            {"webhooks": {"disruptionTagger": {"enabled": False}}}, "v1.37.2")
-        self.assertEqual((hook, follow_up, patches), (None, "false", False))
+        self.assertIs(cl.merge_values({})["webhooks"]["disruptionTagger"]["enabled"], True)
+        # "auto" is what an earlier release's values carry (helm upgrade --reuse-values).
+        for on in ({}, {"enabled": True}, {"enabled": "auto"}, {"enabled": "true"}):
+            with self.subTest(tagger=on):
+                hook, follow_up, patches = tagger_and_follow_up({"webhooks": {"disruptionTagger": on}})
+                self.assertIsNotNone(hook)
+                self.assertEqual(hook["timeoutSeconds"], 1)
+                self.assertEqual(hook["matchConditions"], MATCH_CONDITIONS["disruptionTagger"])
+                self.assertEqual((follow_up, patches), ("true", True))
+        for off in ({"enabled": False}, {"enabled": "false"}):
+            with self.subTest(tagger=off):
+                self.assertEqual(tagger_and_follow_up({"webhooks": {"disruptionTagger": off}}), (None, "false", False))
+        with self.assertRaises(cl.HelmValuesError):
+            cl.render({"webhooks": {"disruptionTagger": {"enabled": "sometimes"}}})
+
+    def test_previous_release_values_render_the_same_objects(self) -> None:
+        # `helm upgrade --reuse-values` reuses the previous release's values,
+        # its chart's defaults included: the removed keys at their old defaults.
+        previous = {"webhooks": {"matchConditions": "auto", "disruptionTagger": {"enabled": "auto"}},
+                    "rbac": {"writePolicy": "auto"}}
+        for kube in (OLDEST, NEWEST):
+            with self.subTest(kube_version=kube):
+                old, new = cl.render_objects(previous, kube_version=kube), cl.render_objects({}, kube_version=kube)
+                ident = lambda r: sorted((o["kind"], o["metadata"]["name"]) for o in r.objects)  # noqa: E731
+                self.assertEqual(ident(old), ident(new))
+                self.assertEqual(match_conditions(old), match_conditions(new))
+                self.assertEqual(old.one("ClusterRole")["rules"], new.one("ClusterRole")["rules"])
+                self.assertEqual([o["spec"] for o in write_policy(old)], [o["spec"] for o in write_policy(new)])
 
     def test_follow_up_off_keeps_rbac_read_only(self) -> None:
         r = cl.render_objects({"webhooks": {"disruptionTagger": {"enabled": True, "followUp": False}}})
         role = r.one("ClusterRole")
         self.assertTrue(all(sorted(rule["verbs"]) == ["get", "list", "watch"] for rule in role["rules"]), role)
+        # Nothing written, nothing to confine.
+        self.assertEqual(write_policy(r), [])
         self.assertIn("left untagged (disruptionTagger.followUp is false)", r.notes)
 
-    def test_write_policy_where_the_server_serves_it_or_when_asked(self) -> None:
-        vap = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
-        kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-
-        def policy(values: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
-            r = cl.render_objects(values, **kw)
-            return [o for k in kinds for o in r.of_kind(k)]
-
-        served = policy({}, api_versions=[vap])
-        self.assertEqual([o["kind"] for o in served], list(kinds))
-        p, binding = served
+    def test_write_policy_comes_with_the_pod_status_grant(self) -> None:
+        # Offline, with no --api-versions and at the oldest supported server:
+        # no Capabilities check is left.
+        r = cl.render_objects({}, kube_version=OLDEST)
+        self.assertTrue(grants_pod_status_patch(r))
+        policy = write_policy(r)
+        self.assertEqual([o["kind"] for o in policy], list(POLICY_KINDS))
+        p, binding = policy
         self.assertEqual(p["apiVersion"], "admissionregistration.k8s.io/v1")
+        self.assertEqual(binding["apiVersion"], "admissionregistration.k8s.io/v1")
         self.assertEqual(binding["spec"], {"policyName": p["metadata"]["name"], "validationActions": ["Deny"]})
-        sa = cl.render_objects({}).one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+        sa = r.one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
         self.assertEqual(p["spec"]["matchConditions"][0]["expression"],
                          f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{sa}"')
         rules = p["spec"]["matchConstraints"]["resourceRules"]
         self.assertEqual(rules, [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
                                   "resources": ["pods", "pods/status"]}])
         self.assertEqual(p["spec"]["failurePolicy"], "Fail")
-        # Not served (Helm's offline default, a 1.29 server): none, unless asked for.
-        self.assertEqual(policy({}), [])
-        self.assertEqual(policy({}, kube_version="v1.29.9"), [])
-        self.assertEqual(len(policy({"rbac": {"writePolicy": "true"}})), 2)
-        self.assertEqual(len(policy({"rbac": {"writePolicy": True}})), 2)
-        self.assertEqual(policy({"rbac": {"writePolicy": False}}, api_versions=[vap]), [])
-        # Nothing to confine when graceguard writes nothing.
-        no_writes = {"webhooks": {"disruptionTagger": {"followUp": False}}}
-        self.assertEqual(policy(no_writes, api_versions=[vap]), [])
-        self.assertEqual(policy({"rbac": {"create": False}}, api_versions=[vap]), [])
+
+    def test_pod_status_grant_never_renders_without_the_write_policy(self) -> None:
+        # Every combination of what decides whether graceguard writes, plus
+        # the rbac.writePolicy values an earlier release's values carry over:
+        # the patch on pods/status is rendered exactly when the policy and its
+        # binding are, and only when the chart grants it for the follow-up.
+        cases = []
+        for tagger in (True, False, "auto"):
+            for follow_up in (True, False):
+                for create in (True, False):
+                    cases.append(({"webhooks": {"disruptionTagger": {"enabled": tagger, "followUp": follow_up}},
+                                   "rbac": {"create": create}}, OLDEST))
+        for old in ("auto", True, "true", None):
+            for follow_up in (True, False):
+                cases.append(({"webhooks": {"disruptionTagger": {"followUp": follow_up}}, "rbac": {"writePolicy": old}}, NEWEST))
+        cases.append(({"serviceAccount": {"create": False, "name": "platform-sa"}}, NEWEST))
+        cases.append(({"serviceAccount": {"create": False, "name": "platform-sa"}, "rbac": {"create": False}}, NEWEST))
+        granted = 0
+        for values, kube in cases:
+            with self.subTest(values=values, kube_version=kube):
+                r = cl.render_objects(values, kube_version=kube)
+                merged = cl.merge_values(values)
+                tagger = merged["webhooks"]["disruptionTagger"]
+                writes = (merged["rbac"]["create"] and str(tagger["enabled"]).lower() in ("true", "auto")
+                          and tagger["followUp"])
+                self.assertEqual(grants_pod_status_patch(r), writes)
+                policy = write_policy(r)
+                self.assertEqual([o["kind"] for o in policy], list(POLICY_KINDS) if writes else [])
+                if writes:
+                    granted += 1
+                    sa = r.one("Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+                    self.assertEqual([s["name"] for s in r.one("ClusterRoleBinding")["subjects"]], [sa])
+                    self.assertIn(f":{sa}\"", policy[0]["spec"]["matchConditions"][0]["expression"])
+                    self.assertEqual(policy[1]["spec"]["policyName"], policy[0]["metadata"]["name"])
+        self.assertGreater(granted, 3)
+        # rbac.writePolicy=false asked for the grant without the policy: refused.
+        for old in (False, "false"):
+            with self.subTest(writePolicy=old), self.assertRaises(cl.HelmError) as ctx:
+                cl.render({"rbac": {"writePolicy": old}})
+            self.assertIn("rbac.writePolicy was removed", str(ctx.exception))
+            self.assertIn("webhooks.disruptionTagger.followUp=false", str(ctx.exception))
 
     def test_notes_say_how_each_disruption_source_is_tagged(self) -> None:
         notes = cl.render_objects({}).notes

@@ -37,8 +37,8 @@ HOW_TO_RUN = 'source scripts/helm-venv.sh && "$GRACEGUARD_PY" scripts/chart-test
 
 # What the ci files leave off and checkov has checks for: the NetworkPolicy
 # (CKV2_K8S_6), an image pinned by digest (CKV_K8S_43, CKV_K8S_15); also a
-# PriorityClass, and the ServiceMonitor and matchConditions that a current
-# cluster with the Prometheus Operator gets.
+# PriorityClass, and the ServiceMonitor that the newest supported Kubernetes
+# with the Prometheus Operator gets.
 OPTIONS_RENDER = (
     {
         "networkPolicy": {

@@ -28,6 +28,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("webhook timeout over 30s", {"webhooks": {"timeoutSeconds": 60}}, "timeoutSeconds"),
     ("failure policy typo", {"webhooks": {"collisionGuard": {"failurePolicy": "ignore"}}}, "failurePolicy"),
     ("webhook enabled as a string", {"webhooks": {"deletionAudit": {"enabled": "yes"}}}, "enabled"),
+    ("tagger enabled as a word other than auto", {"webhooks": {"disruptionTagger": {"enabled": "yes"}}}, "enabled"),
     ("pull policy", {"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
     ("digest without algorithm", {"image": {"digest": "abc"}}, "digest"),
     ("existingSecret without a name", {"certs": {"mode": "existingSecret"}}, "name"),

@@ -244,26 +244,46 @@ objectSelector:
 {{- end }}
 
 {{/*
-Whether the webhook configurations carry matchConditions: "true" or empty.
-webhooks.matchConditions "auto": when Helm sees a server >= 1.28 (beta and on
-by default from 1.28, GA in 1.30); "true": always (a GitOps render for a
-server Helm cannot see; a server without the field drops it); "false": never.
+The Kubernetes minors graceguard is tested on, as "oldest newest". The oldest
+is Chart.yaml's kubeVersion (>=1.30.0-0: Helm refuses older servers); on a
+server newer than the newest, NOTES.txt says it is not yet tested there.
 */}}
-{{- define "graceguard.matchConditionsOn" -}}
-{{- $mode := toString .Values.webhooks.matchConditions -}}
-{{- if or (eq $mode "true") (and (eq $mode "auto") (semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version)) -}}
-true
+{{- define "graceguard.testedKubeVersions" -}}
+1.30 1.37
+{{- end }}
+
+{{/*
+Values earlier releases had, that `helm upgrade --reuse-values` carries
+over: accepted by values.schema.json so such an upgrade still renders, and
+ignored where they ask for what the chart now always does. A value that asks
+for what the chart no longer does fails the render, saying what to do.
+  * webhooks.matchConditions (was auto/true/false): matchConditions are now
+    always rendered; false fails.
+  * rbac.writePolicy (was auto/true/false): the ValidatingAdmissionPolicy now
+    always comes with the pods/status grant it confines; false (the grant
+    without the policy) fails.
+  * webhooks.disruptionTagger.enabled "auto" is read as true (graceguard.taggerOn).
+*/}}
+{{- define "graceguard.removedValues" -}}
+{{- if and (hasKey .Values.webhooks "matchConditions") (eq (toString .Values.webhooks.matchConditions) "false") -}}
+{{- fail "webhooks.matchConditions was removed: graceguard needs Kubernetes 1.30+, where matchConditions are GA, and the chart always renders them (the disruption tagger is never registered without its own). Drop the value (helm upgrade --reuse-values: --set webhooks.matchConditions=null)" -}}
+{{- end -}}
+{{- if and (hasKey .Values.rbac "writePolicy") (eq (toString .Values.rbac.writePolicy) "false") -}}
+{{- fail "rbac.writePolicy was removed: the ValidatingAdmissionPolicy that confines graceguard's writes now always comes with the patch on pods/status it confines, never the grant without it. Drop the value (helm upgrade --reuse-values: --set rbac.writePolicy=null); for no grant and no policy, set webhooks.disruptionTagger.followUp=false" -}}
 {{- end -}}
 {{- end }}
 
 {{/*
-Whether the disruption tagger is registered: "true" or empty. "auto": only
-with matchConditions, since without them every kubelet status update in the
-cluster would call it (and DisruptionTarget exists only from 1.26).
+Whether the disruption tagger is registered: "true" or empty.
+webhooks.disruptionTagger.enabled is a boolean; "auto" (the default before
+the chart required Kubernetes 1.30, carried over by `helm upgrade
+--reuse-values`) is read as true, and the quoted "true"/"false" those
+releases accepted as the booleans they spell. It is always registered with
+its matchConditions.
 */}}
 {{- define "graceguard.taggerOn" -}}
 {{- $mode := toString .Values.webhooks.disruptionTagger.enabled -}}
-{{- if or (eq $mode "true") (and (eq $mode "auto") (include "graceguard.matchConditionsOn" .)) -}}
+{{- if or (eq $mode "true") (eq $mode "auto") -}}
 true
 {{- end -}}
 {{- end }}
@@ -281,15 +301,17 @@ true
 {{- end }}
 
 {{/*
-matchConditions of one webhook, from files/match-conditions.yaml, when
-graceguard.matchConditionsOn. Call with (dict "root" $ "hook" "collisionGuard").
+matchConditions of one webhook, from files/match-conditions.yaml; always
+rendered (GA from Kubernetes 1.30, the oldest the chart installs on). Call
+with (dict "root" $ "hook" "collisionGuard"); a hook without an entry there
+(the eviction audit) gets none.
 */}}
 {{- define "graceguard.matchConditions" -}}
 {{- $root := .root -}}
-{{- if include "graceguard.matchConditionsOn" $root -}}
 {{- $all := $root.Files.Get "files/match-conditions.yaml" | fromYaml -}}
+{{- with get $all .hook -}}
 matchConditions:
-  {{- toYaml (get $all .hook) | nindent 2 }}
+  {{- toYaml . | nindent 2 }}
 {{- end -}}
 {{- end }}
 
@@ -309,18 +331,16 @@ The collision guard's kinds other than pods, as a list of dicts
 {{- end }}
 
 {{/*
-Whether to install the ValidatingAdmissionPolicy that confines graceguard's
-own writes to graceguard.io/* keys: "true"/"false" as rbac.writePolicy says;
-with "auto", when the server serves admissionregistration.k8s.io/v1
-ValidatingAdmissionPolicy (GA in 1.30; `helm template` needs
---api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy).
-Only when graceguard writes at all (the tagger's follow-up).
+Whether graceguard writes through the API, and so whether the ClusterRole
+grants patch on pods/status (clusterrole.yaml) AND the
+ValidatingAdmissionPolicy and its binding that confine that grant to
+graceguard.io/* labels and annotations are rendered (policy.yaml): "true" or
+empty. Both templates test this one helper, so the grant never renders
+without the policy. With the follow-up off, or rbac.create false (the chart
+grants nothing), neither is rendered.
 */}}
-{{- define "graceguard.writePolicy" -}}
-{{- $writes := and .Values.rbac.create (include "graceguard.followUpOn" .) -}}
-{{- $mode := toString .Values.rbac.writePolicy -}}
-{{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
-{{- if and $writes (or (eq $mode "true") (and (eq $mode "auto") $served)) -}}
+{{- define "graceguard.writes" -}}
+{{- if and .Values.rbac.create (include "graceguard.followUpOn" .) -}}
 true
 {{- end -}}
 {{- end }}
