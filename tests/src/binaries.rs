@@ -59,6 +59,14 @@ impl KubeVersion {
         Self::all()[Self::all().len() - 1]
     }
 
+    /// The supported minor just before this one (what a cluster upgrades
+    /// from), if any.
+    pub fn previous(self) -> Option<KubeVersion> {
+        let all = Self::all();
+        let i = all.iter().position(|v| *v == self)?;
+        i.checked_sub(1).map(|j| all[j])
+    }
+
     /// The version a minor (`1.30`, `30`) or its release (`v1.30.14`) names.
     pub fn parse(s: &str) -> Result<Self> {
         let t = s.trim().trim_start_matches('v');

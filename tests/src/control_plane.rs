@@ -1,8 +1,8 @@
 //! A Kubernetes control plane on loopback, started as a production cluster runs
 //! one: etcd and kube-apiserver with `--authorization-mode=Node,RBAC` and the
 //! `NodeRestriction` and `ResourceQuota` admission plugins on top of the
-//! version's defaults, and on 1.37 kube-controller-manager (its controllers with
-//! their own service-account identities) and kube-scheduler.
+//! version's defaults, kube-controller-manager (its controllers with their own
+//! service-account identities) and kube-scheduler.
 //!
 //! Every request names who sends it: [`Identity`] lists the bed's users, from
 //! the cluster admin down to the nodes (`system:node:<name>`, group
@@ -140,9 +140,9 @@ pub struct TestBedOptions {
     /// Write the apiserver's audit log (metadata level, every request), so a
     /// test can count requests by verb, resource and user.
     pub audit: bool,
-    /// The Kubernetes version to run; `GRACEGUARD_KUBE` (default 1.37) when `None`.
+    /// The Kubernetes version to run; `GRACEGUARD_KUBE` (default: the newest) when `None`.
     pub version: Option<KubeVersion>,
-    /// Real nodes (`node-1…`: kubelet, containerd, runc, CNI; 1.37 only)
+    /// Real nodes (`node-1…`: kubelet, containerd, runc, CNI)
     /// instead of the registered fake node the simulated kubelet serves.
     pub real_nodes: u8,
     /// With real nodes: the API server listens on the bed's network (pods
@@ -738,6 +738,37 @@ impl TestBed {
         self.wait_ready().await
     }
 
+    /// Upgrades the control plane to `to` as an operator does, one component
+    /// at a time: kube-apiserver stopped (SIGTERM, so it drains) and started
+    /// from `to`'s binary with the same flags, port and etcd; then
+    /// kube-controller-manager and kube-scheduler the same way. Nodes are left
+    /// as they are (the kubelet may lag the API server; see
+    /// [`crate::node::RealNodes::upgrade_kubelet`]). Returns once the new API
+    /// server serves and the new controller-manager works.
+    pub async fn upgrade_control_plane(&mut self, to: KubeVersion) -> Result<()> {
+        let bins = ControlPlaneBins::find(to)?;
+        self.apiserver.stop(Duration::from_secs(30));
+        self.apiserver_restarts += 1;
+        self.apiserver_cmd.0 = bins.kube_apiserver.clone();
+        let (program, args) = &self.apiserver_cmd;
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        let log = self
+            .dir()
+            .join(format!("kube-apiserver-{}.log", self.apiserver_restarts));
+        self.apiserver = Managed::spawn("kube-apiserver", cmd, &log)?;
+        self.wait_ready().await?;
+        for c in &mut self.controllers {
+            c.stop(Duration::from_secs(30));
+        }
+        self.controllers.clear();
+        self.bins = bins;
+        self.version = to;
+        let sa_key = self.dir().join("pki/sa.key");
+        self.start_controllers(&sa_key, self.nodes.is_some())?;
+        self.wait_controllers().await
+    }
+
     /// Fails if a control-plane process has exited (with its log's tail).
     pub fn check_running(&mut self) -> Result<()> {
         self.etcd.check_running()?;
@@ -921,7 +952,7 @@ impl TestBed {
         Ok(AuditLog::new(path))
     }
 
-    /// The kubectl the bed uses (1.37's, for both versions).
+    /// The kubectl the bed uses (its own minor's).
     pub fn kubectl_path(&self) -> &Path {
         &self.bins.kubectl
     }
@@ -944,7 +975,7 @@ impl TestBed {
     }
 }
 
-/// The kube-controller-manager controllers the bed runs on 1.37.
+/// The kube-controller-manager controllers the bed runs.
 pub const CONTROLLERS: &[&str] = &[
     "serviceaccount-token-controller",
     "serviceaccount-controller",

@@ -70,7 +70,7 @@ impl CollisionReport {
 /// Quota charged for pods that do not exist: `status.used.pods` minus the pods
 /// the quota controller would count. Read while the old pod is still
 /// Terminating, before anything makes the controller recompute the quota
-/// (on 1.37 it does once a pod ends or goes, which hides the leak again).
+/// (it does once a pod ends or goes, which hides the leak again).
 pub async fn leaked_charges(client: &Client, ns: &str) -> Result<i64> {
     Ok(quota::used_pods(client, ns).await? - quota::counted_pods(client, ns).await?)
 }

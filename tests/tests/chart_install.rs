@@ -197,9 +197,8 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
     }
 
     // The webhooks are registered, fail open, and skip their own namespace;
-    // on 1.37 the API server accepted the chart's matchConditions (it compiles
-    // the CEL when the configuration is created); on 1.20 there are none, and
-    // so no tagger.
+    // the API server accepted the chart's matchConditions (it compiles the
+    // CEL when the configuration is created).
     let sel = ListParams::default().labels("app.kubernetes.io/instance=graceguard");
     let v = Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
         .list(&sel)

@@ -1,8 +1,8 @@
 //! The collision guard for every kind a quota counts, on the real API server
 //! with the real admission chain: a Create whose name a terminating object
 //! holds (a finalizer) is denied before ResourceQuota charges it. PVCs,
-//! ConfigMaps and a custom resource, on both versions (a Job held by
-//! foreground deletion needs the 1.37 garbage collector: real_components.rs).
+//! ConfigMaps and a custom resource (a Job held by foreground deletion:
+//! real_components.rs).
 
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,7 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
         CreateOutcome::Created
     );
     // A pod uses it, so pvc-protection keeps it Terminating once deleted
-    // (on 1.37 the real pvc-protection controller; on 1.20 nothing removes it).
+    // (the real pvc-protection controller).
     let mut user = pods::task_pod("user", 30);
     if let Some(spec) = user.spec.as_mut() {
         spec.volumes = Some(vec![serde_json::from_value(

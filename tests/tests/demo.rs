@@ -1,7 +1,7 @@
 //! `scripts/demo --json`, end to end on the version `GRACEGUARD_KUBE` names
 //! (scripts/test runs it on both): the numbers it prints come from the API
 //! server, and they must show the leak without graceguard and none with it;
-//! on 1.37 also with a real preemption (the Flyte seed) and a real drain.
+//! also with a real preemption (the Flyte seed) and a real drain.
 
 use std::process::Command;
 

@@ -174,7 +174,7 @@ async fn a_full_quota_is_waited_out_with_backoff_without_spending_attempts() -> 
     );
     assert!(task.seen.iter().all(|t| t.attempt == 0), "{:?}", task.seen);
 
-    // The filler goes; the quota controller (played by the bed on 1.20) frees its charge.
+    // The filler goes; the quota controller frees its charge.
     kubelet.finish_deletion(&ns, "filler").await?;
     quota::recalculate(&bed, &ns).await?;
     let queued = task

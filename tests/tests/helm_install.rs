@@ -1,8 +1,7 @@
 //! graceguard installed as a user installs it: the images `scripts/image`
 //! packs, imported into real nodes' containerd; the real `helm` CLI (Helm 4,
 //! `scripts/install-helm`); the webhook served from pods behind the chart's
-//! Service, which the API server reaches through kube-proxy. Named
-//! `*`: real nodes run on 1.37 only.
+//! Service, which the API server reaches through kube-proxy.
 
 use std::time::{Duration, Instant};
 
@@ -692,7 +691,6 @@ async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same() -> R {
 /// certificate). The API server validates the chart's Issuers and
 /// Certificates against cert-manager's schemas, and the Deployment mounts
 /// the Secret the serving Certificate names, which cert-manager would write.
-/// 1.37 only: cert-manager v1.21 does not support 1.20.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cert_manager_mode_is_accepted_by_cert_managers_crds() -> R {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};

@@ -2,8 +2,8 @@
 //! --hollow-nodes N`, the nodes of `scripts/bench`'s cluster_churn): each
 //! registers its own Node as `system:node:<name>` under the Node authorizer
 //! and NodeRestriction, tainted so that only pods that tolerate it land
-//! there, and runs the pods bound to it on its fake runtime. Named `*`:
-//! they run beside a real node (1.37 only).
+//! there, and runs the pods bound to it on its fake runtime: they run beside
+//! a real node.
 
 use std::time::{Duration, Instant};
 

@@ -8,8 +8,8 @@
 //! happen. (`promtool test rules` in the chart tests checks what each rule
 //! does with those series.)
 //!
-//! 1.37 only: `apiserver_admission_webhook_fail_open_count`, which an alert
-//! reads, came with Kubernetes 1.24; 1.20's API server has no such series.
+//! `apiserver_admission_webhook_fail_open_count`, which an alert reads, is
+//! served by every supported minor (it came with 1.24).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,5 +1,5 @@
 //! What a kubelet sends goes through unchanged with graceguard installed, with
-//! the Node authorizer and NodeRestriction on (both Kubernetes versions), and
+//! the Node authorizer and NodeRestriction on (every supported minor), and
 //! every DisruptionTarget still ends up tagged; evictions, which no DELETE
 //! webhook sees, are audited once each.
 

@@ -1,8 +1,6 @@
-//! Scenarios only real components produce, on Kubernetes 1.37 with its
-//! kube-scheduler and kube-controller-manager: a preemption, a drain, pods
-//! made by controllers, and a Job held by the garbage collector's foreground
-//! deletion. Named `*`: `scripts/test` runs them in the
-//! 1.37 pass only (1.20 has no scheduler here, and no DisruptionTarget).
+//! Scenarios only real components produce, with the bed's kube-scheduler and
+//! kube-controller-manager: a preemption, a drain, pods made by controllers,
+//! and a Job held by the garbage collector's foreground deletion.
 
 use std::time::{Duration, Instant};
 

@@ -10,11 +10,6 @@ use testbed::{KubeVersion, TestBed};
 
 type R = anyhow::Result<()>;
 
-/// Pod template fields v1.20 served that v1.37 does not:
-/// `EphemeralVolumeSource.readOnly` (dropped in v1.22), `Handler` (a
-/// lifecycle hook's schema, renamed `LifecycleHandler` in v1.23: the same
-/// fields under the new name) and `ObjectMeta.clusterName` (removed in
-/// v1.25).
 /// Fields a supported minor serves that the document (the newest minor's
 /// schemas) lacks, each with its reason: 1.30's `PodResourceClaim.source`
 /// (`ClaimSource`) belongs to dynamic resource allocation's v1alpha2 API,
@@ -22,7 +17,10 @@ type R = anyhow::Result<()>;
 /// `resourceClaimName`/`resourceClaimTemplateName` on the claim itself.
 const OLDER_ONLY: &[(u32, &str)] = &[
     (30, "io.k8s.api.core.v1.ClaimSource.resourceClaimName"),
-    (30, "io.k8s.api.core.v1.ClaimSource.resourceClaimTemplateName"),
+    (
+        30,
+        "io.k8s.api.core.v1.ClaimSource.resourceClaimTemplateName",
+    ),
     (30, "io.k8s.api.core.v1.PodResourceClaim.source"),
 ];
 

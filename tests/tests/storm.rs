@@ -1,7 +1,7 @@
 //! The storm, not just the leak: a client-go executor that re-creates its
 //! task pod under the same name (a model of Flyte's v2 pod plugin,
 //! `tests/executor`) against each mode, on a real node whose kubelet carries
-//! out the graceful deletion. Named `*`: real nodes run on 1.37 only.
+//! out the graceful deletion.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;

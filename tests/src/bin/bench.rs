@@ -1370,7 +1370,7 @@ async fn guard_recovery() -> Result<()> {
 
 /// How long a DisruptionTarget stays untagged when graceguard must tag it
 /// afterwards: a kubelet's own `TerminationByKubelet` (never changed in the
-/// node's request) and, on 1.37, an eviction (condition written outside
+/// node's request) and an eviction (condition written outside
 /// admission). Measured from the request's return to the label being readable
 /// (GET every 5 ms), and as the webhook's own follow-up latency (request seen
 /// to tag written, from its audit records).

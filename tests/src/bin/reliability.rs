@@ -118,7 +118,7 @@ async fn run(args: &Args) -> Result<bool> {
     if args.only.iter().any(|o| o == "guard_chaos") {
         pass &= guard_chaos(if q { 40 } else { 1000 }, false).await?;
     }
-    // The same on a real node (kubelet, containerd, runc; 1.37 only): its
+    // The same on a real node (kubelet, containerd, runc): its
     // quick form is tests/tests/real_nodes.rs's guard_chaos test.
     if args.only.iter().any(|o| o == "guard_chaos_real_nodes") {
         pass &= guard_chaos(if q { 12 } else { 200 }, true).await?;

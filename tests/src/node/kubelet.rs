@@ -34,6 +34,9 @@ pub struct KubeletProc {
     pub proc: Managed,
     pub port: u16,
     pub dir: PathBuf,
+    /// Its name and arguments, to start it again from another binary.
+    name: String,
+    args: Vec<String>,
 }
 
 /// The KubeletConfiguration for `spec`, with its files under `dir`.
@@ -94,27 +97,47 @@ impl KubeletProc {
         let port = free_port()?;
         let cfg = dir.join("kubelet-config.json");
         std::fs::write(&cfg, serde_json::to_vec_pretty(&config(spec, dir, port))?)?;
-        let mut cmd = ns.command(&bins.bin("kubelet")?);
-        cmd.arg(format!("--config={}", cfg.display()))
-            .arg(format!("--kubeconfig={}", spec.kubeconfig.display()))
-            .arg(format!("--hostname-override={}", spec.name))
-            .arg(format!("--node-ip={}", spec.node_ip))
-            .arg(format!("--root-dir={}", dir.join("root").display()))
-            .arg(format!("--cert-dir={}", dir.join("pki").display()))
-            .arg("--v=1");
+        let mut args = vec![
+            format!("--config={}", cfg.display()),
+            format!("--kubeconfig={}", spec.kubeconfig.display()),
+            format!("--hostname-override={}", spec.name),
+            format!("--node-ip={}", spec.node_ip),
+            format!("--root-dir={}", dir.join("root").display()),
+            format!("--cert-dir={}", dir.join("pki").display()),
+            "--v=1".to_string(),
+        ];
         if !spec.labels.is_empty() {
-            cmd.arg(format!("--node-labels={}", spec.labels.join(",")));
+            args.push(format!("--node-labels={}", spec.labels.join(",")));
         }
-        cmd.env("PATH", bins.path_env());
-        let proc = Managed::spawn(
-            &format!("kubelet {}", spec.name),
-            cmd,
-            &dir.join("kubelet.log"),
-        )?;
+        let name = format!("kubelet {}", spec.name);
+        let proc = Self::spawn(ns, bins, &name, &args, &dir.join("kubelet.log"))?;
         Ok(Self {
             proc,
             port,
             dir: dir.to_path_buf(),
+            name,
+            args,
         })
+    }
+
+    fn spawn(
+        ns: &MountNs,
+        bins: &NodeBins,
+        name: &str,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Managed> {
+        let mut cmd = ns.command(&bins.bin("kubelet")?);
+        cmd.args(args).env("PATH", bins.path_env());
+        Managed::spawn(name, cmd, log)
+    }
+
+    /// Stops the kubelet (SIGTERM, as a node's upgrade does: its pods keep
+    /// running in containerd) and starts `bins`' kubelet with the same
+    /// configuration, identity and state directory, logging to `log`.
+    pub fn restart_from(&mut self, ns: &MountNs, bins: &NodeBins, log: &Path) -> Result<()> {
+        self.proc.stop(std::time::Duration::from_secs(30));
+        self.proc = Self::spawn(ns, bins, &self.name, &self.args, log)?;
+        Ok(())
     }
 }

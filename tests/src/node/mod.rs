@@ -219,6 +219,34 @@ impl RealNodes {
         hollow::wait_ready(admin, &mut self.hollow).await
     }
 
+    /// Upgrades node `name`'s kubelet to `to` in place, as a node upgrade
+    /// does (drain skipped: its pods keep running and the new kubelet adopts
+    /// them), and waits until every node is Ready again. The node's
+    /// containerd, runc and CNI plugins stay as they are.
+    pub async fn upgrade_kubelet(
+        &mut self,
+        admin: &Client,
+        name: &str,
+        to: crate::KubeVersion,
+    ) -> Result<()> {
+        let bins = NodeBins::find(to)?;
+        let ns = self
+            .ns
+            .as_ref()
+            .context("the bed's node mount namespace is gone")?;
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .with_context(|| format!("no real node {name} in this bed"))?;
+        let log = node
+            .kubelet
+            .dir
+            .join(format!("kubelet-{}.log", to.as_str()));
+        node.kubelet.restart_from(ns, &bins, &log)?;
+        self.wait_ready(admin).await
+    }
+
     /// Starts kube-proxy for the machine's network namespace (once per bed),
     /// after waiting for any other bed's to stop ([`slot::ProxyLock`]).
     pub fn start_kube_proxy(&mut self, kubeconfig: &Path, cluster_cidr: &str) -> Result<()> {
