@@ -23,6 +23,9 @@ pub struct AuditEvent {
     pub request_received_timestamp: String,
     #[serde(default)]
     pub stage_timestamp: String,
+    /// The authorizer's decision and reason (`authorization.k8s.io/...`), and others.
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]

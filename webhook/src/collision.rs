@@ -34,6 +34,9 @@ pub enum AllowReason {
     /// No name to collide on yet.
     NoName,
     NameFree,
+    /// The index's watch was not current, so a name it did not hold was
+    /// read live, and the read said free.
+    NameFreeRead,
     /// The index said held, the live read said free.
     StaleIndex,
     /// The live read failed: fail open.
@@ -50,6 +53,7 @@ impl AllowReason {
             AllowReason::KindIndexOverCap => "kind_index_over_cap",
             AllowReason::NoName => "no_name",
             AllowReason::NameFree => "name_free",
+            AllowReason::NameFreeRead => "name_free_read",
             AllowReason::StaleIndex => "stale_index",
             AllowReason::ConfirmFailed => "confirm_failed",
             AllowReason::SelfTest => "self_test",

@@ -142,6 +142,23 @@ impl Confirmer {
         {
             self.cache.invalidate(&key).await;
         }
+        self.read(key).await
+    }
+
+    /// Who holds `namespace/name`, which the index does not hold, from one
+    /// live read. Asked only while the index's watch is not current (broken,
+    /// or resuming after an API server restart): a miss may then be stale,
+    /// and a Create allowed on it would be charged to quota for a name a
+    /// terminating pod still holds. Nothing cached answers it.
+    pub async fn confirm_unindexed(&self, namespace: &str, name: &str) -> Confirmation {
+        let key = (namespace.to_string(), name.to_string());
+        self.cache.invalidate(&key).await;
+        self.read(key).await
+    }
+
+    /// One live read of `key`, shared by concurrent callers and cached when
+    /// it finds a holder.
+    async fn read(&self, key: (String, String)) -> Confirmation {
         let fetch = Arc::clone(&self.fetch);
         let metrics = self.metrics.clone();
         let (ns, n) = key.clone();
@@ -245,6 +262,27 @@ mod tests {
             Box::pin(async move { a })
         });
         (f, calls)
+    }
+
+    #[tokio::test]
+    async fn a_name_the_index_misses_is_read_every_time_and_answers_what_the_server_has() {
+        let held = Holder::from(indexed("u"));
+        let (f, calls) = counting(Ok(Some(held.clone())));
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        for _ in 0..3 {
+            assert!(matches!(
+                c.confirm_unindexed("ns", "p").await,
+                Confirmation::Held(h) if h == held
+            ));
+        }
+        // Never from the cache: the index has nothing to agree with.
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        let (f, _) = counting(Ok(None));
+        let free = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        assert!(matches!(
+            free.confirm_unindexed("ns", "p").await,
+            Confirmation::Free
+        ));
     }
 
     #[tokio::test]

@@ -406,12 +406,24 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
             )
         }
     };
-    let Some(indexed) = indexed else {
-        return (Answer::allow(), rec);
+    let confirmation = match indexed {
+        Some(indexed) => {
+            confirmer
+                .confirm_with(&namespace, &name, &indexed, watch_current)
+                .await
+        }
+        // A miss of an index whose watch is current: the name is free.
+        None if watch_current => return (Answer::allow(), rec),
+        // A miss of an index whose watch is broken or resuming may be stale:
+        // read it (one GET per such Create, only while the watch is down).
+        None => match confirmer.confirm_unindexed(&namespace, &name).await {
+            collision::Confirmation::Free => {
+                rec.reason = AllowReason::NameFreeRead.as_str().into();
+                return (Answer::allow(), rec);
+            }
+            other => other,
+        },
     };
-    let confirmation = confirmer
-        .confirm_with(&namespace, &name, &indexed, watch_current)
-        .await;
     if let collision::Confirmation::Failed(e) = &confirmation {
         tracing::warn!(namespace = %namespace, name = %name, error = %e, "could not confirm an index hit; allowing the Create");
     }
