@@ -44,6 +44,11 @@ pub enum GuardError {
         holder: String,
         waited: Duration,
     },
+    /// A Lease renewal got no answer in time (a hung connection, a stalled
+    /// API server): treated as a failed renewal, so the fence's deadline,
+    /// not the connection, decides when this process stops acting.
+    #[error("renewing the instance Lease {lease} got no answer within {after:?}; the API server or the connection to it is stalled. Retrying; this process stops acting once its fence's deadline passes")]
+    LeaseRenewalTimedOut { lease: String, after: Duration },
     #[error(transparent)]
     Task(#[from] TaskError),
 }

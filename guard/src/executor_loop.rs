@@ -562,10 +562,16 @@ impl Loop {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
             let tx = self.answers_tx.clone();
             let slots = self.slots.clone();
+            let fence = self.config.fence.clone();
             let key = key.clone();
             tokio::spawn(async move {
                 let _slot = slots.acquire_owned().await;
-                let outcome = pod_api::release(&api, &v).await;
+                // Asked again right before the write (the fence is a
+                // deadline); not written: looked at again shortly.
+                let outcome = match terminating || fence.holds() {
+                    true => pod_api::release(&api, &v).await,
+                    false => Released::Failed,
+                };
                 let kind = AnswerKind::Released {
                     uid: v.uid,
                     outcome,
@@ -1019,6 +1025,7 @@ impl Loop {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
         let tx = self.answers_tx.clone();
         let slots = self.slots.clone();
+        let fence = self.config.fence.clone();
         let key = key.clone();
         match action {
             Action::Create {
@@ -1067,7 +1074,13 @@ impl Loop {
                     .insert(RECORD_ANNOTATION.into(), record.to_annotation());
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    let kind = pod_api::create(&api, &pod).await;
+                    // The fence is a deadline: asked again right before the
+                    // write, after any wait for a slot. Not sent: "unknown",
+                    // the name is read first once the fence opens again.
+                    let kind = match fence.holds() {
+                        true => pod_api::create(&api, &pod).await,
+                        false => AnswerKind::Unknown,
+                    };
                     let _ = tx.send(Answer { key, attempt, kind });
                 });
             }
@@ -1081,7 +1094,7 @@ impl Loop {
             Action::Delete { name, uid } => {
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    if !pod_api::delete_exact(&api, &name, &uid).await {
+                    if !fence.holds() || !pod_api::delete_exact(&api, &name, &uid).await {
                         let kind = AnswerKind::DeleteFailed;
                         let _ = tx.send(Answer { key, attempt, kind });
                     }

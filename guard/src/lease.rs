@@ -14,9 +14,16 @@
 //!   process's monotonic clock, is expired. The holder's `renewTime` is never
 //!   compared with the local clock, so clock skew between nodes cannot make
 //!   a live holder look dead;
-//! * a process whose renewals fail for two thirds of the duration stops
-//!   acting ([`Fence`]) before any other process can see the Lease expire;
-//!   it acts again once it holds the Lease again.
+//! * the fence is a deadline ([`Fence`]): a process may act until two thirds
+//!   of the duration after it *sent* its last successful renewal, by its own
+//!   monotonic clock, whether or not a failure ever comes back. A renewal
+//!   that hangs (a half-open connection, a stalled API server replica, a
+//!   paused VM) closes it as surely as one that fails, because every renewal
+//!   is bounded by a timeout and [`Fence::holds`] compares the deadline with
+//!   the clock at each call. Another process can take the Lease only a full
+//!   duration after it observed that renewal, which it cannot have observed
+//!   before it was sent: the third in between is the margin. It acts again
+//!   once it holds the Lease again.
 
 use std::time::Duration;
 
@@ -97,22 +104,41 @@ impl Observer {
     }
 }
 
+/// What the fence is now; [`Fence::holds`] reads it against the clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceState {
+    /// No Lease: the executor runs alone by construction.
+    Always,
+    /// Held until this instant (the last successful renewal's send time plus
+    /// two thirds of the duration).
+    Until(Instant),
+    /// Not held: another process took the Lease, or the deadline passed.
+    Closed,
+}
+
 /// Whether this process may act for its instance (launch pods, deliver and
-/// done-mark results). Cheap to clone.
+/// done-mark results): a deadline, read against the clock at every call, so
+/// it closes on time even when no renewal answer ever comes. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct Fence(watch::Receiver<bool>);
+pub struct Fence(watch::Receiver<FenceState>);
 
 impl Fence {
     /// A fence that always holds, for an executor run without a Lease.
     pub fn open() -> Self {
-        let (tx, rx) = watch::channel(true);
+        let (tx, rx) = watch::channel(FenceState::Always);
         // Never changes; a dropped sender is read as "no more changes".
         drop(tx);
         Self(rx)
     }
 
+    /// Whether this process may act now. Asked immediately before every
+    /// write, not once per decision.
     pub fn holds(&self) -> bool {
-        *self.0.borrow()
+        match *self.0.borrow() {
+            FenceState::Always => true,
+            FenceState::Until(deadline) => Instant::now() < deadline,
+            FenceState::Closed => false,
+        }
     }
 
     /// Resolves when the fence opens or closes; never, once it cannot change.
@@ -134,6 +160,15 @@ pub struct InstanceLease {
     duration: Duration,
     /// The Lease as last written by this process.
     current: Lease,
+    /// When the request of this process's last successful write of the
+    /// Lease was sent: the fence's deadline counts from it.
+    written_at: Instant,
+}
+
+/// The renewal period and the fence's deadline after a renewal's send time,
+/// for a Lease of `duration`: a third, and two thirds.
+fn timing(duration: Duration) -> (Duration, Duration) {
+    ((duration / 3).max(Duration::from_secs(1)), duration * 2 / 3)
 }
 
 /// A unique holder identity for this process: the instance, the host, the
@@ -174,6 +209,7 @@ impl InstanceLease {
                 .get_opt(&name)
                 .await
                 .map_err(|e| GuardError::api(format!("reading the instance Lease {name}"), e))?;
+            let sent = Instant::now();
             let taken = match (&found, observer.observe(&name, found.as_ref())) {
                 (None, _) => {
                     let lease = Lease {
@@ -231,6 +267,7 @@ impl InstanceLease {
                         holder,
                         duration,
                         current,
+                        written_at: sent,
                     });
                 }
                 // Another process wrote it first: look again.
@@ -294,10 +331,12 @@ impl InstanceLease {
     /// Replaces the Lease with `lease` (conditional on the resourceVersion it
     /// carries) and keeps what was written.
     async fn write(&mut self, lease: &Lease) -> Result<(), kube::Error> {
+        let sent = Instant::now();
         self.current = self
             .api
             .replace(&self.name, &PostParams::default(), lease)
             .await?;
+        self.written_at = sent;
         Ok(())
     }
 
@@ -318,34 +357,45 @@ impl InstanceLease {
         }
     }
 
-    /// Keeps the Lease in the background: renews every third of its duration;
-    /// the [`Fence`] closes when renewals have failed for two thirds of it or
-    /// another process took it (this one then waits to take it back), and
-    /// opens again once it holds the Lease. Stop it with [`Holding::stop`].
+    /// Keeps the Lease in the background: renews every third of its
+    /// duration, each renewal bounded by that third; the [`Fence`] holds until
+    /// two thirds of the duration after the last successful renewal was sent
+    /// (see the module docs), is closed at once when another process took it
+    /// (this one then waits to take it back), and opens again once it holds
+    /// the Lease. Stop it with [`Holding::stop`].
     pub fn hold(self) -> Holding {
-        let (tx, rx) = watch::channel(true);
+        let (period, deadline) = timing(self.duration);
+        let (tx, rx) = watch::channel(FenceState::Until(self.written_at + deadline));
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let mut lease = self;
-            let period = (lease.duration / 3).max(Duration::from_secs(1));
-            let deadline = lease.duration * 2 / 3;
-            let mut last_ok = Instant::now();
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(period) => {}
                     _ = &mut stop_rx => return Some(lease),
                 }
                 let sent = Instant::now();
-                match lease.renew().await {
+                let renewed = tokio::select! {
+                    r = tokio::time::timeout(period, lease.renew()) => r,
+                    _ = &mut stop_rx => return Some(lease),
+                };
+                let renewed = match renewed {
+                    Ok(r) => r,
+                    Err(_) => Err(GuardError::LeaseRenewalTimedOut {
+                        lease: lease.name.clone(),
+                        after: period,
+                    }),
+                };
+                match renewed {
                     Ok(true) => {
-                        last_ok = sent;
-                        if !*tx.borrow() {
+                        if tx.borrow().eq(&FenceState::Closed) {
                             tracing::info!(lease = %lease.name, "holding the instance Lease again; acting again");
                         }
-                        tx.send_replace(true);
+                        // Never later than this round's send time.
+                        tx.send_replace(FenceState::Until(lease.written_at.min(sent) + deadline));
                     }
                     Ok(false) => {
-                        tx.send_replace(false);
+                        tx.send_replace(FenceState::Closed);
                         tracing::error!(lease = %lease.name, "another process took the instance Lease; stopped launching and delivering until this one holds it again");
                         let (client, ns) = (lease.client.clone(), lease.namespace.clone());
                         let again = tokio::select! {
@@ -355,8 +405,7 @@ impl InstanceLease {
                         match again {
                             Ok(l) => {
                                 lease = l;
-                                last_ok = Instant::now();
-                                tx.send_replace(true);
+                                tx.send_replace(FenceState::Until(lease.written_at + deadline));
                             }
                             Err(e) => {
                                 tracing::error!(error = %e, "taking the instance Lease back failed; trying again");
@@ -364,11 +413,15 @@ impl InstanceLease {
                         }
                     }
                     Err(e) => {
-                        if last_ok.elapsed() >= deadline && *tx.borrow() {
-                            tracing::error!(lease = %lease.name, error = %e, "the instance Lease was not renewed for two thirds of its duration; stopped launching and delivering until it is");
-                            tx.send_replace(false);
-                        } else {
-                            tracing::warn!(lease = %lease.name, error = %e, "renewing the instance Lease failed; trying again");
+                        let state = *tx.borrow();
+                        match state {
+                            FenceState::Until(until) if Instant::now() >= until => {
+                                tracing::error!(lease = %lease.name, error = %e, "the instance Lease was not renewed within two thirds of its duration; stopped launching and delivering until it is");
+                                tx.send_replace(FenceState::Closed);
+                            }
+                            _ => {
+                                tracing::warn!(lease = %lease.name, error = %e, "renewing the instance Lease failed; trying again");
+                            }
                         }
                     }
                 }
@@ -486,5 +539,43 @@ mod tests {
     fn an_open_fence_always_holds() {
         let f = Fence::open();
         assert!(f.holds());
+    }
+
+    /// The fence closes at its deadline by the clock alone: no renewal
+    /// answer, no error, no message has to arrive (a hung connection).
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_closes_at_its_deadline_with_no_answer_at_all() {
+        let (_, deadline) = timing(Duration::from_secs(30));
+        let sent = Instant::now();
+        let (tx, rx) = watch::channel(FenceState::Until(sent + deadline));
+        let fence = Fence(rx);
+        tokio::time::advance(deadline - Duration::from_millis(1)).await;
+        assert!(fence.holds(), "held until the deadline");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!fence.holds(), "closed at the deadline");
+        // A later renewal (sent now) opens it again for its own two thirds.
+        tx.send_replace(FenceState::Until(Instant::now() + deadline));
+        assert!(fence.holds());
+        tx.send_replace(FenceState::Closed);
+        assert!(!fence.holds());
+    }
+
+    /// A renewal sent one period after the last success and hanging for its
+    /// whole timeout ends exactly at the deadline; another process can take
+    /// the Lease no sooner than a full duration after that success was sent.
+    #[test]
+    fn a_hung_renewal_ends_by_the_deadline_and_a_third_is_left_as_margin() {
+        for secs in [3, 10, 15, 30, 60] {
+            let duration = Duration::from_secs(secs);
+            let (period, deadline) = timing(duration);
+            assert!(
+                period + period <= deadline,
+                "{secs}: {period:?} {deadline:?}"
+            );
+            assert!(
+                duration - deadline >= duration / 3 - Duration::from_millis(1),
+                "{secs}"
+            );
+        }
     }
 }
