@@ -221,5 +221,6 @@ const (
 	ReasonCleanupPending   = "CleanupPending"
 	ReasonEpochChanged     = "EpochChanged"
 	ReasonFenced           = "Fenced"
+	ReasonNotSynced        = "NotSynced"
 	ReasonUnauthorized     = "Unauthorized"
 )

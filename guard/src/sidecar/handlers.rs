@@ -87,6 +87,7 @@ pub async fn put_task(
     responses(
         (status = 200, body = TaskStatus),
         (status = 404, description = "Not known to this executor", body = ApiStatus),
+        (status = 503, description = "`NotSynced`: the sidecar has not listed its pods yet; retry shortly", body = ApiStatus),
     ),
     security((), ("bearer" = [])),
 )]
@@ -94,6 +95,7 @@ pub async fn get_task(
     State(s): State<Sidecar>,
     Path((namespace, task)): Path<(String, String)>,
 ) -> Answer<Json<TaskStatus>> {
+    synced(&s)?;
     match s.executor.status(&TaskKey::new(&namespace, &task)).await {
         Some(st) => Ok(Json(st)),
         None => Err(TaskError::NotFound(task).into()),
@@ -109,6 +111,7 @@ pub async fn get_task(
         (status = 200, description = "Aborted (or had ended); its status", body = TaskStatus),
         (status = 404, body = ApiStatus),
         (status = 409, description = "`forget`: a pod of it still runs (`CleanupPending`) or it has not ended yet (`NotEnded`); ask again", body = ApiStatus),
+        (status = 503, description = "`NotSynced`: the sidecar has not listed its pods yet (the abort is not taken); retry shortly", body = ApiStatus),
     ),
     security((), ("bearer" = [])),
 )]
@@ -118,6 +121,7 @@ pub async fn delete_task(
     q: Result<Query<DeleteQuery>, QueryRejection>,
 ) -> Answer<Json<TaskStatus>> {
     let q = query(q, "forget is true or false")?;
+    synced(&s)?;
     let key = TaskKey::new(&namespace, &task);
     let st = s.executor.abort(&key).await?;
     if q.forget {
@@ -135,6 +139,7 @@ pub async fn delete_task(
         (status = 200, body = TaskStatus),
         (status = 404, body = ApiStatus),
         (status = 409, description = "It has not ended (`NotEnded`)", body = ApiStatus),
+        (status = 503, description = "`NotSynced`: the sidecar has not listed its pods yet; retry shortly", body = ApiStatus),
     ),
     security((), ("bearer" = [])),
 )]
@@ -142,6 +147,7 @@ pub async fn retry_task(
     State(s): State<Sidecar>,
     Path((namespace, task)): Path<(String, String)>,
 ) -> Answer<Json<TaskStatus>> {
+    synced(&s)?;
     Ok(Json(
         s.executor.retry(&TaskKey::new(&namespace, &task)).await?,
     ))
@@ -156,6 +162,7 @@ pub async fn retry_task(
     responses(
         (status = 200, body = TaskList),
         (status = 400, description = "A malformed `limit` or `continue`", body = ApiStatus),
+        (status = 503, description = "`NotSynced`: the sidecar has not listed its pods yet (an empty page would say no task exists); retry shortly", body = ApiStatus),
     ),
     security((), ("bearer" = [])),
 )]
@@ -181,6 +188,7 @@ pub async fn list_tasks(
             ))
         })?),
     };
+    synced(&s)?;
     let (items, more) = s.executor.list(q.namespace, after, q.limit).await?;
     let continue_token = more
         .then(|| {
@@ -289,6 +297,27 @@ fn fenced(s: &Sidecar) -> Answer<()> {
         Reason::Fenced,
         format!(
             "this sidecar does not hold instance {}'s Lease now (its renewals failed, or another process took it); retry shortly",
+            s.executor.instance()
+        ),
+    ))
+}
+
+/// 503 until the pod watch's first list: before it, the tasks this instance
+/// has in the cluster are not known, and a 404 or an empty page would say
+/// they do not exist (an abort lost, a resync that relaunches everything).
+fn synced(s: &Sidecar) -> Answer<()> {
+    if s.executor
+        .stats()
+        .synced
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return Ok(());
+    }
+    Err(ApiStatus::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Reason::NotSynced,
+        format!(
+            "this sidecar has not listed instance {}'s pods yet, so it cannot tell which tasks exist; retry shortly (GET /healthz says when it has)",
             s.executor.instance()
         ),
     ))

@@ -198,15 +198,42 @@ mod tests {
         assert_eq!(status_of(app.clone(), v1, Some("Bearer wrong")).await, 401);
         assert_eq!(
             status_of(app.clone(), v1, Some("Bearer 0123456789abcdef-secret")).await,
-            404,
-            "authorized: the task is simply unknown"
+            503,
+            "authorized: not synced yet (never a 404 before the first list)"
         );
         // Not synced (no API server): 503, but no token needed.
         assert_eq!(status_of(app.clone(), "/healthz", None).await, 503);
         assert_eq!(status_of(app, "/openapi.json", None).await, 200);
         // A Unix socket needs no token.
         let app = offline(None).expect("router");
-        assert_eq!(status_of(app, v1, None).await, 404);
+        assert_eq!(status_of(app, v1, None).await, 503);
+    }
+
+    /// Before the pod watch's first list the sidecar cannot tell which tasks
+    /// exist: GET, DELETE (an abort), retry and list answer 503 `NotSynced`,
+    /// never a 404 (an abort lost) or an empty page (a resync relaunching
+    /// everything).
+    #[tokio::test]
+    async fn before_its_first_list_the_sidecar_answers_503_not_404_or_an_empty_list() {
+        let app = offline(None).expect("router");
+        for (method, path) in [
+            ("GET", "/v1/tasks/ns/t"),
+            ("DELETE", "/v1/tasks/ns/t"),
+            ("DELETE", "/v1/tasks/ns/t?forget=true"),
+            ("POST", "/v1/tasks/ns/t/retry"),
+            ("GET", "/v1/tasks"),
+            ("GET", "/v1/tasks?namespace=ns&limit=10"),
+        ] {
+            let (code, body) = call(app.clone(), method, path, "").await;
+            assert_eq!(code, 503, "{method} {path}: {body}");
+            assert_eq!(body["reason"], "NotSynced", "{method} {path}: {body}");
+            assert!(
+                body["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("retry shortly")),
+                "{body}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -341,10 +368,13 @@ mod tests {
             (400, Some("BadRequest")),
             "{body}"
         );
+        // Well-formed, before the first list: not an empty page.
         let (code, body) = call(app, "GET", "/v1/tasks", "").await;
-        assert_eq!(code, 200, "{body}");
-        assert_eq!(body["items"], serde_json::json!([]));
-        assert!(body.get("continue").is_none(), "{body}");
+        assert_eq!(
+            (code, body["reason"].as_str()),
+            (503, Some("NotSynced")),
+            "{body}"
+        );
     }
 
     #[test]

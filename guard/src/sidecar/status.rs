@@ -36,6 +36,10 @@ pub enum Reason {
     EpochChanged,
     /// This process does not hold its instance's Lease now: retry shortly.
     Fenced,
+    /// The sidecar has not listed its pods yet (it just started), so it
+    /// cannot tell which tasks exist: retry shortly. Never a 404 or an empty
+    /// list that would say "no such task".
+    NotSynced,
     /// The executor has stopped.
     Stopped,
     /// The endpoint does not take that method.

@@ -20,6 +20,7 @@ NOT_ENDED = "NotEnded"
 CLEANUP_PENDING = "CleanupPending"
 EPOCH_CHANGED = "EpochChanged"
 FENCED = "Fenced"
+NOT_SYNCED = "NotSynced"
 UNAUTHORIZED = "Unauthorized"
 
 
