@@ -106,7 +106,12 @@ pub struct Adopter {
     /// Owners' Leases as seen by this adopter (their expiry is judged from
     /// renewals seen here, never from the owner's clock).
     leases_seen: Observer,
+    /// Owners whose Lease was missing, said once each.
+    unknown_owners: HashSet<String>,
 }
+
+/// How often a pod whose owner's Lease is missing is looked at again.
+pub const UNKNOWN_OWNER_RECHECK: Duration = Duration::from_secs(60);
 
 impl Adopter {
     /// Watches graceguard's pods in `namespace` for this `instance`; owners'
@@ -129,6 +134,7 @@ impl Adopter {
             retry: Vec::new(),
             relisted: None,
             leases_seen: Observer::default(),
+            unknown_owners: HashSet::new(),
         }
     }
 
@@ -336,8 +342,11 @@ impl Adopter {
     }
 
     /// When `owner`'s Lease expires, by this process's clock (s since the
-    /// epoch, `now` being the present); `None`: it has (missing, released,
-    /// or no renewal seen for its duration). Answers are cached for one sync.
+    /// epoch, `now` being the present); `None`: it has (released, or no
+    /// renewal seen for its duration). A *missing* Lease is not a dead owner
+    /// (it may live with its Lease in another namespace, or run without
+    /// one): its pods are looked at again after [`UNKNOWN_OWNER_RECHECK`],
+    /// never adopted on that alone. Answers are cached for one sync.
     async fn lease_expiry(
         &mut self,
         owner: &str,
@@ -352,9 +361,17 @@ impl Adopter {
             self.leases.get_opt(&name).await.map_err(|e| {
                 GuardError::api(format!("reading the Lease of instance {owner}"), e)
             })?;
-        let at = match self.leases_seen.observe(&name, l.as_ref()) {
-            Liveness::Free => None,
-            Liveness::Held { remaining, .. } => {
+        let at = match (l.is_some(), self.leases_seen.observe(&name, l.as_ref())) {
+            (false, _) => {
+                if self.unknown_owners.insert(owner.to_string()) {
+                    tracing::warn!(instance = %owner, lease = %name, "the Lease of instance {owner} does not exist here, so whether it is alive is unknown: its pods are not adopted on that alone (looked at again every {} s)", UNKNOWN_OWNER_RECHECK.as_secs());
+                }
+                Some(now.saturating_add(
+                    i64::try_from(UNKNOWN_OWNER_RECHECK.as_secs()).unwrap_or(i64::MAX),
+                ))
+            }
+            (true, Liveness::Free) => None,
+            (true, Liveness::Held { remaining, .. }) => {
                 Some(now.saturating_add(i64::try_from(remaining.as_secs()).unwrap_or(i64::MAX)))
             }
         };

@@ -81,7 +81,7 @@ pub async fn release_results(
             (true, _) => "forced".to_string(),
             (_, true) => format!("namespace {} is being deleted", req.namespace),
             _ => match owner_alive(&leases, &owner, req.lease_wait).await? {
-                Some(holder) => {
+                Owner::Alive(holder) => {
                     for p in held {
                         out.push(report(&req.namespace, &p, &owner, "kept", format!(
                             "instance {owner}'s Lease is held by {holder} and renewed: its executor lets go itself; pass --force only if it is gone for good"
@@ -89,7 +89,16 @@ pub async fn release_results(
                     }
                     continue;
                 }
-                None => format!("instance {owner}'s Lease is missing, released or lapsed"),
+                Owner::Unknown => {
+                    for p in held {
+                        out.push(report(&req.namespace, &p, &owner, "kept", format!(
+                            "instance {owner} has no Lease in namespace {}: it may be alive with its Lease in another namespace (pass --lease-namespace with the one it uses), or run without one; pass --force only if it is gone for good",
+                            req.lease_namespace
+                        )));
+                    }
+                    continue;
+                }
+                Owner::Dead => format!("instance {owner}'s Lease is released or lapsed"),
             },
         };
         for p in held {
@@ -159,13 +168,22 @@ fn report(ns: &str, p: &Pod, owner: &str, outcome: &'static str, detail: String)
     }
 }
 
-/// The holder of `owner`'s Lease if it is renewed within `wait` (or held
-/// past it); `None` if it is missing, released, or lapses unrenewed.
+/// What `release-results` knows of a pod's owner.
+enum Owner {
+    /// Its Lease is renewed within the wait (or held past it), by this holder.
+    Alive(String),
+    /// Its Lease is released, or lapsed unrenewed.
+    Dead,
+    /// It has no Lease where we look: never read as dead.
+    Unknown,
+}
+
+/// Whether `owner` lives, judged by its Lease over up to `wait`.
 async fn owner_alive(
     leases: &Api<Lease>,
     owner: &str,
     wait: Duration,
-) -> Result<Option<String>, GuardError> {
+) -> Result<Owner, GuardError> {
     let name = lease_name(owner);
     let mut seen = Observer::default();
     let started = Instant::now();
@@ -174,13 +192,16 @@ async fn owner_alive(
             .get_opt(&name)
             .await
             .map_err(|e| GuardError::api(format!("reading the Lease of instance {owner}"), e))?;
+        if l.is_none() {
+            return Ok(Owner::Unknown);
+        }
         match seen.observe(&name, l.as_ref()) {
-            Liveness::Free => return Ok(None),
+            Liveness::Free => return Ok(Owner::Dead),
             Liveness::Held { holder, remaining } => {
                 // A renewal seen restarts `remaining`: a live owner is held
                 // past `wait`.
                 if started.elapsed() + remaining > wait {
-                    return Ok(Some(holder));
+                    return Ok(Owner::Alive(holder));
                 }
                 tokio::time::sleep(remaining.min(Duration::from_secs(2))).await;
             }

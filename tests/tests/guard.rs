@@ -329,6 +329,21 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     // A dead instance's pod that never completes: deleted, it is reported gone.
     api.create(&PostParams::default(), &managed_pod("lost-0", "dead-exec"))
         .await?;
+    // An instance with no Lease here: whether it lives is unknown, never
+    // "dead": its completed pod is not adopted, its deleted one not reported.
+    api.create(
+        &PostParams::default(),
+        &managed_pod("unowned-0", "leaseless-exec"),
+    )
+    .await?;
+    kubelet
+        .end_pod(&ns, "unowned-0", Terminal::Succeeded)
+        .await?;
+    api.create(
+        &PostParams::default(),
+        &managed_pod("unowned-lost-0", "leaseless-exec"),
+    )
+    .await?;
 
     let mut adopter = Adopter::new(alice, &ns, &ns, "me");
     let mut delivered = Vec::new();
@@ -353,6 +368,7 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
                 .end_pod(&ns, "live-0-0", Terminal::Succeeded)
                 .await?;
             pods::delete_gracefully(&api, "lost-0", Some(0)).await?;
+            pods::delete_gracefully(&api, "unowned-lost-0", Some(0)).await?;
         }
         for found in adopter.sync(Duration::from_millis(300)).await? {
             match found {
