@@ -44,6 +44,81 @@ pub const DEFAULT_DURATION: Duration = Duration::from_secs(30);
 /// process by default: long enough for a SIGKILLed holder's Lease to lapse.
 pub const DEFAULT_ACQUIRE_WAIT: Duration = Duration::from_secs(300);
 
+/// The annotation on the Lease naming the container its holder runs in
+/// (`<pod uid>/<container name>`), when the process knows it.
+pub const HOLDER_CONTAINER_ANNOTATION: &str = "graceguard.io/holder-container";
+
+/// The annotation on the Lease with its holder's process id.
+pub const HOLDER_PID_ANNOTATION: &str = "graceguard.io/holder-pid";
+
+/// The container a process runs in, as the kubelet knows it: its pod's uid
+/// and the container's name (from the downward API: `GRACEGUARD_POD_UID`,
+/// `GRACEGUARD_CONTAINER_NAME`). The kubelet never runs two instances of one
+/// container of one pod at once, so a process restarted in the same
+/// container knows its predecessor there is gone and need not wait out its
+/// Lease ([`predecessor_gone`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerId {
+    pub pod_uid: String,
+    pub container: String,
+}
+
+impl ContainerId {
+    /// From `GRACEGUARD_POD_UID` and `GRACEGUARD_CONTAINER_NAME`, when both are set.
+    pub fn from_env() -> Option<Self> {
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        Some(Self {
+            pod_uid: get("GRACEGUARD_POD_UID")?,
+            container: get("GRACEGUARD_CONTAINER_NAME")?,
+        })
+    }
+
+    fn annotation(&self) -> String {
+        format!("{}/{}", self.pod_uid, self.container)
+    }
+}
+
+/// Whether `lease`'s holder ran in this very container (`me`) and is gone:
+/// the container is the same, so the kubelet has ended the instance the
+/// holder ran in, unless the holder is a process still running beside this
+/// one in it (its pid alive here and not this process's own).
+pub fn predecessor_gone(
+    lease: &Lease,
+    me: &ContainerId,
+    my_pid: u32,
+    pid_alive: impl Fn(u32) -> bool,
+) -> bool {
+    let Some(a) = lease.metadata.annotations.as_ref() else {
+        return false;
+    };
+    if a.get(HOLDER_CONTAINER_ANNOTATION) != Some(&me.annotation()) {
+        return false;
+    }
+    match a.get(HOLDER_PID_ANNOTATION).map(|p| p.parse::<u32>()) {
+        Some(Ok(pid)) => pid == my_pid || !pid_alive(pid),
+        _ => false,
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Records (or, without `me`, removes) the holder's container and pid on `meta`.
+fn stamp_holder(meta: &mut ObjectMeta, me: Option<&ContainerId>) {
+    let a = meta.annotations.get_or_insert_with(Default::default);
+    match me {
+        Some(me) => {
+            a.insert(HOLDER_CONTAINER_ANNOTATION.into(), me.annotation());
+            a.insert(HOLDER_PID_ANNOTATION.into(), std::process::id().to_string());
+        }
+        None => {
+            a.remove(HOLDER_CONTAINER_ANNOTATION);
+            a.remove(HOLDER_PID_ANNOTATION);
+        }
+    }
+}
+
 /// The Lease name of `instance`.
 pub fn lease_name(instance: &str) -> String {
     format!("graceguard-{}", crate::naming::task_stem(instance))
@@ -163,6 +238,8 @@ pub struct InstanceLease {
     /// When the request of this process's last successful write of the
     /// Lease was sent: the fence's deadline counts from it.
     written_at: Instant,
+    /// The container this process runs in, recorded on the Lease.
+    container: Option<ContainerId>,
 }
 
 /// The renewal period and the fence's deadline after a renewal's send time,
@@ -188,14 +265,17 @@ fn micro_now() -> MicroTime {
 
 impl InstanceLease {
     /// Takes the Lease of `instance` in `namespace`: creates it, or takes it
-    /// over once it is free ([`Liveness::Free`]). While another process holds
-    /// it, waits (saying so once per holder), up to `max_wait`.
+    /// over once it is free ([`Liveness::Free`]) or its holder ran in this
+    /// same container and is gone ([`predecessor_gone`], with `container`).
+    /// While another process holds it, waits (saying so once per holder), up
+    /// to `max_wait`.
     pub async fn acquire(
         client: Client,
         namespace: &str,
         instance: &str,
         duration: Duration,
         max_wait: Duration,
+        container: Option<ContainerId>,
     ) -> Result<Self, GuardError> {
         let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
         let name = lease_name(instance);
@@ -210,15 +290,25 @@ impl InstanceLease {
                 .await
                 .map_err(|e| GuardError::api(format!("reading the instance Lease {name}"), e))?;
             let sent = Instant::now();
-            let taken = match (&found, observer.observe(&name, found.as_ref())) {
+            let mut liveness = observer.observe(&name, found.as_ref());
+            if let (Some(old), Some(me), Liveness::Held { holder: h, .. }) =
+                (&found, &container, &liveness)
+            {
+                if predecessor_gone(old, me, std::process::id(), pid_alive) {
+                    tracing::info!(lease = %name, %namespace, previous = %h, "the instance Lease's holder ran in this same container of this same pod, which the kubelet never runs twice at once: it is gone; taking the Lease over now instead of waiting for it to lapse");
+                    liveness = Liveness::Free;
+                }
+            }
+            let taken = match (&found, liveness) {
                 (None, _) => {
-                    let lease = Lease {
+                    let mut lease = Lease {
                         metadata: ObjectMeta {
                             name: Some(name.clone()),
                             ..Default::default()
                         },
                         spec: Some(spec_for(&holder, duration, 0, None)),
                     };
+                    stamp_holder(&mut lease.metadata, container.as_ref());
                     api.create(&PostParams::default(), &lease).await
                 }
                 (Some(old), Liveness::Free) => {
@@ -226,6 +316,7 @@ impl InstanceLease {
                     let transitions = spec.lease_transitions.unwrap_or(0).saturating_add(1);
                     let mut lease = old.clone();
                     lease.spec = Some(spec_for(&holder, duration, transitions, None));
+                    stamp_holder(&mut lease.metadata, container.as_ref());
                     // Conditional on the version observed: if the holder
                     // renewed (or another process took it) since, 409.
                     api.replace(&name, &PostParams::default(), &lease).await
@@ -268,6 +359,7 @@ impl InstanceLease {
                         duration,
                         current,
                         written_at: sent,
+                        container,
                     });
                 }
                 // Another process wrote it first: look again.
@@ -399,7 +491,7 @@ impl InstanceLease {
                         tracing::error!(lease = %lease.name, "another process took the instance Lease; stopped launching and delivering until this one holds it again");
                         let (client, ns) = (lease.client.clone(), lease.namespace.clone());
                         let again = tokio::select! {
-                            a = InstanceLease::acquire(client, &ns, &lease.instance, lease.duration, Duration::MAX) => a,
+                            a = InstanceLease::acquire(client, &ns, &lease.instance, lease.duration, Duration::MAX, lease.container.clone()) => a,
                             _ = &mut stop_rx => return None,
                         };
                         match again {
@@ -533,6 +625,59 @@ mod tests {
             o.observe_at("m", Some(&lease("7", None, 30)), t0),
             Liveness::Free
         );
+    }
+
+    #[test]
+    fn only_a_holder_from_this_very_container_that_is_gone_is_taken_over_at_once() {
+        let me = ContainerId {
+            pod_uid: "uid-1".into(),
+            container: "sidecar".into(),
+        };
+        let stamped = |container: Option<&str>, pid: Option<&str>| {
+            let mut l = lease("1", Some("old"), 30);
+            let a = l.metadata.annotations.get_or_insert_with(Default::default);
+            if let Some(c) = container {
+                a.insert(HOLDER_CONTAINER_ANNOTATION.into(), c.into());
+            }
+            if let Some(p) = pid {
+                a.insert(HOLDER_PID_ANNOTATION.into(), p.into());
+            }
+            l
+        };
+        let nobody_alive = |_| false;
+        let all_alive = |_| true;
+        // Same container, its pid not alive here (a restarted container's
+        // new pid namespace), or this process's own pid: gone.
+        assert!(predecessor_gone(
+            &stamped(Some("uid-1/sidecar"), Some("7")),
+            &me,
+            1,
+            nobody_alive
+        ));
+        assert!(predecessor_gone(
+            &stamped(Some("uid-1/sidecar"), Some("1")),
+            &me,
+            1,
+            all_alive
+        ));
+        // Same container, another process still running in it: not gone.
+        assert!(!predecessor_gone(
+            &stamped(Some("uid-1/sidecar"), Some("7")),
+            &me,
+            1,
+            all_alive
+        ));
+        // Another container, another pod, or nothing recorded: may be alive.
+        for other in [
+            stamped(Some("uid-1/other"), Some("7")),
+            stamped(Some("uid-2/sidecar"), Some("7")),
+            stamped(None, Some("7")),
+            stamped(Some("uid-1/sidecar"), None),
+            stamped(Some("uid-1/sidecar"), Some("x")),
+            lease("1", Some("old"), 30),
+        ] {
+            assert!(!predecessor_gone(&other, &me, 1, nobody_alive), "{other:?}");
+        }
     }
 
     #[test]

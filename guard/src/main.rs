@@ -144,6 +144,7 @@ impl LeaseArgs {
             instance,
             Duration::from_secs(self.lease_duration_seconds),
             Duration::from_secs(self.lease_wait_seconds),
+            graceguard::lease::ContainerId::from_env(),
         )
         .await
         .map_err(|e| Usage(e.to_string()))?;

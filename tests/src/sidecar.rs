@@ -31,6 +31,10 @@ pub struct SidecarProcess {
     /// Listening on loopback TCP (with this bearer token) instead of `socket`.
     tcp: Option<(std::net::SocketAddr, String)>,
     process: Option<Managed>,
+    /// `--lease-duration-seconds`.
+    lease_seconds: u64,
+    /// The container it runs in (`GRACEGUARD_POD_UID`, `GRACEGUARD_CONTAINER_NAME`).
+    container: Option<(String, String)>,
 }
 
 impl SidecarProcess {
@@ -74,7 +78,32 @@ impl SidecarProcess {
             extra: Vec::new(),
             tcp: None,
             process: None,
+            lease_seconds: LEASE_SECONDS,
+            container: None,
         })
+    }
+
+    /// A process for `instance` as it runs in container `container` of the
+    /// pod with uid `pod_uid` (the downward API's values), with a Lease of
+    /// `lease_seconds`; started without waiting unless `wait` (a process
+    /// whose Lease another holds serves nothing until it takes it).
+    pub async fn start_in_container(
+        bed: &TestBed,
+        instance: &str,
+        namespace: &str,
+        socket: &str,
+        (pod_uid, container): (&str, &str),
+        lease_seconds: u64,
+        wait: bool,
+    ) -> Result<Self> {
+        let mut s = Self::unstarted(bed, instance, namespace, false, socket)?;
+        s.lease_seconds = lease_seconds;
+        s.container = Some((pod_uid.to_string(), container.to_string()));
+        match wait {
+            true => s.spawn().await?,
+            false => s.spawn_process()?,
+        }
+        Ok(s)
     }
 
     /// [`SidecarProcess::start`] with more arguments.
@@ -166,7 +195,11 @@ impl SidecarProcess {
             .arg(&self.kubeconfig)
             // A restart after a SIGKILL waits for the killed process's
             // Lease to lapse: short here, so the tests do not wait 30 s.
-            .args(["--lease-duration-seconds", &LEASE_SECONDS.to_string()]);
+            .args(["--lease-duration-seconds", &self.lease_seconds.to_string()]);
+        if let Some((uid, name)) = &self.container {
+            cmd.env("GRACEGUARD_POD_UID", uid)
+                .env("GRACEGUARD_CONTAINER_NAME", name);
+        }
         if self.adopt {
             cmd.arg("--adopt");
         }

@@ -891,3 +891,56 @@ async fn acknowledged_and_deleted_tasks_are_forgotten() -> R {
     .await?;
     Ok(())
 }
+
+/// A restart is not an outage: a sidecar killed and started again in its own
+/// container (the same pod uid and container name, from the downward API)
+/// takes its Lease over at once, since the kubelet never runs one container
+/// of one pod twice, instead of waiting a whole Lease duration (here 30 s).
+/// A process in another container still waits for the Lease to lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_restarted_in_its_own_container_takes_its_lease_over_at_once() -> R {
+    let (bed, ns, _) = bed().await?;
+    let lease = 30;
+    let here = ("3f2a9c1e-pod-uid", "graceguard");
+    let mut first =
+        SidecarProcess::start_in_container(&bed, "exec-r", &ns, "r1", here, lease, true).await?;
+    first.kill();
+    let restarted = std::time::Instant::now();
+    let mut again =
+        SidecarProcess::start_in_container(&bed, "exec-r", &ns, "r2", here, lease, false).await?;
+    again.wait_healthy(Duration::from_secs(60)).await?;
+    let took = restarted.elapsed();
+    assert!(
+        took < Duration::from_secs(lease / 2),
+        "serving {took:?} after the restart: it waited for the Lease"
+    );
+    assert!(
+        again.log().contains("same container of this same pod"),
+        "{}",
+        again.log()
+    );
+    let (_, health) = again.request("GET", "/healthz", None).await?;
+    assert_eq!(health["holds_lease"], true, "{health}");
+
+    // Another container (another pod's uid) is another process that may be
+    // alive: it waits, serving nothing, while the restarted one holds it.
+    let mut other = SidecarProcess::start_in_container(
+        &bed,
+        "exec-r",
+        &ns,
+        "r3",
+        ("another-pod-uid", "graceguard"),
+        lease,
+        false,
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        other.request("GET", "/healthz", None).await.is_err(),
+        "a process in another container acted while the Lease was held: {}",
+        other.log()
+    );
+    other.kill();
+    drop(again);
+    Ok(())
+}
