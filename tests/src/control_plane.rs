@@ -727,6 +727,12 @@ impl TestBed {
     {
         self.apiserver.kill();
         while_down().await?;
+        self.start_apiserver_again().await
+    }
+
+    /// Starts kube-apiserver again from `apiserver_cmd` (same flags, port
+    /// and etcd), logging to a new file, and waits until it serves.
+    async fn start_apiserver_again(&mut self) -> Result<()> {
         self.apiserver_restarts += 1;
         let (program, args) = &self.apiserver_cmd;
         let mut cmd = Command::new(program);
@@ -748,16 +754,8 @@ impl TestBed {
     pub async fn upgrade_control_plane(&mut self, to: KubeVersion) -> Result<()> {
         let bins = ControlPlaneBins::find(to)?;
         self.apiserver.stop(Duration::from_secs(30));
-        self.apiserver_restarts += 1;
         self.apiserver_cmd.0 = bins.kube_apiserver.clone();
-        let (program, args) = &self.apiserver_cmd;
-        let mut cmd = Command::new(program);
-        cmd.args(args);
-        let log = self
-            .dir()
-            .join(format!("kube-apiserver-{}.log", self.apiserver_restarts));
-        self.apiserver = Managed::spawn("kube-apiserver", cmd, &log)?;
-        self.wait_ready().await?;
+        self.start_apiserver_again().await?;
         for c in &mut self.controllers {
             c.stop(Duration::from_secs(30));
         }
