@@ -133,6 +133,12 @@ pub const CLIENT_GO_MAX_RETRIES: usize = 10;
 /// second until then.
 pub const KILLED_WITHIN_SECONDS: i64 = 4;
 
+/// The longest wait mode `retry` asks for. Its wait is the holder's grace
+/// left, and a grace period may be hours: a client told to wait that long
+/// holds its worker (or gives up) although the holder may be gone in
+/// seconds; capped, it asks again each minute, one Create a minute.
+pub const RETRY_MODE_MAX_WAIT_SECONDS: u32 = 60;
+
 /// 409 AlreadyExists, or 429 with this many seconds to wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phrasing {
@@ -175,7 +181,7 @@ pub fn phrasing(holder: &Holder, how: How, now_unix: i64) -> Phrasing {
     match how.mode {
         Mode::Conflict => Phrasing::Conflict,
         Mode::Retry => Phrasing::Retry {
-            after_seconds: seconds(left),
+            after_seconds: seconds(left).min(RETRY_MODE_MAX_WAIT_SECONDS),
         },
         Mode::Adaptive if how.streak <= how.adaptive.conflicts_first => Phrasing::Conflict,
         // The 11th answer of each run of 429s: the one a client-go call returns.
@@ -355,6 +361,26 @@ mod tests {
             uid: "u1".into(),
             deletion: None,
         })
+    }
+
+    #[test]
+    fn retry_mode_waits_the_grace_left_but_never_more_than_a_minute() {
+        let pods = GroupResource::pods();
+        for (left, want) in [(5, 5), (60, 60), (61, 60), (3600, 60), (0, 1)] {
+            let d = deny(decide(
+                &pods,
+                &Confirmation::Held(terminating(left, left.max(30))),
+                "p",
+                Mode::Retry,
+                NOW,
+            ));
+            assert_eq!(d.status.code, 429, "{left}");
+            assert_eq!(
+                d.status.details.map(|x| x.retry_after_seconds),
+                Some(want),
+                "grace left {left}"
+            );
+        }
     }
 
     fn terminating(left: i64, grace: i64) -> Holder {
