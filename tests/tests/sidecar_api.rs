@@ -15,7 +15,16 @@ type R = anyhow::Result<()>;
 /// (`ClaimSource`) belongs to dynamic resource allocation's v1alpha2 API,
 /// behind an alpha feature gate, and was replaced in 1.31 by
 /// `resourceClaimName`/`resourceClaimTemplateName` on the claim itself.
+/// 1.35's `PodSpec.workloadRef` (`WorkloadReference`, the alpha Workload API
+/// for gang scheduling) was replaced by `schedulingGroup` in 1.36.
 const OLDER_ONLY: &[(u32, &str)] = &[
+    (35, "io.k8s.api.core.v1.PodSpec.workloadRef"),
+    (35, "io.k8s.api.core.v1.WorkloadReference.name"),
+    (35, "io.k8s.api.core.v1.WorkloadReference.podGroup"),
+    (
+        35,
+        "io.k8s.api.core.v1.WorkloadReference.podGroupReplicaKey",
+    ),
     (30, "io.k8s.api.core.v1.ClaimSource.resourceClaimName"),
     (
         30,
