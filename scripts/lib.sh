@@ -80,3 +80,21 @@ kube_version_ldflags() {
 	done
 	echo "$out"
 }
+
+# export_helm_tools: builds (or finds cached) Helm 4, Helm 3, helm-docs and
+# cert-manager's CRDs, and exports where they are for the tests.
+export_helm_tools() {
+	local helm_json
+	helm_json=$("$REPO_ROOT/scripts/install-helm" --json) || die "building helm" "see the message above"
+	GRACEGUARD_HELM=$(jq -r .helm <<<"$helm_json")
+	GRACEGUARD_HELM3=$(jq -r .helm3 <<<"$helm_json")
+	GRACEGUARD_CERT_MANAGER_CRDS=$(jq -r .cert_manager_crds <<<"$helm_json")
+	GRACEGUARD_HELM_DOCS=$(jq -r .helm_docs <<<"$helm_json")
+	export GRACEGUARD_HELM GRACEGUARD_HELM3 GRACEGUARD_CERT_MANAGER_CRDS GRACEGUARD_HELM_DOCS
+}
+
+# export_promtool: installs promtool (Debian's prometheus package) and exports its path.
+export_promtool() {
+	GRACEGUARD_PROMTOOL=$("$REPO_ROOT/scripts/install-promtool" --json | jq -r .promtool) || die "installing promtool" "see the message above"
+	export GRACEGUARD_PROMTOOL
+}

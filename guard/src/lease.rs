@@ -466,7 +466,6 @@ impl InstanceLease {
                     _ = tokio::time::sleep(period) => {}
                     _ = &mut stop_rx => return Some(lease),
                 }
-                let sent = Instant::now();
                 let renewed = tokio::select! {
                     r = tokio::time::timeout(period, lease.renew()) => r,
                     _ = &mut stop_rx => return Some(lease),
@@ -483,8 +482,7 @@ impl InstanceLease {
                         if tx.borrow().eq(&FenceState::Closed) {
                             tracing::info!(lease = %lease.name, "holding the instance Lease again; acting again");
                         }
-                        // Never later than this round's send time.
-                        tx.send_replace(FenceState::Until(lease.written_at.min(sent) + deadline));
+                        tx.send_replace(FenceState::Until(lease.written_at + deadline));
                     }
                     Ok(false) => {
                         tx.send_replace(FenceState::Closed);
