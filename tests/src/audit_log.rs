@@ -50,6 +50,8 @@ pub struct AuditUser {
 pub struct ResponseStatus {
     #[serde(default)]
     pub code: u16,
+    #[serde(default)]
+    pub message: String,
 }
 
 impl AuditEvent {

@@ -67,9 +67,11 @@ pub struct TaskFigures {
     pub relaunch_pod_creates: u64,
     /// Disrupted tasks: from the old pod gone (the executor's informer saw
     /// it deleted: its name free) to the Create that made its successor
-    /// returning.
+    /// returning. Negative when the Create (sent as soon as the name was
+    /// free at the API server) returned before the informer delivered the
+    /// deletion: a race the bare loop wins by polling.
     #[serde(default)]
-    pub relaunched_after_gone_ms: Option<u64>,
+    pub relaunched_after_gone_ms: Option<i64>,
     /// Unrelated tasks: from launch to their Create returning 201.
     #[serde(default)]
     pub created_after_ms: Option<u64>,

@@ -56,9 +56,10 @@ pub struct StormRow {
     pub attempts: u64,
     pub running_again_after_ms: Option<u64>,
     /// From each disrupted task's old pod gone to its successor's Create
-    /// returning: the median and the slowest over the tasks.
-    pub relaunched_after_gone_ms_median: Option<u64>,
-    pub relaunched_after_gone_ms_max: Option<u64>,
+    /// returning: the median and the slowest over the tasks (negative when
+    /// the Create beat the informer's deletion event).
+    pub relaunched_after_gone_ms_median: Option<i64>,
+    pub relaunched_after_gone_ms_max: Option<i64>,
     pub longest_create_call_ms: u64,
     pub grace_seconds: u32,
     /// Tasks disrupted at once, unrelated tasks launched 3 s later, workers.
@@ -187,7 +188,7 @@ async fn preempt_all(
 }
 
 /// The slowest and the median of `v`, if any.
-fn max_and_median(mut v: Vec<u64>) -> (Option<u64>, Option<u64>) {
+fn max_and_median<T: Ord + Copy>(mut v: Vec<T>) -> (Option<T>, Option<T>) {
     v.sort_unstable();
     (v.last().copied(), v.get(v.len() / 2).copied())
 }

@@ -803,9 +803,10 @@ impl WebhookProcess {
         self.proc.pid()
     }
 
-    /// Waits (up to 5 s) until at least `n` records match
-    /// [`WebhookProcess::records_for`]; returns them (fewer if time ran out).
-    /// The webhook writes its log from a writer thread, a moment after answering.
+    /// Waits (up to 30 s, as [`WebhookProcess::wait_record`]) until at least
+    /// `n` records match [`WebhookProcess::records_for`]; returns them (fewer
+    /// if time ran out). The webhook writes its log from a writer thread, a
+    /// moment after answering; on a loaded machine that moment can be seconds.
     pub async fn wait_records(
         &self,
         endpoint: &str,
@@ -813,7 +814,7 @@ impl WebhookProcess {
         name: &str,
         n: usize,
     ) -> Result<Vec<Value>> {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let recs = self.records_for(endpoint, namespace, name)?;
             if recs.len() >= n || Instant::now() > deadline {

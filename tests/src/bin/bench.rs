@@ -1281,7 +1281,7 @@ async fn relaunch_delay(quick: bool) -> Result<()> {
                 "relaunch_creates_per_task_median": creates_median, "relaunch_creates_per_task_max": creates_max,
                 "quota_used": r.quota_used}),
             );
-            let s = |v: Option<u64>| {
+            let s = |v: Option<i64>| {
                 v.map_or("-".to_string(), |ms| format!("{:.2} s", ms as f64 / 1000.0))
             };
             table(format!(
