@@ -357,6 +357,8 @@ class PerValuesFile:
             "GRACEGUARD_SHUTDOWN_DELAY": cfg["shutdownDelay"],
         }
         self.assertEqual({k: env.get(k) for k in want_env}, want_env)
+        # The API servers' addresses, when given, pass the per-client caps.
+        self.assertEqual(env.get("GRACEGUARD_TRUSTED_PEERS"), ",".join(cfg["trustedPeers"]) or None)
         # Every flag given on the command line is a distinct one (clap refuses repeats).
         flags = [a.split("=", 1)[0] for a in args[1:] if a.startswith("--")]
         self.assertEqual(len(flags), len(set(flags)), args)

@@ -24,6 +24,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown top-level key", {"replicas": 2}, "replicas"),
     ("unknown nested key", {"config": {"modee": "retry"}}, "modee"),
     ("unknown denial mode", {"config": {"mode": "wait"}}, "mode"),
+    ("a trusted peer that is a name", {"config": {"trustedPeers": ["apiserver.example"]}}, "trustedPeers"),
     ("duration in words", {"config": {"shutdownGrace": "20 seconds"}}, "shutdownGrace"),
     ("webhook timeout over 30s", {"webhooks": {"timeoutSeconds": 60}}, "timeoutSeconds"),
     ("failure policy typo", {"webhooks": {"collisionGuard": {"failurePolicy": "ignore"}}}, "failurePolicy"),

@@ -322,6 +322,18 @@ async fn with_a_client_ca_only_the_api_server_s_certificate_is_answered() -> R {
     assert_eq!(r.already_exists, 3, "{r:?}");
     assert!(r.first_answer.contains("no quota was charged"), "{r:?}");
     assert_eq!(r.leaked_quota_charges, 0, "{r:?}");
+    // Each record names the sender the handshake proved, not only the user
+    // the review claims.
+    let recs = webhook.wait_records("collision_guard", &ns, POD, 4).await?;
+    assert!(
+        recs.len() == 4
+            && recs
+                .iter()
+                .all(|r| r["peer_authenticated"] == "client_certificate"
+                    && r["peer_name"] == ADMISSION_CLIENT_NAME
+                    && r["peer"] == "127.0.0.1"),
+        "{recs:?}"
+    );
 
     // Directly: only the admission client certificate gets an HTTP answer.
     let admission = bed.issue_client(ADMISSION_CLIENT_NAME, "graceguard-test-bed")?;

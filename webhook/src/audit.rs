@@ -46,6 +46,17 @@ pub struct AuditRecord {
     pub latency_us: u64,
     /// The AdmissionReview request uid, to join with the apiserver's audit log.
     pub request_uid: String,
+    /// Who sent the review, as the connection shows it: `user` is only what
+    /// the review says. `peer` is the client's address; `peer_authenticated`
+    /// is `client_certificate` (mutual TLS verified it; `peer_name` is its
+    /// name), `trusted_address` (`--trusted-peers`) or `no` (anyone who can
+    /// reach the port could have sent it: see docs/security.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_authenticated: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_name: Option<String>,
     /// Denials: the mode and the HTTP code answered, and the message sent
     /// (`detail`: tracing's own `message` field is the event text, "audit").
     #[serde(skip_serializing_if = "Option::is_none")]

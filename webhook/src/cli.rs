@@ -139,6 +139,15 @@ pub struct ServeArgs {
     /// The livelock detector's sliding window.
     #[arg(long, env = "GRACEGUARD_LIVELOCK_WINDOW", default_value = "10s", value_parser = duration)]
     pub livelock_window: Duration,
+    /// The API servers' addresses as the admission port sees them (their
+    /// hosts', or the proxy's in front of them), comma-separated addresses
+    /// or CIDR ranges. The per-client caps below never hold a client from
+    /// these (nor one that presents a certificate --client-ca-file
+    /// verifies): the API server sends every review from one address, and
+    /// under load more at once than any one other client should. Never a
+    /// pod network's range: that would exempt every pod.
+    #[arg(long, env = "GRACEGUARD_TRUSTED_PEERS", value_delimiter = ',', value_parser = limits::parse_trusted_peer)]
+    pub trusted_peers: Vec<ipnet::IpNet>,
     /// Admission connections open at once; at the cap new ones wait in the
     /// kernel's backlog until one closes.
     #[arg(long, env = "GRACEGUARD_MAX_CONNECTIONS", default_value_t = limits::Limits::default().max_connections)]
@@ -454,6 +463,7 @@ pub async fn serve(
         health_listen = %args.health_listen,
         mode = args.mode.as_str(),
         client_certificates = if client_auth.is_some() { "required" } else { "not asked for" },
+        trusted_peers = %args.trusted_peers.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
         "graceguard-webhook serving"
     );
 
@@ -464,7 +474,11 @@ pub async fn serve(
         server::health_router(Arc::clone(&app), registry),
         stop_health_rx,
     ));
-    let per_client = limits::PerClient::new(limits.max_connections_per_client, &app.metrics);
+    let per_client = limits::PerClient::new(
+        limits.max_connections_per_client,
+        limits::TrustedPeers::new(args.trusted_peers.clone()),
+        &app.metrics,
+    );
     let admission = tokio::spawn(server::serve_tls(
         tls_listener,
         Arc::new(tls),

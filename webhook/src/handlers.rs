@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
+use axum::Extension;
 
 use crate::audit::AuditRecord;
 use crate::collision::{self, AllowReason, Verdict};
@@ -15,6 +16,7 @@ use crate::confirm::Confirmer;
 use crate::eviction_outcome::{Attempt, EvictionOutcomes};
 use crate::follow_up::{FollowUp, Source};
 use crate::kind_index::KindIndexes;
+use crate::limits::Peer;
 use crate::livelock::{LivelockDetector, Recorded};
 use crate::metrics::{reason_labels, Endpoint, ExplainedLabels, Metrics, ModeLabels};
 use crate::mode::Mode;
@@ -76,26 +78,42 @@ impl App {
 
 /// `POST /validate/pods` and `POST /validate/collision`: the collision guard,
 /// for pods and for any namespaced kind a quota counts.
-pub async fn validate_pods(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    handle(&app, Endpoint::collision_guard, &body).await
+pub async fn validate_pods(
+    State(app): State<Arc<App>>,
+    peer: Option<Extension<Peer>>,
+    body: Bytes,
+) -> Response {
+    handle(&app, Endpoint::collision_guard, peer.map(|p| p.0), &body).await
 }
 
 /// `POST /mutate/pods-status`: the disruption tagger.
-pub async fn mutate_pods_status(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    handle(&app, Endpoint::disruption_tagger, &body).await
+pub async fn mutate_pods_status(
+    State(app): State<Arc<App>>,
+    peer: Option<Extension<Peer>>,
+    body: Bytes,
+) -> Response {
+    handle(&app, Endpoint::disruption_tagger, peer.map(|p| p.0), &body).await
 }
 
 /// `POST /validate/pods-delete`: the deletion audit.
-pub async fn validate_pods_delete(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    handle(&app, Endpoint::deletion_audit, &body).await
+pub async fn validate_pods_delete(
+    State(app): State<Arc<App>>,
+    peer: Option<Extension<Peer>>,
+    body: Bytes,
+) -> Response {
+    handle(&app, Endpoint::deletion_audit, peer.map(|p| p.0), &body).await
 }
 
 /// `POST /validate/pods-eviction`: the eviction audit.
-pub async fn validate_pods_eviction(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    handle(&app, Endpoint::eviction_audit, &body).await
+pub async fn validate_pods_eviction(
+    State(app): State<Arc<App>>,
+    peer: Option<Extension<Peer>>,
+    body: Bytes,
+) -> Response {
+    handle(&app, Endpoint::eviction_audit, peer.map(|p| p.0), &body).await
 }
 
-async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
+async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) -> Response {
     let start = Instant::now();
     let read = match endpoint {
         Endpoint::collision_guard => review::Read::NameOnly,
@@ -121,6 +139,11 @@ async fn handle(app: &App, endpoint: Endpoint, body: &[u8]) -> Response {
     rec.endpoint = endpoint.as_str();
     rec.decision = if answer.allowed { "allow" } else { "deny" };
     rec.request_uid.clone_from(&req.uid);
+    if let Some(peer) = peer {
+        rec.peer = Some(peer.ip.to_canonical().to_string());
+        rec.peer_authenticated = Some(peer.trust.as_str());
+        rec.peer_name = peer.certificate_name;
+    }
     rec.user = user;
     rec.groups = groups;
     rec.dry_run = req.dry_run;

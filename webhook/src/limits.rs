@@ -159,18 +159,21 @@ impl Limits {
     }
 }
 
-/// Open connections per client address, at most `cap` each.
+/// Open connections per client address, at most `cap` each, except from
+/// the addresses in `trusted` (the API servers), which the cap never holds.
 pub struct PerClient {
     open: Mutex<HashMap<IpAddr, usize>>,
     cap: usize,
+    trusted: TrustedPeers,
     refused: Counter,
 }
 
 impl PerClient {
-    pub fn new(cap: usize, metrics: &Metrics) -> Arc<Self> {
+    pub fn new(cap: usize, trusted: TrustedPeers, metrics: &Metrics) -> Arc<Self> {
         Arc::new(Self {
             open: Mutex::new(HashMap::new()),
             cap: cap.max(1),
+            trusted,
             refused: metrics
                 .limited
                 .get_or_create(&LimitLabels {
@@ -195,6 +198,12 @@ impl PerClient {
             owner: Arc::clone(self),
             ip,
         })
+    }
+
+    /// Whether `ip` is an API server's address (`--trusted-peers`): its
+    /// connections and requests are never held to a per-address cap.
+    pub fn trusts(&self, ip: IpAddr) -> bool {
+        self.trusted.contains(ip)
     }
 
     /// Connections open from `ip` now.
@@ -222,10 +231,93 @@ impl Drop for ClientSlot {
     }
 }
 
-/// The client address of a connection, put on each of its requests (by
-/// `server`) for the per-address shares.
+/// How graceguard knows a client is the API server, if it does. The
+/// per-address caps exist to keep everyone else from taking what the API
+/// server's reviews need; applied to the API server itself (one address for
+/// every review it sends, or for all API servers behind one SNAT) they would
+/// refuse its reviews under load, so a trusted client is never held to them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClientAddr(pub IpAddr);
+pub enum Trust {
+    /// Nothing says who it is: held to the per-address caps.
+    None,
+    /// Its address is in `--trusted-peers`.
+    Address,
+    /// It presented a client certificate `--client-ca-file` verified.
+    Certificate,
+}
+
+impl Trust {
+    /// Whether the per-address caps pass it by.
+    pub fn is_trusted(self) -> bool {
+        !matches!(self, Trust::None)
+    }
+
+    /// The audit record's `peer_authenticated`: how the sender is known.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trust::None => "no",
+            Trust::Address => "trusted_address",
+            Trust::Certificate => "client_certificate",
+        }
+    }
+}
+
+/// Who sent a request, put on each request of a connection (by `server`):
+/// the address (the per-address shares), how it is trusted, and the client
+/// certificate's name under mutual TLS (the audit record says who really
+/// sent a review, not only who the review claims).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub ip: IpAddr,
+    pub trust: Trust,
+    pub certificate_name: Option<String>,
+}
+
+impl Peer {
+    /// A client known by its address alone.
+    pub fn untrusted(ip: IpAddr) -> Self {
+        Self {
+            ip,
+            trust: Trust::None,
+            certificate_name: None,
+        }
+    }
+}
+
+/// The addresses (`--trusted-peers`) of the API servers: in the admission
+/// port's view, where the API server's reviews come from (its host address,
+/// or the proxy in front of it), never a pod network's range.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrustedPeers(Vec<ipnet::IpNet>);
+
+impl TrustedPeers {
+    pub fn new(nets: Vec<ipnet::IpNet>) -> Self {
+        Self(nets)
+    }
+
+    /// Whether `ip` is in one of the ranges (an IPv4 client seen on an IPv6
+    /// socket as `::ffff:a.b.c.d` counts as `a.b.c.d`).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|n| n.contains(&ip))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Reads one `--trusted-peers` entry: a CIDR (`10.0.0.0/24`, `fd00::/64`) or
+/// one address (taken as `/32` or `/128`).
+pub fn parse_trusted_peer(s: &str) -> Result<ipnet::IpNet, String> {
+    let s = s.trim();
+    if let Ok(net) = s.parse::<ipnet::IpNet>() {
+        return Ok(net.trunc());
+    }
+    s.parse::<IpAddr>().map(ipnet::IpNet::from).map_err(|_| {
+        format!("{s:?} is neither an address nor a CIDR range; give the API servers' addresses as 10.0.0.10, 10.0.0.0/24 or fd00::/64")
+    })
+}
 
 /// What one address has in flight.
 #[derive(Default)]
@@ -246,10 +338,11 @@ pub struct Intake {
 }
 
 /// A request's place in its address's share and the bytes of its body
-/// received so far, given back when the answer is ready.
+/// received so far, given back when the answer is ready. A trusted client's
+/// request has no share (`ip` is `None`): only the overall budget holds it.
 struct Ticket<'a> {
     intake: &'a Intake,
-    ip: IpAddr,
+    ip: Option<IpAddr>,
     bytes: usize,
     budget: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -262,8 +355,10 @@ impl Ticket<'_> {
         }
         let intake = self.intake;
         let mut clients = intake.clients.lock().unwrap_or_else(|p| p.into_inner());
-        let u = clients.entry(self.ip).or_default();
-        if u.bytes.saturating_add(n) > intake.limits.max_body_bytes_in_flight_per_client {
+        let mut share = self.ip.map(|ip| clients.entry(ip).or_default());
+        if share.as_ref().is_some_and(|u| {
+            u.bytes.saturating_add(n) > intake.limits.max_body_bytes_in_flight_per_client
+        }) {
             return Err(Refusal::Share);
         }
         let permits = u32::try_from(n).map_err(|_| Refusal::Budget)?;
@@ -274,7 +369,9 @@ impl Ticket<'_> {
             Some(held) => held.merge(more),
             None => self.budget = Some(more),
         }
-        u.bytes += n;
+        if let Some(u) = share.as_mut() {
+            u.bytes += n;
+        }
         self.bytes += n;
         Ok(())
     }
@@ -282,16 +379,19 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
+        let Some(ip) = self.ip else {
+            return;
+        };
         let mut clients = self
             .intake
             .clients
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(u) = clients.get_mut(&self.ip) {
+        if let Some(u) = clients.get_mut(&ip) {
             u.requests = u.requests.saturating_sub(1);
             u.bytes = u.bytes.saturating_sub(self.bytes);
             if u.requests == 0 {
-                clients.remove(&self.ip);
+                clients.remove(&ip);
             }
         }
     }
@@ -322,9 +422,19 @@ impl Intake {
         })
     }
 
-    /// Admits one more request from `ip` (its body is charged as it
-    /// arrives), or says why not.
-    fn admit(&self, ip: IpAddr) -> Result<Ticket<'_>, Refusal> {
+    /// Admits one more request from `peer` (its body is charged as it
+    /// arrives), or says why not. A trusted peer is held to the overall
+    /// budgets alone.
+    fn admit(&self, peer: &Peer) -> Result<Ticket<'_>, Refusal> {
+        if peer.trust.is_trusted() {
+            return Ok(Ticket {
+                intake: self,
+                ip: None,
+                bytes: 0,
+                budget: None,
+            });
+        }
+        let ip = peer.ip;
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         let u = clients.entry(ip).or_default();
         if u.requests >= self.limits.max_in_flight_per_client {
@@ -333,7 +443,7 @@ impl Intake {
         u.requests += 1;
         Ok(Ticket {
             intake: self,
-            ip,
+            ip: Some(ip),
             bytes: 0,
             budget: None,
         })
@@ -343,7 +453,7 @@ impl Intake {
         let message = match why {
             Refusal::Share => {
                 self.over_share.inc();
-                format!("{ip} is at its share of admission requests or body bytes in flight (--max-in-flight-per-client, --max-body-bytes-in-flight-per-client); answered at once so the API server applies the webhook's failurePolicy")
+                format!("{ip} is at its share of admission requests or body bytes in flight (--max-in-flight-per-client, --max-body-bytes-in-flight-per-client); answered at once so the API server applies the webhook's failurePolicy. If {ip} is an API server, name it in --trusted-peers or give it a client certificate (--client-ca-file): the per-address caps never hold a trusted client")
             }
             Refusal::Budget => {
                 self.over_budget.inc();
@@ -404,11 +514,13 @@ pub async fn intake(State(intake): State<Arc<Intake>>, req: Request, next: Next)
     if declares_too_much(&req, max_body) {
         return too_large(max_body);
     }
-    let ip = req
+    let peer = req
         .extensions()
-        .get::<ClientAddr>()
-        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0);
-    let mut ticket = match intake.admit(ip) {
+        .get::<Peer>()
+        .cloned()
+        .unwrap_or_else(|| Peer::untrusted(IpAddr::from([0, 0, 0, 0])));
+    let ip = peer.ip;
+    let mut ticket = match intake.admit(&peer) {
         Ok(t) => t,
         Err(why) => return intake.refused(ip, &why),
     };
@@ -471,7 +583,7 @@ mod tests {
     #[test]
     fn one_address_holds_at_most_its_cap_and_gets_slots_back() {
         let (metrics, _) = Metrics::new();
-        let per = PerClient::new(2, &metrics);
+        let per = PerClient::new(2, TrustedPeers::default(), &metrics);
         let a1 = per.admit(ip(1));
         let a2 = per.admit(ip(1));
         assert!(a1.is_some() && a2.is_some());
@@ -542,7 +654,7 @@ mod tests {
 
     /// A POST of `body` from 127.0.0.`from`.
     fn post_from(from: u8, body: Body, len: Option<usize>) -> Request {
-        let mut b = axum::http::Request::post("/").extension(ClientAddr(ip(from)));
+        let mut b = axum::http::Request::post("/").extension(Peer::untrusted(ip(from)));
         if let Some(n) = len {
             b = b.header(header::CONTENT_LENGTH, n);
         }
@@ -600,23 +712,86 @@ mod tests {
         let (metrics, _) = Metrics::new();
         let intake = Intake::new(&limits, &metrics);
         let (a, b) = (ip(2), ip(3));
-        let mut t1 = intake.admit(a).map_err(|e| format!("{e:?}"));
+        let mut t1 = intake
+            .admit(&Peer::untrusted(a))
+            .map_err(|e| format!("{e:?}"));
         assert_eq!(t1.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
         // 60 more bytes from a (a second request): past its 150-byte share,
         // though the budget has 200 left.
-        let mut t2 = intake.admit(a).map_err(|e| format!("{e:?}"));
+        let mut t2 = intake
+            .admit(&Peer::untrusted(a))
+            .map_err(|e| format!("{e:?}"));
         assert_eq!(t2.as_mut().map(|t| t.reserve(60)), Ok(Err(Refusal::Share)));
         // A third request from a: past its 2 in flight.
-        assert!(matches!(intake.admit(a), Err(Refusal::Share)));
+        assert!(matches!(
+            intake.admit(&Peer::untrusted(a)),
+            Err(Refusal::Share)
+        ));
         // The other address has its own share.
-        let mut t3 = intake.admit(b).map_err(|e| format!("{e:?}"));
+        let mut t3 = intake
+            .admit(&Peer::untrusted(b))
+            .map_err(|e| format!("{e:?}"));
         assert_eq!(t3.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
         // Given back when done: a may send again.
         drop((t1, t2));
-        let mut t4 = intake.admit(a).map_err(|e| format!("{e:?}"));
+        let mut t4 = intake
+            .admit(&Peer::untrusted(a))
+            .map_err(|e| format!("{e:?}"));
         assert_eq!(t4.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
         drop((t3, t4));
         assert_eq!(intake.bytes.available_permits(), 300);
+    }
+
+    #[test]
+    fn a_trusted_client_is_never_held_to_a_share_only_to_the_budget() {
+        let limits = Limits {
+            max_body_bytes: 100,
+            max_body_bytes_in_flight: 300,
+            max_body_bytes_in_flight_per_client: 100,
+            max_in_flight_per_client: 2,
+            ..Limits::default()
+        };
+        let (metrics, _) = Metrics::new();
+        let intake = Intake::new(&limits, &metrics);
+        let trusted = TrustedPeers::new(vec![
+            parse_trusted_peer("10.0.0.0/24").unwrap_or_else(|e| panic!("{e}")),
+            parse_trusted_peer("fd00::1").unwrap_or_else(|e| panic!("{e}")),
+        ]);
+        let api_server = IpAddr::from([10, 0, 0, 7]);
+        assert!(trusted.contains(api_server));
+        assert!(trusted.contains("::ffff:10.0.0.7".parse().unwrap_or(api_server)));
+        assert!(trusted.contains("fd00::1".parse().unwrap_or(api_server)));
+        assert!(!trusted.contains("fd00::2".parse().unwrap_or(api_server)));
+        assert!(!trusted.contains(IpAddr::from([10, 0, 1, 7])));
+        let by_address = Peer {
+            ip: api_server,
+            trust: Trust::Address,
+            certificate_name: None,
+        };
+        // Ten requests at once from the API server's one address, though
+        // the share is two: none refused.
+        let held: Vec<_> = (0..10).map(|_| intake.admit(&by_address)).collect();
+        assert!(held.iter().all(Result::is_ok));
+        // Its bytes still count against the overall budget (300), past its
+        // would-be share (100).
+        let mut held: Vec<_> = held.into_iter().filter_map(Result::ok).collect();
+        for t in held.iter_mut().take(3) {
+            assert_eq!(t.reserve(100), Ok(()));
+        }
+        assert_eq!(held[3].reserve(1), Err(Refusal::Budget));
+        // An untrusted address beside it keeps its own share of two.
+        let other = Peer::untrusted(IpAddr::from([10, 0, 1, 7]));
+        let o1 = intake.admit(&other);
+        let o2 = intake.admit(&other);
+        assert!(o1.is_ok() && o2.is_ok());
+        assert!(matches!(intake.admit(&other), Err(Refusal::Share)));
+        drop(held);
+        assert_eq!(intake.bytes.available_permits(), 300);
+        assert_eq!(
+            parse_trusted_peer("10.0.0.9/24").map(|n| n.to_string()),
+            Ok("10.0.0.0/24".to_string())
+        );
+        assert!(parse_trusted_peer("apiserver").is_err());
     }
 
     #[tokio::test]

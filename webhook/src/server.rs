@@ -22,7 +22,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceBuilder;
 
 use crate::handlers::{self, App};
-use crate::limits::{self, ClientAddr, ClientSlot, Intake, Limits, PerClient};
+use crate::limits::{self, ClientSlot, Intake, Limits, Peer, PerClient, Trust};
 use crate::metrics::LimitLabels;
 
 /// How long a client may take to finish the TLS handshake.
@@ -188,6 +188,7 @@ async fn accept_loop<F, Fut>(
                 Ok((tcp, peer)) => {
                     let client = match &per_client {
                         None => None,
+                        Some(per) if per.trusts(peer.ip()) => None,
                         Some(per) => match per.admit(peer.ip()) {
                             Some(c) => Some(c),
                             // Past its address's cap: closed at once.
@@ -195,7 +196,7 @@ async fn accept_loop<F, Fut>(
                         },
                     };
                     let _ = tcp.set_nodelay(true);
-                    tokio::spawn(serve(tcp, peer, Slots { _total: slot, _client: client }, graceful.watcher()));
+                    tokio::spawn(serve(tcp, peer, Slots { _total: slot, client }, graceful.watcher()));
                 }
                 Err(e) => {
                     // Typically out of file descriptors: back off a little.
@@ -223,7 +224,15 @@ async fn accept_loop<F, Fut>(
 /// back when the connection ends.
 pub struct Slots {
     _total: OwnedSemaphorePermit,
-    _client: Option<ClientSlot>,
+    client: Option<ClientSlot>,
+}
+
+impl Slots {
+    /// Gives back the per-address place of a connection that proved it is
+    /// the API server (its client certificate): the cap never holds it.
+    fn release_client(&mut self) {
+        self.client = None;
+    }
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` turns true, then
@@ -246,18 +255,14 @@ pub async fn serve_tls(
         listener,
         shutdown,
         max_connections,
-        Some(per_client),
+        Some(Arc::clone(&per_client)),
         graceful,
         drain,
-        move |tcp, peer, slot, watcher| {
+        move |tcp, peer, mut slot, watcher| {
             let acceptor = acceptor.clone();
-            // Each request carries its connection's address (per-address shares).
-            // (once per connection; connections are long-lived).
-            let service = TowerToHyperService::new(
-                router.clone().layer(axum::Extension(ClientAddr(peer.ip()))),
-            );
+            let router = router.clone();
+            let trusted_address = per_client.trusts(peer.ip());
             async move {
-                let _slot = slot;
                 let stream =
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(s)) => s,
@@ -270,6 +275,34 @@ pub async fn serve_tls(
                             return;
                         }
                     };
+                // Under mutual TLS a connection that got this far presented a
+                // certificate the client CA verified: the API server's.
+                let certificate = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first());
+                let trust = match (trusted_address, certificate) {
+                    (_, Some(_)) => Trust::Certificate,
+                    (true, None) => Trust::Address,
+                    (false, None) => Trust::None,
+                };
+                if trust == Trust::Certificate {
+                    slot.release_client();
+                }
+                // Each request carries who sent it: the per-address shares,
+                // and the audit record's sender (once per connection;
+                // connections are long-lived).
+                let service = TowerToHyperService::new(router.layer(axum::Extension(Peer {
+                    ip: peer.ip(),
+                    trust,
+                    certificate_name: certificate.and_then(|c| {
+                        graceguard_certs::client_auth::names_of(c)
+                            .into_iter()
+                            .next()
+                    }),
+                })));
+                let _slot = slot;
                 // ALPN already chose the protocol; serving it directly (rather
                 // than sniffing the first bytes) lets HTTP/1's header-read
                 // timeout cover a client that never sends anything.

@@ -38,6 +38,10 @@ async fn start() -> Server {
 }
 
 async fn start_capped(max_connections: usize, per_client: usize) -> Server {
+    start_trusting(max_connections, per_client, &[]).await
+}
+
+async fn start_trusting(max_connections: usize, per_client: usize, trusted: &[&str]) -> Server {
     graceguard_certs::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = Ca::new("tls-test-ca").expect("ca");
@@ -69,6 +73,12 @@ async fn start_capped(max_connections: usize, per_client: usize) -> Server {
         max_connections,
         graceguard_webhook::limits::PerClient::new(
             per_client,
+            graceguard_webhook::limits::TrustedPeers::new(
+                trusted
+                    .iter()
+                    .map(|t| graceguard_webhook::limits::parse_trusted_peer(t).expect("cidr"))
+                    .collect(),
+            ),
             &graceguard_webhook::metrics::Metrics::new().0,
         ),
     ));
@@ -234,9 +244,49 @@ async fn one_address_past_its_cap_is_closed_at_once_and_others_are_served() {
     assert_eq!(get_path(&mut a, "/fast").await.expect("get"), "fast");
 }
 
+/// A connection from `from` (a loopback address) to `to`.
+async fn tcp_from(from: &str, to: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{from}:0").parse().expect("addr"))
+        .expect("bind");
+    socket.connect(to).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_address_is_never_held_to_the_per_address_cap() {
+    // 127.0.0.3 plays the API server (--trusted-peers); the cap is 2.
+    let s = start_trusting(16, 2, &["127.0.0.3/32"]).await;
+    let ca = s.ca.cert_pem();
+    let mut held = Vec::new();
+    for i in 0..6 {
+        let tcp = tcp_from("127.0.0.3", s.addr).await;
+        let c = tokio::time::timeout(Duration::from_secs(5), connect_over(tcp, &ca))
+            .await
+            .expect("answered at once");
+        assert!(c.is_some(), "the API server's connection {i} was refused");
+        held.push(c);
+    }
+    // Everyone else is still held to 2.
+    let mut others = Vec::new();
+    for _ in 0..3 {
+        let tcp = tcp_from("127.0.0.4", s.addr).await;
+        let c = tokio::time::timeout(Duration::from_secs(5), connect_over(tcp, &ca))
+            .await
+            .expect("answered at once");
+        others.push(c);
+    }
+    let served: Vec<bool> = others.iter().map(Option::is_some).collect();
+    assert_eq!(served, [true, true, false]);
+    drop(held);
+}
+
 /// A TLS handshake over `tcp` trusting `ca_pem`: `None` when the server
 /// closes the connection instead.
-async fn connect_over(tcp: TcpStream, ca_pem: &str) -> Option<()> {
+async fn connect_over(
+    tcp: TcpStream,
+    ca_pem: &str,
+) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = RootCertStore::empty();
     roots
@@ -253,7 +303,6 @@ async fn connect_over(tcp: TcpStream, ca_pem: &str) -> Option<()> {
         .connect(ServerName::try_from("localhost").ok()?, tcp)
         .await
         .ok()
-        .map(|_| ())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

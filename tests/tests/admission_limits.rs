@@ -1,0 +1,125 @@
+//! The admission port's per-address caps against the API server itself:
+//! the API server sends every review from one address, so a cap meant for
+//! "one client" would refuse its reviews once it sends more at once than
+//! the cap (a re-create storm on a loaded API server), and under the chart's
+//! `failurePolicy: Ignore` those Creates would pass unguarded and unaudited.
+//! The API server named in `--trusted-peers` is never held to them.
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use testbed::pods::{self, CreateOutcome};
+use testbed::webhook::{Hook, WebhookProcess};
+use testbed::TestBed;
+
+type R = anyhow::Result<()>;
+
+/// Creates that the API server sends at once in one burst.
+const BURST: usize = 64;
+
+/// Sends `BURST` Creates of new names at once; returns how many were created.
+async fn burst(api: &Api<Pod>, round: usize) -> anyhow::Result<usize> {
+    let creates = (0..BURST).map(|i| {
+        let api = api.clone();
+        async move {
+            let pod = pods::task_pod_on(&format!("b{round}-{i}"), 1, None);
+            pods::create(&api, &pod).await
+        }
+    });
+    let outcomes = futures::future::join_all(creates).await;
+    let mut created = 0;
+    for o in outcomes {
+        if o? == CreateOutcome::Created {
+            created += 1;
+        }
+    }
+    Ok(created)
+}
+
+fn share_refusals(webhook: &WebhookProcess) -> anyhow::Result<f64> {
+    Ok(webhook
+        .metric("graceguard_admission_limited_total{limit=\"per_client_share\"}")?
+        .unwrap_or(0.0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_servers_reviews_are_never_refused_by_a_per_address_cap() -> R {
+    let bed = TestBed::start().await?;
+    // A cap of one review at a time per address, so a burst of a few dozen
+    // Creates overlaps at the webhook even on two shared cores.
+    let capped = WebhookProcess::start(&bed, &["--max-in-flight-per-client=1"]).await?;
+    capped.register(&bed, &[Hook::CollisionGuard]).await?;
+    let ns = bed.namespace("capped").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    // Without trust the API server is one address like any other: its
+    // overlapping reviews are refused (503) and the Creates pass unreviewed.
+    let mut round = 0;
+    while share_refusals(&capped)? == 0.0 {
+        anyhow::ensure!(
+            round < 10,
+            "{round} bursts of {BURST} Creates never overlapped at the webhook: the control shows nothing"
+        );
+        assert_eq!(burst(&api, round).await?, BURST);
+        round += 1;
+    }
+    let reviewed: Vec<_> = capped
+        .audit_records()?
+        .into_iter()
+        .filter(|r| r["namespace"] == ns.as_str())
+        .collect();
+    assert!(
+        reviewed.len() < round * BURST,
+        "refused reviews leave no record"
+    );
+    // Nothing proves who sent those: an untrusted address.
+    assert!(
+        reviewed
+            .iter()
+            .all(|r| r["peer"] == "127.0.0.1" && r["peer_authenticated"] == "no"),
+        "{:?}",
+        reviewed.first()
+    );
+
+    // The same cap, with the API server's address trusted.
+    Api::<ValidatingWebhookConfiguration>::all(bed.client.clone())
+        .delete("graceguard", &Default::default())
+        .await?;
+    let trusted = WebhookProcess::start(
+        &bed,
+        &["--max-in-flight-per-client=1", "--trusted-peers=127.0.0.1"],
+    )
+    .await?;
+    trusted.register(&bed, &[Hook::CollisionGuard]).await?;
+    let ns = bed.namespace("trusted").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    const ROUNDS: usize = 5;
+    for round in 0..ROUNDS {
+        assert_eq!(burst(&api, round).await?, BURST);
+    }
+    assert_eq!(share_refusals(&trusted)?, 0.0, "a trusted review refused");
+    // Every Create was reviewed and audited, each record naming the sender
+    // as the connection showed it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let records = loop {
+        let records: Vec<_> = trusted
+            .audit_records()?
+            .into_iter()
+            .filter(|r| r["namespace"] == ns.as_str() && r["endpoint"] == "collision_guard")
+            .collect();
+        if records.len() >= ROUNDS * BURST || std::time::Instant::now() > deadline {
+            break records;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(records.len(), ROUNDS * BURST);
+    assert!(
+        records
+            .iter()
+            .all(|r| r["peer"] == "127.0.0.1" && r["peer_authenticated"] == "trusted_address"),
+        "{:?}",
+        records.first()
+    );
+    Ok(())
+}
