@@ -587,6 +587,18 @@ class TestOptions(unittest.TestCase):
                 self.assertEqual(set(values), {"kube-system", "platform"})
                 self.assertEqual(wh["clientConfig"]["service"]["namespace"], "platform")
 
+    def test_kube_system_is_excluded_whatever_the_values_say(self) -> None:
+        # An override of excludeNamespaces used to drop kube-system: with
+        # failurePolicy Fail and no replica up, its system pods were refused.
+        for extra in ([], ["monitoring"]):
+            r = cl.render_objects({"webhooks": {"excludeNamespaces": extra,
+                                                "collisionGuard": {"failurePolicy": "Fail"}}}, namespace="platform")
+            for cfg in r.webhook_configurations():
+                for wh in cfg["webhooks"]:
+                    values = wh["namespaceSelector"]["matchExpressions"][0]["values"]
+                    self.assertEqual(set(values), {"kube-system", "platform", *extra}, extra)
+            self.assertIn("kube-system", r.notes)
+
     def test_name_overrides(self) -> None:
         r = cl.render_objects({"fullnameOverride": "gg"})
         self.assertEqual(r.one("Deployment")["metadata"]["name"], "gg")

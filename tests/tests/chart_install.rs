@@ -235,14 +235,14 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         "the tagger is registered: {hooks:?}"
     );
     for (name, policy, selector, ca, conditions) in &hooks {
-        let filtered = matches!(
-            name.as_str(),
-            "collision-guard.graceguard.io"
-                | "collision-guard-kinds.graceguard.io"
-                | "disruption-tagger.graceguard.io"
-                | "deletion-audit.graceguard.io"
-        );
-        let want = usize::from(filtered);
+        // As many as files/match-conditions.yaml gives each (the eviction
+        // audit none): the collision guard's three (client-named, not a
+        // mirror pod, not system-critical), one each for the others.
+        let want = match name.as_str() {
+            "collision-guard.graceguard.io" | "collision-guard-kinds.graceguard.io" => 3,
+            "disruption-tagger.graceguard.io" | "deletion-audit.graceguard.io" => 1,
+            _ => 0,
+        };
         assert_eq!(
             *conditions,
             want,
@@ -254,5 +254,144 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         let sel = serde_json::to_string(selector)?;
         assert!(sel.contains("graceguard.io/ignore"), "{name}: {sel}");
     }
+    Ok(())
+}
+
+/// A Create as `api` sends it, dry run (nothing stored): `Ok` when admitted,
+/// else the API server's message.
+async fn admitted(api: &Api<Pod>, pod: &Pod) -> anyhow::Result<Result<(), String>> {
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match api.create(&dry, pod).await {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(s)) => Ok(Err(format!("{} {}", s.code, s.message))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `failurePolicy: Fail` with every replica gone (here none ever runs: no
+/// kubelet) cannot lock the cluster. With `excludeNamespaces` overridden to a
+/// list without kube-system (which used to drop it), an ordinary named pod in
+/// a covered namespace is refused (the webhook is in force), while what a
+/// joining node and the cluster's own add-ons need is admitted: pods in
+/// kube-system, a node's mirror pod created as the node, and
+/// system-node-critical and system-cluster-critical pods in any namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_fail_with_no_replica_up_a_joining_nodes_system_pods_are_admitted() -> R {
+    let bed = TestBed::start().await?;
+    let helm = Helm::for_bed(&bed)?;
+    let chart = chart_dir().display().to_string();
+    helm.ok(&[
+        "install",
+        "graceguard",
+        &chart,
+        "-n",
+        "graceguard",
+        "--create-namespace",
+        "--set",
+        "webhooks.collisionGuard.failurePolicy=Fail",
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "webhooks.excludeNamespaces={monitoring}",
+    ])?;
+    let ns = bed.namespace("team").await?;
+    let team: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    // The API server picks the configuration up within a moment; then an
+    // ordinary pod is refused: no replica answers and the policy is Fail.
+    let plain = pods::task_pod_on("plain", 1, None);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let refusal = loop {
+        match admitted(&team, &plain).await? {
+            Err(why) => break why,
+            Ok(()) => {
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "an ordinary pod was still admitted 30 s after the Fail webhook was installed"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+        }
+    };
+    assert!(
+        refusal.contains("collision-guard.graceguard.io"),
+        "{refusal}"
+    );
+
+    // kube-system, though excludeNamespaces no longer lists it.
+    let system: Api<Pod> = Api::namespaced(bed.client.clone(), "kube-system");
+    assert_eq!(
+        admitted(&system, &pods::task_pod_on("kube-proxy-x", 1, None)).await?,
+        Ok(())
+    );
+    // The cluster-critical classes, in a covered namespace (under a quota
+    // that admits them, as the bed's API server limits them like GKE's).
+    let quota: k8s_openapi::api::core::v1::ResourceQuota =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "critical"},
+            "spec": {"hard": {"pods": "10"}, "scopeSelector": {"matchExpressions": [{
+                "scopeName": "PriorityClass", "operator": "In",
+                "values": testbed::control_plane::QUOTA_LIMITED_PRIORITY_CLASSES}]}},
+        }))?;
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(bed.client.clone(), &ns)
+        .create(&PostParams::default(), &quota)
+        .await?;
+    for class in testbed::control_plane::QUOTA_LIMITED_PRIORITY_CLASSES {
+        let mut pod = pods::task_pod_on(&format!("agent-{class}"), 1, None);
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.priority_class_name = Some(class.to_string());
+        }
+        // The quota's status is filled by its controller a moment later.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match admitted(&team, &pod).await? {
+                Ok(()) => break,
+                Err(why) if why.contains("graceguard") => {
+                    panic!("{class} refused by graceguard: {why}")
+                }
+                Err(why) => {
+                    anyhow::ensure!(std::time::Instant::now() < deadline, "{class}: {why}");
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+            }
+        }
+    }
+    // A joining node's mirror pod (its static pod's record), created as the
+    // node, owned by its Node as NodeRestriction requires.
+    bed.register_node("node-1").await?;
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(bed.client.clone())
+        .get("node-1")
+        .await?;
+    let mut mirror = pods::task_pod_on("static-web-node-1", 1, Some("node-1"));
+    mirror.metadata.annotations = Some(
+        [(
+            "kubernetes.io/config.mirror".to_string(),
+            "0123456789abcdef".to_string(),
+        )]
+        .into(),
+    );
+    mirror.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: "node-1".into(),
+            uid: node.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    let as_node: Api<Pod> = Api::namespaced(bed.client_as("node-1").await?, &ns);
+    as_node
+        .create(&PostParams::default(), &mirror)
+        .await
+        .map_err(|e| anyhow::anyhow!("the node's mirror pod was refused: {e}"))?;
+    // The same pod without the mirror annotation, from a user: refused.
+    assert!(
+        admitted(&team, &pods::task_pod_on("static-web-copy", 1, None))
+            .await?
+            .is_err()
+    );
     Ok(())
 }

@@ -438,6 +438,7 @@ pub async fn serve(
         adaptive,
         readiness_tracks_watch: args.readiness_tracks_watch,
         shutting_down: AtomicBool::new(false),
+        knows_api_server: client_auth.is_some() || !args.trusted_peers.is_empty(),
     });
     watchers::spawn_watchers(
         client,

@@ -50,6 +50,12 @@ pub struct App {
     pub readiness_tracks_watch: bool,
     /// Set on SIGTERM: readiness goes false while in-flight reviews finish.
     pub shutting_down: AtomicBool,
+    /// Whether graceguard can tell the API server's reviews from anyone
+    /// else's (`--trusted-peers` or mutual TLS). Then a review from any other
+    /// client is answered and audited as such but changes nothing (no
+    /// eviction attempt, denial streak, follow-up or counter): forged
+    /// reviews cannot displace what the API server's need.
+    pub knows_api_server: bool,
 }
 
 impl App {
@@ -127,11 +133,22 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
             return review::unreadable(body, &e);
         }
     };
-    let (answer, mut rec) = match endpoint {
-        Endpoint::collision_guard => collision_guard(app, &req).await,
-        Endpoint::disruption_tagger => disruption_tagger(app, &req),
-        Endpoint::deletion_audit => deletion_audit(app, &req),
-        Endpoint::eviction_audit => eviction_audit(app, &req),
+    // What may change graceguard's state: neither a dry run nor, when
+    // graceguard can tell, a review the API server did not send.
+    let from_api_server =
+        !app.knows_api_server || peer.as_ref().is_some_and(|p| p.trust.is_trusted());
+    let acts = if !from_api_server {
+        Acts::Unauthenticated
+    } else if req.dry_run {
+        Acts::DryRun
+    } else {
+        Acts::Yes
+    };
+    let (mut answer, mut rec) = match endpoint {
+        Endpoint::collision_guard => collision_guard(app, &req, acts).await,
+        Endpoint::disruption_tagger => disruption_tagger(app, &req, acts),
+        Endpoint::deletion_audit => deletion_audit(app, &req, acts),
+        Endpoint::eviction_audit => eviction_audit(app, &req, acts),
     };
     let elapsed = start.elapsed();
     let (user, groups) = req.user();
@@ -160,8 +177,43 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
         false => series.denied.inc(),
     };
     series.seconds.observe(elapsed.as_secs_f64());
+    answer.audit_annotations = vec![
+        ("decision", rec.decision.to_string()),
+        ("reason", rec.reason.clone()),
+    ];
     rec.emit();
     review::answer(&req, answer)
+}
+
+/// Whether a review may change graceguard's state (the eviction attempts,
+/// denial streaks, follow-ups, counters), and if not, why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Acts {
+    Yes,
+    /// A dry run: answered as the real request would be, counted, no more.
+    DryRun,
+    /// Not the API server (graceguard can tell): answered, audited, no more.
+    Unauthenticated,
+}
+
+impl Acts {
+    fn yes(self) -> bool {
+        self == Acts::Yes
+    }
+
+    /// Whether the review counts in the audited-request metrics.
+    fn counted(self) -> bool {
+        self != Acts::Unauthenticated
+    }
+
+    /// Why it changes nothing, for the audit record's reason.
+    fn why_not(self) -> Option<&'static str> {
+        match self {
+            Acts::Yes => None,
+            Acts::DryRun => Some("dry_run"),
+            Acts::Unauthenticated => Some("unauthenticated_sender"),
+        }
+    }
 }
 
 /// The name a Create will use: by validating admission a `generateName` has
@@ -175,7 +227,7 @@ fn object_name(req: &Request) -> String {
         .unwrap_or_else(|| req.name.clone())
 }
 
-fn disruption_tagger(app: &App, req: &Request) -> (Answer, AuditRecord) {
+fn disruption_tagger(app: &App, req: &Request, acts: Acts) -> (Answer, AuditRecord) {
     let mut rec = AuditRecord {
         reason: "not_a_status_update".into(),
         ..Default::default()
@@ -218,8 +270,8 @@ fn disruption_tagger(app: &App, req: &Request) -> (Answer, AuditRecord) {
         };
         left_unchanged.inc();
         rec.patched = Some(false);
-        let outcome = if req.dry_run {
-            "dry_run"
+        let outcome = if let Some(why) = acts.why_not() {
+            why
         } else if app.follow_up.request(
             &req.namespace,
             &req.name,
@@ -237,10 +289,12 @@ fn disruption_tagger(app: &App, req: &Request) -> (Answer, AuditRecord) {
     }
     match serde_json::to_vec(&patch) {
         Ok(bytes) => {
-            app.metrics
-                .disruption_tags
-                .get_or_create(&reason_labels(&d.reason))
-                .inc();
+            if acts.counted() {
+                app.metrics
+                    .disruption_tags
+                    .get_or_create(&reason_labels(&d.reason))
+                    .inc();
+            }
             rec.reason = "tagged".into();
             rec.patched = Some(true);
             let answer = Answer {
@@ -259,7 +313,7 @@ fn disruption_tagger(app: &App, req: &Request) -> (Answer, AuditRecord) {
     }
 }
 
-fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
+fn deletion_audit(app: &App, req: &Request, acts: Acts) -> (Answer, AuditRecord) {
     if !req.is_pods("DELETE", "") {
         let rec = AuditRecord {
             reason: "not_a_pod_delete".into(),
@@ -272,7 +326,7 @@ fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
     // tagged (`tagger::may_tag_now`). Asked here too, not only by the status
     // update that carried the condition, so a deletion that comes later than
     // that follow-up's attempts, or after a restart, is still tagged.
-    if rec.disruption_reason.is_some() && rec.already_terminating == Some(false) && !req.dry_run {
+    if rec.disruption_reason.is_some() && rec.already_terminating == Some(false) && acts.yes() {
         let untagged = req.old_object.as_ref().is_some_and(|pod| {
             disruption::of_pod(pod).is_some_and(|d| tagger::patch_for(&pod.metadata, &d).is_some())
         });
@@ -290,10 +344,12 @@ fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
     } else {
         "no"
     };
-    app.metrics
-        .deletions_audited
-        .get_or_create(&ExplainedLabels { explained })
-        .inc();
+    if acts.counted() {
+        app.metrics
+            .deletions_audited
+            .get_or_create(&ExplainedLabels { explained })
+            .inc();
+    }
     (Answer::allow(), rec)
 }
 
@@ -303,7 +359,7 @@ fn deletion_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
 /// so this records the attempt (one record per request) and
 /// [`crate::eviction_outcome`] records what became of it, and asks for the
 /// follow-up tag only when the pod was evicted.
-fn eviction_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
+fn eviction_audit(app: &App, req: &Request, acts: Acts) -> (Answer, AuditRecord) {
     if !req.is_pods("CREATE", "eviction") {
         let rec = AuditRecord {
             reason: "not_an_eviction".into(),
@@ -311,13 +367,15 @@ fn eviction_audit(app: &App, req: &Request) -> (Answer, AuditRecord) {
         };
         return (Answer::allow(), rec);
     }
-    app.metrics.evictions_audited.inc();
+    if acts.counted() {
+        app.metrics.evictions_audited.inc();
+    }
     let held = app.pods.get(&req.namespace, &req.name);
     let already_terminating = held.as_ref().map(|p| p.deletion.is_some());
     let uid = held.map(|p| p.uid);
     // A pod already terminating is not evicted again (the Eviction API
     // answers at once); its disruption was recorded when its deletion began.
-    if !req.dry_run && already_terminating != Some(true) {
+    if acts.yes() && already_terminating != Some(true) {
         let attempt = Attempt {
             request_uid: req.uid.clone(),
             uid: uid.clone(),
@@ -373,7 +431,7 @@ fn record_denial(app: &App, req: &Request, rec: &AuditRecord, name: &str) -> Rec
     recorded
 }
 
-async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
+async fn collision_guard(app: &App, req: &Request, acts: Acts) -> (Answer, AuditRecord) {
     let allow = |reason: AllowReason| AuditRecord {
         reason: reason.as_str().into(),
         ..Default::default()
@@ -455,8 +513,8 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     let kind = other_kind.unwrap_or_else(GroupResource::pods);
     // A confirmed holder means a denial: count it first (dry runs are not
     // counted), since `adaptive` phrases it by the client's streak.
-    let recorded = match (&confirmation, req.dry_run) {
-        (collision::Confirmation::Held(_), false) => Some(record_denial(app, req, &rec, &name)),
+    let recorded = match (&confirmation, acts) {
+        (collision::Confirmation::Held(_), Acts::Yes) => Some(record_denial(app, req, &rec, &name)),
         _ => None,
     };
     let how = collision::How {
@@ -487,7 +545,7 @@ async fn collision_guard(app: &App, req: &Request) -> (Answer, AuditRecord) {
     if let collision::Confirmation::Held(p) = &confirmation {
         rec.uid = Some(p.held.uid.clone());
     }
-    if !req.dry_run {
+    if acts.yes() {
         app.metrics.quota_charges_prevented.inc();
         if d.status.code == 429 {
             app.metrics

@@ -323,6 +323,11 @@ pub struct Answer {
     pub patch: Option<Vec<u8>>,
     /// Warnings the API server passes on to the client.
     pub warnings: Vec<String>,
+    /// Written by the API server into its own audit log (keys prefixed with
+    /// the webhook's name, e.g. `collision.graceguard.io/decision`): the
+    /// trail security teams already collect carries graceguard's decision
+    /// for the same request, whoever else can reach graceguard's port.
+    pub audit_annotations: Vec<(&'static str, String)>,
 }
 
 impl Answer {
@@ -332,6 +337,7 @@ impl Answer {
             status: None,
             patch: None,
             warnings: Vec::new(),
+            audit_annotations: Vec::new(),
         }
     }
 }
@@ -351,6 +357,8 @@ struct ResponseOut<'a> {
     /// Shown to the client (kubectl prints them).
     #[serde(skip_serializing_if = "Option::is_none")]
     warnings: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    audit_annotations: Option<std::collections::BTreeMap<&'static str, String>>,
 }
 
 #[derive(Serialize)]
@@ -373,6 +381,8 @@ pub fn answer(req: &Request, answer: Answer) -> Response {
             patch_type: answer.patch.as_ref().map(|_| "JSONPatch"),
             patch: answer.patch.map(ByteString),
             warnings: (!answer.warnings.is_empty()).then_some(answer.warnings),
+            audit_annotations: (!answer.audit_annotations.is_empty())
+                .then(|| answer.audit_annotations.into_iter().collect()),
         },
     };
     Json(out).into_response()
@@ -418,6 +428,7 @@ pub fn unreadable(body: &[u8], e: &ReviewError) -> Response {
             warnings: Some(vec![format!(
                 "graceguard allowed this request unchecked: {e}"
             )]),
+            audit_annotations: None,
         },
     };
     Json(out).into_response()

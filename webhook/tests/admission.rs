@@ -81,6 +81,7 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, ReadError>, mode
         adaptive: graceguard_webhook::collision::Adaptive::default(),
         readiness_tracks_watch: true,
         shutting_down: AtomicBool::new(false),
+        knows_api_server: false,
     });
     Harness {
         router: admission_router(
@@ -136,6 +137,10 @@ async fn a_free_name_is_allowed_without_an_api_call() {
         request_uid("01-create-pods.json").as_str()
     );
     assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(
+        v["response"]["auditAnnotations"],
+        serde_json::json!({"decision": "allow", "reason": "name_free"})
+    );
     assert_eq!(h.gets.load(Ordering::SeqCst), 0);
 }
 
@@ -159,6 +164,11 @@ async fn a_create_on_a_terminating_name_is_denied_409() {
     assert!(
         msg.contains("terminating") && msg.contains("no quota was charged"),
         "{msg}"
+    );
+    // The API server's own audit log gets the decision too.
+    assert_eq!(
+        r["auditAnnotations"],
+        serde_json::json!({"decision": "deny", "reason": "terminating"})
     );
     assert_eq!(h.gets.load(Ordering::SeqCst), 1);
 }
@@ -598,6 +608,89 @@ async fn the_eviction_audit_always_allows_and_reads_grace_and_dry_run() {
     assert!(req.dry_run, "deleteOptions.dryRun makes it a dry run");
 }
 
+/// `post` as a connection from `peer` (what `server` puts on each request).
+async fn post_as(
+    router: &Router,
+    path: &str,
+    body: Vec<u8>,
+    peer: graceguard_webhook::limits::Peer,
+) -> Value {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .extension(peer)
+        .body(Body::from(body))
+        .expect("request");
+    let resp = router.clone().oneshot(req).await.expect("infallible");
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn when_graceguard_knows_the_api_server_anyone_elses_review_changes_nothing() {
+    use graceguard_webhook::limits::{Peer, Trust};
+    let h = harness(
+        &[("team-a", "train-a0-0")],
+        Ok(Some(terminating())),
+        Mode::Conflict,
+    );
+    // --trusted-peers (or mutual TLS) given: graceguard can tell.
+    let app = Arc::new(App {
+        knows_api_server: true,
+        ..clone_app(&h.app)
+    });
+    let router = admission_router(
+        Arc::clone(&app),
+        &graceguard_webhook::limits::Limits {
+            max_body_bytes: MAX_BODY,
+            ..Default::default()
+        },
+    );
+    let pod_in_a = "10.244.1.7".parse().expect("ip");
+    let forger = Peer::untrusted(pod_in_a);
+    let api_server = Peer {
+        ip: "10.0.0.10".parse().expect("ip"),
+        trust: Trust::Address,
+        certificate_name: None,
+    };
+    // A forged review is still answered as the real one would be...
+    let v = post_as(
+        &router,
+        "/validate/pods",
+        fixture("04-create-pods.json"),
+        forger.clone(),
+    )
+    .await;
+    assert_eq!(v["response"]["status"]["code"], 409, "{v}");
+    let v = post_as(
+        &router,
+        "/validate/pods-eviction",
+        eviction(Some(30), false),
+        forger,
+    )
+    .await;
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    // ...but changes nothing: no denial counted, no eviction attempt.
+    assert_eq!(app.metrics.quota_charges_prevented.get(), 0);
+    assert_eq!(app.metrics.evictions_audited.get(), 0);
+    // The API server's own reviews do.
+    post_as(
+        &router,
+        "/validate/pods",
+        fixture("04-create-pods.json"),
+        api_server.clone(),
+    )
+    .await;
+    post_as(
+        &router,
+        "/validate/pods-eviction",
+        eviction(Some(30), false),
+        api_server,
+    )
+    .await;
+    assert_eq!(app.metrics.quota_charges_prevented.get(), 1);
+    assert_eq!(app.metrics.evictions_audited.get(), 1);
+}
+
 #[test]
 fn under_fail_a_broken_watch_does_not_make_the_webhook_unready() {
     let h = harness(&[], Ok(None), Mode::Conflict);
@@ -638,5 +731,6 @@ fn clone_app(app: &App) -> App {
         adaptive: graceguard_webhook::collision::Adaptive::default(),
         readiness_tracks_watch: true,
         shutting_down: AtomicBool::new(false),
+        knows_api_server: false,
     }
 }

@@ -188,8 +188,18 @@ clientConfig:
 {{- end }}
 
 {{/*
-What every webhook skips: kube-system (and excludeNamespaces), the release
-namespace, namespaces labelled graceguard.io/ignore=true and pods labelled
+The namespaces no webhook is sent (JSON list): kube-system and the release
+namespace always, then webhooks.excludeNamespaces.
+*/}}
+{{- define "graceguard.excludedNamespaces" -}}
+{{- concat (list "kube-system" .Release.Namespace) (.Values.webhooks.excludeNamespaces | default list) | uniq | toJson -}}
+{{- end }}
+
+{{/*
+What every webhook skips: kube-system and the release namespace whatever
+the values say (a cluster's own system pods, and graceguard's, must never
+wait on graceguard, least of all under failurePolicy Fail), the namespaces
+in excludeNamespaces, namespaces labelled graceguard.io/ignore=true and pods labelled
 graceguard.io/ignore=true; webhooks.namespaceSelector and objectSelector add
 terms (ANDed: they can narrow what is sent, never widen it). Call with
 (dict "root" $ "eviction" true) for the eviction audit: its objectSelector
@@ -198,7 +208,7 @@ object terms would switch it off; it keeps the chart's own term only.
 */}}
 {{- define "graceguard.webhookSelectors" -}}
 {{- $root := .root -}}
-{{- $excluded := concat $root.Values.webhooks.excludeNamespaces (list $root.Release.Namespace) | uniq -}}
+{{- $excluded := include "graceguard.excludedNamespaces" $root | fromJsonArray -}}
 {{- $ns := $root.Values.webhooks.namespaceSelector | default dict -}}
 {{- $obj := ternary (dict) ($root.Values.webhooks.objectSelector | default dict) (default false .eviction) -}}
 namespaceSelector:
