@@ -65,6 +65,9 @@ def other_kinds(values: dict[str, Any]) -> list[tuple[str, str]]:
             out.append((group, resource))
     return out
 IGNORE_EXPR = {"key": "graceguard.io/ignore", "operator": "NotIn", "values": ["true"]}
+# The audits never skip by the opt-out label: labelling a pod or namespace
+# must not make its deletion unaudited.
+AUDITS = {"deletion-audit.graceguard.io", "eviction-audit.graceguard.io"}
 
 
 def seconds(duration: str) -> float:
@@ -181,9 +184,13 @@ class PerValuesFile:
             self.assertEqual(len(by_name), 1, name)
             self.assertEqual(by_name[0]["operator"], "NotIn")
             self.assertEqual(set(by_name[0]["values"]), excluded, name)
-            self.assertIn(IGNORE_EXPR, exprs, name)
             self.assertNotIn("matchLabels", wh["namespaceSelector"])
-            self.assertEqual(wh["objectSelector"], {"matchExpressions": [IGNORE_EXPR]}, name)
+            if name in AUDITS:
+                self.assertNotIn(IGNORE_EXPR, exprs, name)
+                self.assertEqual(wh["objectSelector"], {}, name)
+            else:
+                self.assertIn(IGNORE_EXPR, exprs, name)
+                self.assertEqual(wh["objectSelector"], {"matchExpressions": [IGNORE_EXPR]}, name)
             # Always (Kubernetes 1.30+): each webhook's own from files/match-conditions.yaml;
             # the eviction audit has none (every eviction request is audited).
             self.assertEqual(wh.get("matchConditions"), MATCH_CONDITIONS.get(key), name)
@@ -514,26 +521,30 @@ class TestOptions(unittest.TestCase):
                 for wh in cfg["webhooks"]:
                     ns, obj = wh["namespaceSelector"], wh["objectSelector"]
                     # The chart's own terms first, the extra ones ANDed after them.
+                    own = 1 if wh["name"] in AUDITS else 2
                     self.assertEqual(ns["matchExpressions"][0]["key"], "kubernetes.io/metadata.name", wh["name"])
-                    self.assertEqual(ns["matchExpressions"][1]["key"], "graceguard.io/ignore", wh["name"])
-                    self.assertEqual(ns["matchExpressions"][2:], [extra_ns], wh["name"])
+                    if own == 2:
+                        self.assertEqual(ns["matchExpressions"][1]["key"], "graceguard.io/ignore", wh["name"])
+                    self.assertEqual(ns["matchExpressions"][own:], [extra_ns], wh["name"])
                     self.assertEqual(ns["matchLabels"], {"env": "prod"}, wh["name"])
-                    self.assertEqual(obj["matchExpressions"][0]["key"], "graceguard.io/ignore", wh["name"])
                     if wh["name"] == "eviction-audit.graceguard.io":
                         # Matched against the Eviction, which has no labels:
                         # the user's object terms would switch it off.
-                        self.assertEqual(len(obj["matchExpressions"]), 1, wh["name"])
-                        self.assertNotIn("matchLabels", obj, wh["name"])
+                        self.assertEqual(obj, {}, wh["name"])
                         continue
-                    self.assertEqual(obj["matchExpressions"][1:], [extra_obj], wh["name"])
+                    obj_own = 0 if wh["name"] in AUDITS else 1
+                    if obj_own:
+                        self.assertEqual(obj["matchExpressions"][0]["key"], "graceguard.io/ignore", wh["name"])
+                    self.assertEqual(obj["matchExpressions"][obj_own:], [extra_obj], wh["name"])
                     self.assertEqual(obj["matchLabels"], {"app": "x"}, wh["name"])
         # Without them: no annotations in selfSigned mode, no matchLabels.
         for cfg in cl.render_objects({}).webhook_configurations():
             self.assertNotIn("annotations", cfg["metadata"])
             for wh in cfg["webhooks"]:
                 self.assertNotIn("matchLabels", wh["namespaceSelector"])
-                self.assertEqual(len(wh["namespaceSelector"]["matchExpressions"]), 2)
-                self.assertEqual(len(wh["objectSelector"]["matchExpressions"]), 1)
+                audit = wh["name"] in AUDITS
+                self.assertEqual(len(wh["namespaceSelector"]["matchExpressions"]), 1 if audit else 2)
+                self.assertEqual(len(wh["objectSelector"].get("matchExpressions", [])), 0 if audit else 1)
         for bad in ({"key": "a", "operator": "Maybe"}, {"key": "a", "operator": "In"}, {"key": "a", "operator": "Exists", "values": ["x"]}):
             with self.subTest(bad=bad), self.assertRaises(cl.HelmValuesError):
                 cl.render_objects({"webhooks": {"namespaceSelector": {"matchExpressions": [bad]}}})
@@ -665,10 +676,13 @@ class TestOptions(unittest.TestCase):
         r = cl.render_objects({})
         pod = r.one("Deployment")["spec"]["template"]
         self.assertEqual(pod["metadata"]["labels"]["graceguard.io/ignore"], "true")
-        # Every webhook's objectSelector skips exactly that label.
+        # The guard's and the tagger's objectSelector skip exactly that label;
+        # the audits skip graceguard's own pods by their namespace instead.
         for cfg in r.webhook_configurations():
             for wh in cfg["webhooks"]:
-                self.assertEqual(wh["objectSelector"], {"matchExpressions": [IGNORE_EXPR]}, wh["name"])
+                want = {} if wh["name"] in AUDITS else {"matchExpressions": [IGNORE_EXPR]}
+                self.assertEqual(wh["objectSelector"], want, wh["name"])
+                self.assertIn(NAMESPACE, wh["namespaceSelector"]["matchExpressions"][0]["values"], wh["name"])
         self.assertNotIn("cpu", pod["spec"]["containers"][0]["resources"]["limits"])
 
     def test_termination_grace_must_exceed_shutdown_grace(self) -> None:

@@ -83,6 +83,11 @@ impl Hook {
         }
     }
 
+    /// The deletion and eviction audits, which no opt-out label skips.
+    pub fn is_audit(self) -> bool {
+        matches!(self, Hook::DeletionAudit | Hook::EvictionAudit)
+    }
+
     /// The `endpoint` field of its audit records.
     pub fn endpoint(self) -> &'static str {
         match self {
@@ -180,8 +185,8 @@ fn opt_out() -> LabelSelector {
 }
 
 /// One webhook of a configuration as the bed registers it (failurePolicy
-/// Ignore, the opt-out namespace selector); one shape for both kinds of
-/// webhook, each type reads the fields it has.
+/// Ignore, the opt-out namespace selector but on the audits); one shape for
+/// both kinds of webhook, each type reads the fields it has.
 fn webhook_spec(h: Hook, base_url: &str, ca_pem: &str, with_conditions: bool) -> Result<Value> {
     let mut spec = serde_json::json!({
         "name": h.name(),
@@ -195,9 +200,13 @@ fn webhook_spec(h: Hook, base_url: &str, ca_pem: &str, with_conditions: bool) ->
         "admissionReviewVersions": ["v1"],
         "timeoutSeconds": 2,
         "matchPolicy": "Equivalent",
-        "namespaceSelector": opt_out(),
         "reinvocationPolicy": "Never",
     });
+    // As the chart: the guard and the tagger honour the opt-out label, the
+    // audits never (a label must not hide a deletion).
+    if !h.is_audit() {
+        spec["namespaceSelector"] = serde_json::to_value(opt_out())?;
+    }
     if with_conditions {
         spec["matchConditions"] = match_conditions(h)?;
     }

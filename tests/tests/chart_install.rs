@@ -251,8 +251,16 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         );
         assert_eq!(policy.as_deref(), Some("Ignore"), "{name}");
         assert!(*ca, "{name} has a caBundle");
+        // The opt-out label for the guard and the tagger; never for the
+        // audits, which still skip graceguard's own namespace by name.
         let sel = serde_json::to_string(selector)?;
-        assert!(sel.contains("graceguard.io/ignore"), "{name}: {sel}");
+        let audit = name.ends_with("-audit.graceguard.io");
+        assert_eq!(
+            sel.contains("graceguard.io/ignore"),
+            !audit,
+            "{name}: {sel}"
+        );
+        assert!(sel.contains("\"graceguard\""), "{name}: {sel}");
     }
     Ok(())
 }

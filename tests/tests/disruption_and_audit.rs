@@ -264,3 +264,50 @@ async fn a_follow_up_tag_keeps_a_concurrent_writers_labels_and_never_tags_a_repl
     );
     Ok(())
 }
+
+/// The opt-out label cannot hide a deletion: a pod labelled
+/// `graceguard.io/ignore=true`, in a namespace labelled the same, is still
+/// audited when it is deleted and when it is evicted, while the collision
+/// guard honours the label (its Creates never reach graceguard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_opt_out_label_never_hides_a_deletion_from_the_audit() -> R {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Patch, PatchParams};
+    let bed = TestBed::start().await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register_as_the_chart_does(&bed).await?;
+    let ns = bed.namespace("quiet").await?;
+    let opt_out = serde_json::json!({"metadata": {"labels": {"graceguard.io/ignore": "true"}}});
+    Api::<Namespace>::all(bed.client.clone())
+        .patch(&ns, &PatchParams::default(), &Patch::Merge(&opt_out))
+        .await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    for name in ["deleted", "evicted"] {
+        let mut pod = pods::task_pod_on(name, 30, None);
+        if let Some(labels) = pod.metadata.labels.as_mut() {
+            labels.insert("graceguard.io/ignore".into(), "true".into());
+        }
+        assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+    }
+    api.delete("deleted", &Default::default()).await?;
+    api.evict("evicted", &Default::default()).await?;
+    let deleted = webhook
+        .wait_records("deletion_audit", &ns, "deleted", 1)
+        .await?;
+    assert_eq!(deleted.len(), 1, "the labelled pod's deletion is audited");
+    let evicted = webhook
+        .wait_records("eviction_audit", &ns, "evicted", 1)
+        .await?;
+    // The attempt's record (its outcome is a record of its own).
+    assert_eq!(
+        evicted.iter().filter(|r| r["event"] == "admission").count(),
+        1,
+        "the labelled pod's eviction is audited: {evicted:?}"
+    );
+    // The collision guard honours the label: neither Create reached it.
+    assert!(webhook
+        .audit_records()?
+        .iter()
+        .all(|r| !(r["endpoint"] == "collision_guard" && r["namespace"] == ns.as_str())));
+    Ok(())
+}

@@ -199,15 +199,18 @@ namespace always, then webhooks.excludeNamespaces.
 What every webhook skips: kube-system and the release namespace whatever
 the values say (a cluster's own system pods, and graceguard's, must never
 wait on graceguard, least of all under failurePolicy Fail), the namespaces
-in excludeNamespaces, namespaces labelled graceguard.io/ignore=true and pods labelled
-graceguard.io/ignore=true; webhooks.namespaceSelector and objectSelector add
-terms (ANDed: they can narrow what is sent, never widen it). Call with
-(dict "root" $ "eviction" true) for the eviction audit: its objectSelector
-is matched against the Eviction, which carries no labels, so the user's
-object terms would switch it off; it keeps the chart's own term only.
+in excludeNamespaces and, for the collision guard and the tagger only,
+namespaces and pods labelled graceguard.io/ignore=true. The audits (call with
+"audit" true) never skip by that label: anyone who may label a pod or a
+namespace could otherwise make its deletion unaudited.
+webhooks.namespaceSelector and objectSelector add terms (ANDed: they can
+narrow what is sent, never widen it). Call with "eviction" true for the
+eviction audit: its objectSelector is matched against the Eviction, which
+carries no labels, so the user's object terms would switch it off.
 */}}
 {{- define "graceguard.webhookSelectors" -}}
 {{- $root := .root -}}
+{{- $optOut := not (default false .audit) -}}
 {{- $excluded := include "graceguard.excludedNamespaces" $root | fromJsonArray -}}
 {{- $ns := $root.Values.webhooks.namespaceSelector | default dict -}}
 {{- $obj := ternary (dict) ($root.Values.webhooks.objectSelector | default dict) (default false .eviction) -}}
@@ -221,24 +224,34 @@ namespaceSelector:
       operator: NotIn
       values:
         {{- toYaml $excluded | nindent 8 }}
+    {{- if $optOut }}
     - key: graceguard.io/ignore
       operator: NotIn
       values: ["true"]
+    {{- end }}
     {{- with $ns.matchExpressions }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+{{- if or $optOut $obj.matchLabels $obj.matchExpressions }}
 objectSelector:
   {{- with $obj.matchLabels }}
   matchLabels:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+  {{- if or $optOut $obj.matchExpressions }}
   matchExpressions:
+    {{- if $optOut }}
     - key: graceguard.io/ignore
       operator: NotIn
       values: ["true"]
+    {{- end }}
     {{- with $obj.matchExpressions }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+  {{- end }}
+{{- else }}
+objectSelector: {}
+{{- end }}
 {{- end }}
 
 {{/* A duration of the form N(ms|s|m|h), as whole seconds (rounded up). */}}
