@@ -744,6 +744,27 @@ impl WebhookProcess {
         Ok(())
     }
 
+    /// Waits (up to 30 s, as [`WebhookProcess::wait_record`]) until a line
+    /// of its log contains `needle`; how many do then. The log is written
+    /// from a writer thread, a moment (seconds, on a loaded machine) after
+    /// the event.
+    pub async fn wait_log_line(&self, needle: &str) -> Result<usize> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n = self.log_lines_with(needle)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no line with {needle:?} in graceguard-webhook's log within 30 s; it ends:\n{}",
+                    tail(&self.log, 10)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// How many lines of its log contain `needle`.
     pub fn log_lines_with(&self, needle: &str) -> Result<usize> {
         let text = std::fs::read_to_string(&self.log)

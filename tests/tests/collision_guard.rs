@@ -344,7 +344,12 @@ async fn with_a_client_ca_only_the_api_server_s_certificate_is_answered() -> R {
     let other_ca = graceguard_certs::Ca::new("another-ca")?;
     let stranger = other_ca.issue_client(ADMISSION_CLIENT_NAME, "graceguard-test-bed")?;
     assert_eq!(webhook.answer_over_tls(Some(&stranger)).await?, None);
-    assert!(webhook.log_lines_with("refused a client certificate")? >= 1);
+    assert!(
+        webhook
+            .wait_log_line("refused a client certificate")
+            .await?
+            >= 1
+    );
 
     // A webhook that wants another name refuses the API server too: its
     // calls fail and Creates fail open (failurePolicy Ignore) to storage,

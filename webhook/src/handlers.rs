@@ -159,7 +159,7 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
     if let Some(peer) = peer {
         rec.peer = Some(peer.ip.to_canonical().to_string());
         rec.peer_authenticated = Some(peer.trust.as_str());
-        rec.peer_name = peer.certificate_name;
+        rec.peer_name = peer.certificate_name.map(|n| n.to_string());
     }
     rec.user = user;
     rec.groups = groups;
@@ -177,11 +177,12 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
         false => series.denied.inc(),
     };
     series.seconds.observe(elapsed.as_secs_f64());
-    answer.audit_annotations = vec![
-        ("decision", rec.decision.to_string()),
-        ("reason", rec.reason.clone()),
-    ];
     rec.emit();
+    // The record is written: its reason moves into the answer, uncopied.
+    answer.audit_annotations = vec![
+        ("decision", rec.decision.into()),
+        ("reason", std::mem::take(&mut rec.reason).into()),
+    ];
     review::answer(&req, answer)
 }
 

@@ -270,7 +270,8 @@ impl Trust {
 pub struct Peer {
     pub ip: IpAddr,
     pub trust: Trust,
-    pub certificate_name: Option<String>,
+    /// Shared: every request of the connection carries a copy of the peer.
+    pub certificate_name: Option<Arc<str>>,
 }
 
 impl Peer {
@@ -300,10 +301,6 @@ impl TrustedPeers {
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.0.iter().any(|n| n.contains(&ip))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 
@@ -353,24 +350,30 @@ impl Ticket<'_> {
         if n == 0 {
             return Ok(());
         }
+        // A trusted client has no share: only the budget, and no lock.
+        let Some(ip) = self.ip else {
+            return self.charge_budget(n);
+        };
         let intake = self.intake;
         let mut clients = intake.clients.lock().unwrap_or_else(|p| p.into_inner());
-        let mut share = self.ip.map(|ip| clients.entry(ip).or_default());
-        if share.as_ref().is_some_and(|u| {
-            u.bytes.saturating_add(n) > intake.limits.max_body_bytes_in_flight_per_client
-        }) {
+        let u = clients.entry(ip).or_default();
+        if u.bytes.saturating_add(n) > intake.limits.max_body_bytes_in_flight_per_client {
             return Err(Refusal::Share);
         }
+        self.charge_budget(n)?;
+        u.bytes += n;
+        Ok(())
+    }
+
+    /// Takes `n` more bytes of the overall budget.
+    fn charge_budget(&mut self, n: usize) -> Result<(), Refusal> {
         let permits = u32::try_from(n).map_err(|_| Refusal::Budget)?;
-        let more = Arc::clone(&intake.bytes)
+        let more = Arc::clone(&self.intake.bytes)
             .try_acquire_many_owned(permits)
             .map_err(|_| Refusal::Budget)?;
         match &mut self.budget {
             Some(held) => held.merge(more),
             None => self.budget = Some(more),
-        }
-        if let Some(u) = share.as_mut() {
-            u.bytes += n;
         }
         self.bytes += n;
         Ok(())
@@ -422,11 +425,11 @@ impl Intake {
         })
     }
 
-    /// Admits one more request from `peer` (its body is charged as it
-    /// arrives), or says why not. A trusted peer is held to the overall
+    /// Admits one more request from `ip` (its body is charged as it
+    /// arrives), or says why not. A trusted client is held to the overall
     /// budgets alone.
-    fn admit(&self, peer: &Peer) -> Result<Ticket<'_>, Refusal> {
-        if peer.trust.is_trusted() {
+    fn admit(&self, ip: IpAddr, trust: Trust) -> Result<Ticket<'_>, Refusal> {
+        if trust.is_trusted() {
             return Ok(Ticket {
                 intake: self,
                 ip: None,
@@ -434,7 +437,6 @@ impl Intake {
                 budget: None,
             });
         }
-        let ip = peer.ip;
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         let u = clients.entry(ip).or_default();
         if u.requests >= self.limits.max_in_flight_per_client {
@@ -514,13 +516,13 @@ pub async fn intake(State(intake): State<Arc<Intake>>, req: Request, next: Next)
     if declares_too_much(&req, max_body) {
         return too_large(max_body);
     }
-    let peer = req
+    let (ip, trust) = req
         .extensions()
         .get::<Peer>()
-        .cloned()
-        .unwrap_or_else(|| Peer::untrusted(IpAddr::from([0, 0, 0, 0])));
-    let ip = peer.ip;
-    let mut ticket = match intake.admit(&peer) {
+        .map_or((IpAddr::from([0, 0, 0, 0]), Trust::None), |p| {
+            (p.ip, p.trust)
+        });
+    let mut ticket = match intake.admit(ip, trust) {
         Ok(t) => t,
         Err(why) => return intake.refused(ip, &why),
     };
@@ -712,31 +714,20 @@ mod tests {
         let (metrics, _) = Metrics::new();
         let intake = Intake::new(&limits, &metrics);
         let (a, b) = (ip(2), ip(3));
-        let mut t1 = intake
-            .admit(&Peer::untrusted(a))
-            .map_err(|e| format!("{e:?}"));
+        let mut t1 = intake.admit(a, Trust::None).map_err(|e| format!("{e:?}"));
         assert_eq!(t1.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
         // 60 more bytes from a (a second request): past its 150-byte share,
         // though the budget has 200 left.
-        let mut t2 = intake
-            .admit(&Peer::untrusted(a))
-            .map_err(|e| format!("{e:?}"));
+        let mut t2 = intake.admit(a, Trust::None).map_err(|e| format!("{e:?}"));
         assert_eq!(t2.as_mut().map(|t| t.reserve(60)), Ok(Err(Refusal::Share)));
         // A third request from a: past its 2 in flight.
-        assert!(matches!(
-            intake.admit(&Peer::untrusted(a)),
-            Err(Refusal::Share)
-        ));
+        assert!(matches!(intake.admit(a, Trust::None), Err(Refusal::Share)));
         // The other address has its own share.
-        let mut t3 = intake
-            .admit(&Peer::untrusted(b))
-            .map_err(|e| format!("{e:?}"));
+        let mut t3 = intake.admit(b, Trust::None).map_err(|e| format!("{e:?}"));
         assert_eq!(t3.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
         // Given back when done: a may send again.
         drop((t1, t2));
-        let mut t4 = intake
-            .admit(&Peer::untrusted(a))
-            .map_err(|e| format!("{e:?}"));
+        let mut t4 = intake.admit(a, Trust::None).map_err(|e| format!("{e:?}"));
         assert_eq!(t4.as_mut().map(|t| t.reserve(100)), Ok(Ok(())));
         drop((t3, t4));
         assert_eq!(intake.bytes.available_permits(), 300);
@@ -770,7 +761,9 @@ mod tests {
         };
         // Ten requests at once from the API server's one address, though
         // the share is two: none refused.
-        let held: Vec<_> = (0..10).map(|_| intake.admit(&by_address)).collect();
+        let held: Vec<_> = (0..10)
+            .map(|_| intake.admit(by_address.ip, by_address.trust))
+            .collect();
         assert!(held.iter().all(Result::is_ok));
         // Its bytes still count against the overall budget (300), past its
         // would-be share (100).
@@ -781,10 +774,13 @@ mod tests {
         assert_eq!(held[3].reserve(1), Err(Refusal::Budget));
         // An untrusted address beside it keeps its own share of two.
         let other = Peer::untrusted(IpAddr::from([10, 0, 1, 7]));
-        let o1 = intake.admit(&other);
-        let o2 = intake.admit(&other);
+        let o1 = intake.admit(other.ip, other.trust);
+        let o2 = intake.admit(other.ip, other.trust);
         assert!(o1.is_ok() && o2.is_ok());
-        assert!(matches!(intake.admit(&other), Err(Refusal::Share)));
+        assert!(matches!(
+            intake.admit(other.ip, other.trust),
+            Err(Refusal::Share)
+        ));
         drop(held);
         assert_eq!(intake.bytes.available_permits(), 300);
         assert_eq!(

@@ -327,7 +327,7 @@ pub struct Answer {
     /// the webhook's name, e.g. `collision.graceguard.io/decision`): the
     /// trail security teams already collect carries graceguard's decision
     /// for the same request, whoever else can reach graceguard's port.
-    pub audit_annotations: Vec<(&'static str, String)>,
+    pub audit_annotations: Vec<(&'static str, std::borrow::Cow<'static, str>)>,
 }
 
 impl Answer {
@@ -358,7 +358,8 @@ struct ResponseOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     warnings: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    audit_annotations: Option<std::collections::BTreeMap<&'static str, String>>,
+    audit_annotations:
+        Option<std::collections::BTreeMap<&'static str, std::borrow::Cow<'static, str>>>,
 }
 
 #[derive(Serialize)]

@@ -300,6 +300,7 @@ pub async fn serve_tls(
                         graceguard_certs::client_auth::names_of(c)
                             .into_iter()
                             .next()
+                            .map(Arc::from)
                     }),
                 })));
                 let _slot = slot;
