@@ -193,6 +193,7 @@ type executor struct {
 	stopAfter   int64
 	maxFailures int
 	requeue     time.Duration
+	resync      time.Duration
 	unrelated   int
 
 	unrelatedAfter time.Duration
@@ -360,6 +361,20 @@ func (e *executor) reconcile(ctx context.Context, name string) {
 	}
 }
 
+// resyncLater requeues a live task as Flyte's TaskAction reconciler does
+// after every reconcile of a task not yet finished (RequeueAfter 5 s): what
+// gets a task going again when no watch event comes, e.g. after a Create
+// answered 409 just as the old pod went.
+func (e *executor) resyncLater(name string) {
+	e.mu.Lock()
+	t, ok := e.tasks[name]
+	live := ok && !t.failed
+	e.mu.Unlock()
+	if live && e.resync > 0 {
+		e.queue.AddAfter(name, e.resync)
+	}
+}
+
 // disrupted notes the first sight of task name's pod being deleted (by the
 // informer or a reconcile, whichever comes first: with few workers the
 // reconcile may come after the pod is gone), and launches the unrelated
@@ -520,6 +535,7 @@ func main() {
 	settle := flag.Duration("settle", 3*time.Second, "once every task has run again, stop after this long")
 	maxFailures := flag.Int("max-system-failures", 3, "fail a task after more than this many system failures in a row (Flyte: 3; 0: never)")
 	requeue := flag.Duration("requeue", 10*time.Second, "requeue delay after a system error (Flyte: 10 s)")
+	resync := flag.Duration("resync", 5*time.Second, "every reconcile of a live task requeues it after this long (Flyte's TaskActionDefaultRequeueDuration: 5 s; 0: never)")
 	cpuRequest := flag.String("cpu-request", "", "each task container's CPU request (for a node the scheduler can fill)")
 	priorityClass := flag.String("priority-class", "", "each task pod's PriorityClass (for a scheduler that preempts)")
 	flag.Parse()
@@ -559,7 +575,7 @@ func main() {
 	}
 	e := &executor{
 		client: client, pods: podInformer.Lister(), queue: queue, namespace: *namespace, image: *image,
-		grace: *grace, stopAfter: *stopAfter, maxFailures: *maxFailures, requeue: *requeue, unrelated: *unrelated, unrelatedAfter: *unrelatedAfter, cpuRequest: *cpuRequest, priorityClass: *priorityClass,
+		grace: *grace, stopAfter: *stopAfter, maxFailures: *maxFailures, requeue: *requeue, resync: *resync, unrelated: *unrelated, unrelatedAfter: *unrelatedAfter, cpuRequest: *cpuRequest, priorityClass: *priorityClass,
 		tasks: map[string]*task{},
 	}
 	enqueue := func(o any) {
@@ -611,6 +627,7 @@ func main() {
 					return
 				}
 				e.reconcile(ctx, key)
+				e.resyncLater(key)
 				queue.Done(key)
 			}
 		}()
