@@ -335,3 +335,110 @@ async fn a_drain_a_budget_refuses_for_a_while_records_each_attempt_and_one_evict
     assert_eq!(follow_ups[0]["reason"], "tagged", "{follow_ups:?}");
     Ok(())
 }
+
+/// An eviction's outcome comes from the pod's own evidence, never from
+/// timing alone: a plain DELETE seconds after a refused attempt is not that
+/// attempt's eviction (it was, when any deletion within 60 s counted), and
+/// an attempt still pending when graceguard stops is recorded `dropped`
+/// instead of vanishing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_after_a_refused_eviction_is_not_its_outcome_and_a_stop_records_what_is_pending(
+) -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("evidence").await?;
+    let mut webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, ALL_HOOKS).await?;
+    let _kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    for name in ["deleted", "pending"] {
+        let mut pod = pods::task_pod(name, 30);
+        pod.metadata.labels = Some([("app".to_string(), "guarded".to_string())].into());
+        assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+        pods::wait_running(&api, name).await?;
+    }
+    // No disruption allowed: every eviction is refused (429).
+    let pdb = bed.dir().join("pdb.yaml");
+    std::fs::write(
+        &pdb,
+        format!(
+            "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: guarded\n  namespace: {ns}\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: guarded\n"
+        ),
+    )?;
+    let (ok, _, err) = bed.kubectl("admin", &["apply", "-f", &pdb.display().to_string()])?;
+    assert!(ok, "creating the budget: {err}");
+    let alice = bed.client_as("alice").await?;
+    // The budget's status is written by the disruption controller: until
+    // then the Eviction API refuses too, so any refusal will do.
+    for name in ["deleted", "pending"] {
+        let out = pods::evict(&alice, &ns, name, None, false).await?;
+        assert!(
+            matches!(
+                out,
+                CreateOutcome::Refused {
+                    code: 429 | 500,
+                    ..
+                }
+            ),
+            "the budget refuses the eviction of {name}: {out:?}"
+        );
+    }
+    let attempt = |name: &'static str| {
+        let webhook = &webhook;
+        let ns = ns.clone();
+        async move {
+            webhook
+                .wait_record(|r| {
+                    r["event"] == "admission"
+                        && r["endpoint"] == "eviction_audit"
+                        && r["namespace"] == ns.as_str()
+                        && r["name"] == name
+                })
+                .await
+        }
+    };
+    let refused = attempt("deleted").await?;
+    attempt("pending").await?;
+
+    // A plain DELETE by bob, seconds later.
+    pods::delete_gracefully(&api, "deleted", None).await?;
+    let outcome = webhook
+        .wait_record(|r| r["event"] == "eviction_outcome" && r["name"] == "deleted")
+        .await?;
+    assert_eq!(outcome["request_uid"], refused["request_uid"], "{outcome}");
+    assert_eq!(
+        outcome["reason"], "not_evicted",
+        "a DELETE is not the refused attempt's eviction: {outcome}"
+    );
+    assert!(
+        outcome["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no DisruptionTarget")),
+        "{outcome}"
+    );
+    assert_eq!(
+        webhook.metric("graceguard_eviction_outcomes_total{outcome=\"evicted\"}")?,
+        Some(0.0)
+    );
+
+    // graceguard stops with the other attempt pending: recorded as dropped.
+    assert!(
+        webhook.terminate().is_some(),
+        "the webhook stops on SIGTERM"
+    );
+    let dropped: Vec<_> = webhook
+        .records_for("eviction_audit", &ns, "pending")?
+        .into_iter()
+        .filter(|r| r["event"] == "eviction_outcome")
+        .collect();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert_eq!(dropped[0]["reason"], "dropped", "{dropped:?}");
+    assert!(
+        api.get("pending")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "the refused pod still runs"
+    );
+    Ok(())
+}

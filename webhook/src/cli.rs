@@ -416,7 +416,7 @@ pub async fn serve(
     } else {
         FollowUp::disabled()
     };
-    let evictions = EvictionOutcomes::new(follow_up.clone(), metrics.clone());
+    let evictions = EvictionOutcomes::new(Some(client.clone()), follow_up.clone(), metrics.clone());
     let _sweeper = evictions.spawn_sweeper();
     let app = Arc::new(App {
         pods: Arc::new(MetaIndex::new("pods")),
@@ -496,9 +496,16 @@ pub async fn serve(
     tokio::time::sleep(args.shutdown_delay).await;
     let _ = stop_tls.send(true);
     let _ = admission.await;
+    // No review comes in now: what is still pending is recorded, not lost silently.
+    let attempts_dropped = app.evictions.stop();
+    let follow_ups_dropped = app.follow_up.stop();
     let _ = stop_health.send(true);
     let _ = health.await;
-    tracing::info!("graceguard-webhook stopped");
+    tracing::info!(
+        eviction_attempts_dropped = attempts_dropped,
+        follow_ups_dropped,
+        "graceguard-webhook stopped"
+    );
     Ok(())
 }
 

@@ -29,7 +29,7 @@
 //! request (counted) rather than slow admission down. Each follow-up writes
 //! one audit record with its outcome and the delay from request to tag.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,7 +41,6 @@ use tokio::sync::mpsc;
 
 use crate::audit::AuditRecord;
 use crate::metrics::{FollowUpLabels, Metrics};
-use crate::review::Pod;
 use crate::{disruption, tagger};
 
 /// Why a follow-up was asked for.
@@ -105,6 +104,7 @@ impl Default for Settings {
     }
 }
 
+#[derive(Clone)]
 struct Job {
     namespace: String,
     name: String,
@@ -121,8 +121,9 @@ pub struct FollowUp {
 
 struct Inner {
     tx: mpsc::Sender<Job>,
-    /// namespace/name of the follow-ups queued or running: one at a time per pod.
-    pending: Mutex<HashSet<(String, String)>>,
+    /// The follow-ups queued or running, by namespace/name: one at a time
+    /// per pod; what is left here at shutdown is recorded as dropped.
+    pending: Mutex<HashMap<(String, String), Job>>,
     metrics: Metrics,
 }
 
@@ -140,18 +141,21 @@ pub enum Outcome {
     StillRunning,
     /// Every attempt failed (the last error is in the audit record).
     GaveUp,
+    /// graceguard stopped before the follow-up ended.
+    Dropped,
 }
 
 impl Outcome {
     /// Every outcome, each exported from the start at 0: an alert on
     /// `increase()` then sees the first give-up, not only the second.
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Tagged,
         Outcome::AlreadyTagged,
         Outcome::Gone,
         Outcome::NoDisruptionTarget,
         Outcome::StillRunning,
         Outcome::GaveUp,
+        Outcome::Dropped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -162,6 +166,7 @@ impl Outcome {
             Outcome::NoDisruptionTarget => "no_disruption_target",
             Outcome::StillRunning => "still_running",
             Outcome::GaveUp => "gave_up",
+            Outcome::Dropped => "dropped",
         }
     }
 }
@@ -182,11 +187,53 @@ impl FollowUp {
         }
         let inner = Arc::new(Inner {
             tx,
-            pending: Mutex::new(HashSet::new()),
+            pending: Mutex::new(HashMap::new()),
             metrics,
         });
         tokio::spawn(worker(rx, client, Arc::downgrade(&inner), settings));
         Self { inner: Some(inner) }
+    }
+
+    /// graceguard is stopping: records every follow-up still queued or
+    /// running as `dropped` (its pod stays untagged). Returns how many.
+    pub fn stop(&self) -> usize {
+        let Some(inner) = &self.inner else {
+            return 0;
+        };
+        let dropped: Vec<Job> = inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, job)| job)
+            .collect();
+        for job in &dropped {
+            inner
+                .metrics
+                .follow_ups
+                .get_or_create(&FollowUpLabels {
+                    outcome: Outcome::Dropped.as_str(),
+                })
+                .inc();
+            AuditRecord {
+                event: "follow_up",
+                endpoint: "disruption_tagger",
+                decision: "allow",
+                reason: Outcome::Dropped.as_str().into(),
+                namespace: job.namespace.clone(),
+                name: job.name.clone(),
+                uid: job.uid.clone(),
+                source: Some(job.source.as_str()),
+                patched: Some(false),
+                latency_us: u64::try_from(job.asked.elapsed().as_micros()).unwrap_or(u64::MAX),
+                detail: Some(
+                    "graceguard stopped before this pod was tagged: it stays untagged".into(),
+                ),
+                ..Default::default()
+            }
+            .emit();
+        }
+        dropped.len()
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -201,12 +248,6 @@ impl FollowUp {
             return false;
         };
         let key = (namespace.to_string(), name.to_string());
-        {
-            let mut pending = inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-            if !pending.insert(key.clone()) {
-                return false;
-            }
-        }
         let job = Job {
             namespace: key.0.clone(),
             name: key.1.clone(),
@@ -214,6 +255,13 @@ impl FollowUp {
             source,
             asked: Instant::now(),
         };
+        {
+            let mut pending = inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if pending.contains_key(&key) {
+                return false;
+            }
+            pending.insert(key.clone(), job.clone());
+        }
         if inner.tx.try_send(job).is_err() {
             inner
                 .pending
@@ -252,11 +300,16 @@ async fn worker(
         tokio::spawn(async move {
             let _slot = slot;
             let (outcome, rec) = run(&client, &job, settings).await;
-            inner
+            let still_pending = inner
                 .pending
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(&(job.namespace.clone(), job.name.clone()));
+                .remove(&(job.namespace.clone(), job.name.clone()))
+                .is_some();
+            if !still_pending {
+                // Recorded as dropped by the shutdown already.
+                return;
+            }
             inner
                 .metrics
                 .follow_ups
@@ -276,13 +329,6 @@ async fn worker(
             rec.emit();
         });
     }
-}
-
-/// The pod as graceguard's decisions read it.
-fn lean(pod: &K8sPod) -> Option<Pod> {
-    serde_json::to_value(pod)
-        .ok()
-        .and_then(|v| serde_json::from_value(v).ok())
 }
 
 async fn run(client: &Client, job: &Job, settings: Settings) -> (Outcome, AuditRecord) {
@@ -385,7 +431,7 @@ async fn attempt(
     if job.uid.as_ref().is_some_and(|want| *want != uid) {
         return Ok(Step::Done(Outcome::Gone, None));
     }
-    let Some(lean) = lean(&pod) else {
+    let Some(lean) = crate::review::lean(&pod) else {
         return Err(failed(AttemptCause::NotAPod));
     };
     let Some(d) = disruption::of_pod(&lean) else {
@@ -486,7 +532,7 @@ pub(crate) mod tests {
         let f = FollowUp {
             inner: Some(Arc::new(Inner {
                 tx,
-                pending: Mutex::new(HashSet::new()),
+                pending: Mutex::new(HashMap::new()),
                 metrics: metrics.clone(),
             })),
         };

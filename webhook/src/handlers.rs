@@ -382,6 +382,7 @@ fn eviction_audit(app: &App, req: &Request, acts: Acts) -> (Answer, AuditRecord)
             uid: uid.clone(),
             user: req.user_info.username.clone().unwrap_or_default(),
             at: Instant::now(),
+            wall: std::time::SystemTime::now(),
         };
         app.evictions.attempted(&req.namespace, &req.name, attempt);
     }

@@ -136,6 +136,14 @@ pub struct PodStatus {
     pub conditions: Option<Vec<Condition>>,
 }
 
+/// `pod` as graceguard's decisions read it (for a pod read from the API,
+/// not from a review); `None` when it does not parse as one.
+pub fn lean(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Pod> {
+    serde_json::to_value(pod)
+        .ok()
+        .and_then(|v| serde_json::from_value(v).ok())
+}
+
 /// A pod, as far as graceguard reads one.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Pod {

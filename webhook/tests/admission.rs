@@ -69,6 +69,7 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, ReadError>, mode
         confirmer: Confirmer::new(fetch, Duration::from_secs(1), 100, metrics.clone()),
         livelock: LivelockDetector::new(Duration::from_secs(10), 5),
         evictions: graceguard_webhook::eviction_outcome::EvictionOutcomes::new(
+            None,
             FollowUp::disabled(),
             metrics.clone(),
         ),
@@ -719,6 +720,7 @@ fn clone_app(app: &App) -> App {
         confirmer: app.confirmer.clone(),
         livelock: LivelockDetector::new(Duration::from_secs(10), 5),
         evictions: graceguard_webhook::eviction_outcome::EvictionOutcomes::new(
+            None,
             FollowUp::disabled(),
             metrics.clone(),
         ),
