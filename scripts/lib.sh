@@ -11,7 +11,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$GRACEGUARD_CACHE/target}"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export REPO_ROOT
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+# step TEXT: a heading, with the time since the script started (bash's
+# SECONDS), so a CI log shows where its minutes went.
+step() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 info() { printf '    %s\n' "$*" >&2; }
 
 # die STEP HINT: say which step failed and what to do about it, then exit 1.

@@ -123,3 +123,63 @@ async fn the_api_servers_reviews_are_never_refused_by_a_per_address_cap() -> R {
     );
     Ok(())
 }
+
+/// Connections end by themselves: an idle one after
+/// `--connection-idle-timeout`, any after `--max-connection-age`, both
+/// gracefully (HTTP/2 GOAWAY). Through the real API server, reviews keep
+/// flowing across those ends: every Create is reviewed and admitted, and the
+/// API server never fails open on a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_old_connections_end_gracefully_and_no_review_is_lost() -> R {
+    let bed = TestBed::start().await?;
+    let webhook = WebhookProcess::start(
+        &bed,
+        &["--connection-idle-timeout=1s", "--max-connection-age=2s"],
+    )
+    .await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let ns = bed.namespace("lifetime").await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let ended = |reason: &str| -> anyhow::Result<f64> {
+        Ok(webhook
+            .metric(&format!(
+                "graceguard_connections_ended_total{{reason=\"{reason}\"}}"
+            ))?
+            .unwrap_or(0.0))
+    };
+    let mut created = 0usize;
+    // Creates one after another for 3 s at a time (connections past their
+    // age), then 2 s of quiet (connections idle), three times.
+    for round in 0..3 {
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while std::time::Instant::now() < until {
+            let pod = pods::task_pod_on(&format!("l{round}-{created}"), 1, None);
+            assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+            created += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(
+        ended("max_age")? >= 1.0,
+        "no connection reached its age limit"
+    );
+    assert!(ended("idle")? >= 1.0, "no idle connection was closed");
+    let metrics = bed.apiserver_metrics().await?;
+    let failed_open = testbed::bench::histogram::sum(
+        &metrics,
+        "apiserver_admission_webhook_fail_open_count",
+        &[],
+    );
+    assert_eq!(
+        failed_open, 0.0,
+        "the API server failed open on a call while connections ended"
+    );
+    let reviewed = webhook
+        .audit_records()?
+        .into_iter()
+        .filter(|r| r["namespace"] == ns.as_str() && r["endpoint"] == "collision_guard")
+        .count();
+    assert_eq!(reviewed, created, "every Create reviewed once");
+    Ok(())
+}

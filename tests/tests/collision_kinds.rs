@@ -284,3 +284,88 @@ async fn a_custom_resource_is_indexed_once_a_quota_counts_it_and_unindexed_when_
     }
     Ok(())
 }
+
+/// A kind's index that went past `--kind-index-max-objects` holds nothing
+/// and lets that kind's Creates through unchecked; a healthy watch never
+/// lists again, so it stayed so after the objects went. Now it lists again
+/// after `--kind-index-relist-over-cap` and, the kind back within its cap,
+/// guards it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_index_over_its_cap_guards_again_once_the_kind_fits() -> R {
+    use testbed::webhook::{Hook, WebhookProcess};
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("cm-cap").await?;
+    // The cap: every ConfigMap of the cluster now (each namespace has its
+    // kube-root-ca.crt), and 3 more.
+    let all: Api<ConfigMap> = Api::all(bed.client.clone());
+    let existing = all.list(&Default::default()).await?.items.len();
+    let cap = existing + 3;
+    let webhook = WebhookProcess::start(
+        &bed,
+        &[
+            "--collision-kinds=configmaps",
+            &format!("--kind-index-max-objects={cap}"),
+            "--kind-index-relist-over-cap=2s",
+        ],
+    )
+    .await?;
+    webhook.register(&bed, &[Hook::CollisionKinds]).await?;
+    quota::set_named_quota(&bed, &ns, "objects", &[("count/configmaps", "100")]).await?;
+    webhook.wait_kind_indexed("configmaps").await?;
+    let over_cap = || webhook.metric("graceguard_kind_index_over_cap{kind=\"configmaps\"}");
+    assert_eq!(over_cap()?, Some(0.0));
+    let api: Api<ConfigMap> = Api::namespaced(bed.client.clone(), &ns);
+    let cm = |name: &str, finalizer: bool| -> anyhow::Result<ConfigMap> {
+        let mut v = json!({"metadata": {"name": name}, "data": {"k": "v"}});
+        if finalizer {
+            v["metadata"]["finalizers"] = json!(["graceguard.test/hold"]);
+        }
+        Ok(serde_json::from_value(v)?)
+    };
+    // Past the cap: the index gives up.
+    for i in 0..5 {
+        assert_eq!(
+            objects::create(&api, &cm(&format!("extra-{i}"), false)?).await?,
+            CreateOutcome::Created
+        );
+    }
+    webhook
+        .wait_metric(
+            "graceguard_kind_index_over_cap{kind=\"configmaps\"}",
+            1.0,
+            Duration::from_secs(30),
+        )
+        .await?;
+    // Back within it: 4 go (the 5th stays), and one is held by a finalizer.
+    for i in 0..4 {
+        api.delete(&format!("extra-{i}"), &DeleteParams::default())
+            .await?;
+    }
+    assert_eq!(
+        objects::create(&api, &cm("held", true)?).await?,
+        CreateOutcome::Created
+    );
+    api.delete("held", &DeleteParams::default()).await?;
+    objects::wait_terminating(&api, "held").await?;
+    // The index lists again by itself and guards the kind again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while over_cap()? != Some(0.0) {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the kind index stayed over its cap after the kind fit again (cap {cap})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    objects::wait_indexed(&api, &cm("held", false)?, "graceguard.test/hold").await?;
+    objects::denied_n_times(
+        &api,
+        &cm("held", false)?,
+        1,
+        "held by finalizer graceguard.test/hold",
+    )
+    .await?;
+    let release = json!({"metadata": {"finalizers": null}});
+    api.patch("held", &PatchParams::default(), &Patch::Merge(&release))
+        .await?;
+    Ok(())
+}

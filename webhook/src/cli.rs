@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use crate::command::client;
 pub use crate::command::CliError;
 use crate::confirm::Confirmer;
+use crate::connection_life;
 use crate::eviction_outcome::EvictionOutcomes;
 use crate::follow_up::{self, FollowUp};
 use crate::handlers::App;
@@ -156,6 +157,15 @@ pub struct ServeArgs {
     /// it is closed at once (the API server keeps a few).
     #[arg(long, env = "GRACEGUARD_MAX_CONNECTIONS_PER_CLIENT", default_value_t = limits::Limits::default().max_connections_per_client)]
     pub max_connections_per_client: usize,
+    /// An admission connection that answered nothing for this long is
+    /// closed gracefully (the API server opens another for its next
+    /// review); 0 keeps idle connections open.
+    #[arg(long, env = "GRACEGUARD_CONNECTION_IDLE_TIMEOUT", default_value = "120s", value_parser = duration)]
+    pub connection_idle_timeout: Duration,
+    /// An admission connection this old (±10 %) is closed gracefully, so a
+    /// client's connections spread again over the replicas; 0: no limit.
+    #[arg(long, env = "GRACEGUARD_MAX_CONNECTION_AGE", default_value = "10m", value_parser = duration)]
+    pub max_connection_age: Duration,
     /// Admission requests answered at once; past it, 503 at once (the API
     /// server then applies the webhook's failurePolicy).
     #[arg(long, env = "GRACEGUARD_MAX_IN_FLIGHT", default_value_t = limits::Limits::default().max_in_flight)]
@@ -200,6 +210,10 @@ pub struct ServeArgs {
     /// graceguard_kind_index_over_cap, a log line) until a re-list fits.
     #[arg(long, env = "GRACEGUARD_KIND_INDEX_MAX_OBJECTS", default_value_t = IndexBounds::default().max_objects)]
     pub kind_index_max_objects: usize,
+    /// How long a kind's index stays over --kind-index-max-objects before
+    /// it lists again, to answer again once the kind fits.
+    #[arg(long, env = "GRACEGUARD_KIND_INDEX_RELIST_OVER_CAP", default_value = "5m", value_parser = duration)]
+    pub kind_index_relist_over_cap: Duration,
     /// Pods per page of the pod index's initial list when it lists in pages.
     /// Larger pages mean fewer round trips at start (150,000 pods: 300 pages
     /// of 500); the pod index keeps metadata only, so the peak grows little.
@@ -359,6 +373,7 @@ fn kind_indexes(
         IndexBounds {
             page_size: args.kind_page_size,
             max_objects: args.kind_index_max_objects,
+            relist_over_cap: args.kind_index_relist_over_cap,
         },
         metrics.clone(),
     ));
@@ -474,6 +489,13 @@ pub async fn serve(
         health_listener,
         server::health_router(Arc::clone(&app), registry),
         stop_health_rx,
+        server::Connections::new(
+            connection_life::Lifetime {
+                idle: args.connection_idle_timeout,
+                max_age: Duration::ZERO,
+            },
+            &app.metrics,
+        ),
     ));
     let per_client = limits::PerClient::new(
         limits.max_connections_per_client,
@@ -488,6 +510,13 @@ pub async fn serve(
         args.shutdown_grace,
         limits.max_connections,
         per_client,
+        server::Connections::new(
+            connection_life::Lifetime {
+                idle: args.connection_idle_timeout,
+                max_age: args.max_connection_age,
+            },
+            &app.metrics,
+        ),
     ));
 
     wait_for_signal().await?;

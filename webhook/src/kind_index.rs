@@ -94,6 +94,10 @@ pub struct IndexBounds {
     /// that kind's Creates are allowed unchecked (fail open), with a metric
     /// and a log line.
     pub max_objects: usize,
+    /// How long an index stays over its cap before it lists again (a
+    /// healthy watch never re-lists): once enough objects went, the new
+    /// list fits and the index answers again.
+    pub relist_over_cap: Duration,
 }
 
 impl Default for IndexBounds {
@@ -101,6 +105,7 @@ impl Default for IndexBounds {
         Self {
             page_size: 100,
             max_objects: 100_000,
+            relist_over_cap: Duration::from_secs(300),
         }
     }
 }
@@ -296,28 +301,37 @@ impl KindIndexes {
         let labels = KindLabels::of(&kind);
         let forgets = confirmer.clone();
         let page_size = self.bounds.page_size.max(1);
+        let relist_over_cap = self.bounds.relist_over_cap;
         let task = tokio::spawn(async move {
             let config = crate::meta_index::watch_config().page_size(page_size);
-            let stream = forgets.forgetting(watcher::watcher(api, config).default_backoff());
-            idx.run_stream(
-                stream,
-                |meta| Some(HeldPod::from_meta(meta)),
-                |i| {
-                    metrics
-                        .kind_index_objects
-                        .get_or_create(&labels)
-                        .set(i.len() as i64);
-                    metrics
-                        .kind_index_ready
-                        .get_or_create(&labels)
-                        .set(i64::from(i.is_ready()));
-                    metrics
-                        .kind_index_over_cap
-                        .get_or_create(&labels)
-                        .set(i64::from(i.is_over_cap()));
-                },
-            )
-            .await
+            let on_change = |i: &MetaIndex<HeldPod>| {
+                metrics
+                    .kind_index_objects
+                    .get_or_create(&labels)
+                    .set(i.len() as i64);
+                metrics
+                    .kind_index_ready
+                    .get_or_create(&labels)
+                    .set(i64::from(i.is_ready()));
+                metrics
+                    .kind_index_over_cap
+                    .get_or_create(&labels)
+                    .set(i64::from(i.is_over_cap()));
+            };
+            loop {
+                let stream = forgets
+                    .forgetting(watcher::watcher(api.clone(), config.clone()).default_backoff());
+                tokio::select! {
+                    _ = idx.run_stream(stream, |meta| Some(HeldPod::from_meta(meta)), &on_change) => return,
+                    _ = idx.over_cap_for(relist_over_cap) => {
+                        tracing::info!(
+                            kind = %labels.kind,
+                            after = ?relist_over_cap,
+                            "kind index over its cap: listing again, to index the kind again if it fits now"
+                        );
+                    }
+                }
+            }
         });
         KindIndex {
             kind,

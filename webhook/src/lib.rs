@@ -28,7 +28,8 @@
 //! * [`self_test`]: the dry-run round trip `helm test` proves.
 //! * [`limits`]: what one client and all of them may hold of the admission
 //!   port (connections per address, requests and body bytes in flight, the
-//!   body-read deadline), refused at once at each.
+//!   body-read deadline), refused at once at each; [`connection_life`]: how
+//!   long one connection may stay idle or open.
 //! * [`server`]: HTTPS and health listeners, routing, graceful shutdown.
 //! * [`cli`]: the command line; [`command`]: what its subcommands share (the
 //!   exit error, the API client).
@@ -38,6 +39,7 @@ pub mod cli;
 pub mod collision;
 pub mod command;
 pub mod confirm;
+pub mod connection_life;
 pub mod deletion_audit;
 pub mod disruption;
 pub mod eviction_outcome;

@@ -163,6 +163,25 @@ impl<V: Clone> MetaIndex<V> {
         st.building = None;
     }
 
+    /// Resolves once the index has been over its cap for `period` without
+    /// a break: a healthy watch never re-lists by itself, so its owner then
+    /// starts a fresh list, which fits again once enough objects went.
+    pub async fn over_cap_for(&self, period: Duration) {
+        let step = (period / 10).clamp(Duration::from_millis(10), Duration::from_secs(10));
+        let mut since: Option<Instant> = None;
+        loop {
+            tokio::time::sleep(step).await;
+            if !self.is_over_cap() {
+                since = None;
+                continue;
+            }
+            let at = *since.get_or_insert_with(Instant::now);
+            if at.elapsed() >= period {
+                return;
+            }
+        }
+    }
+
     /// Objects indexed now.
     pub fn len(&self) -> usize {
         self.read().len
@@ -336,6 +355,29 @@ mod tests {
 
     fn uid(m: &ObjectMeta) -> Option<String> {
         m.uid.clone()
+    }
+
+    #[tokio::test]
+    async fn over_cap_for_resolves_only_once_the_index_stayed_over_its_cap() {
+        let idx: MetaIndex<String> = MetaIndex::with_cap("kind", 1);
+        let period = Duration::from_millis(50);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), idx.over_cap_for(period))
+                .await
+                .is_err(),
+            "within its cap: never"
+        );
+        idx.apply(Event::Init, uid);
+        for i in 0..2 {
+            idx.apply(Event::InitApply(&meta("ns", &format!("o-{i}"))), uid);
+        }
+        assert!(idx.is_over_cap());
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), idx.over_cap_for(period))
+                .await
+                .is_ok(),
+            "over its cap for the period"
+        );
     }
 
     #[test]

@@ -90,6 +90,12 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionEndLabels {
+    /// Why graceguard ended a connection: `idle`, `max_age`, `shutdown`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {
     /// Which limit: `in_flight`, `body_bytes`, `body_timeout`,
     /// `connections_per_client`.
@@ -133,6 +139,8 @@ pub struct Metrics {
     pub audit_records_dropped: Counter,
     pub certificate_expiry: Gauge,
     pub limited: Family<LimitLabels, Counter>,
+    /// Connections graceguard ended gracefully, by why.
+    pub connections_ended: Family<ConnectionEndLabels, Counter>,
     /// Each endpoint's review series, resolved once: the admission path
     /// increments them without a label hash or the family's lock.
     handles: Arc<[ReviewHandles; 4]>,
@@ -221,6 +229,7 @@ impl Metrics {
             audit_records_dropped: Counter::default(),
             certificate_expiry: Gauge::default(),
             limited: Family::default(),
+            connections_ended: Family::default(),
         };
         // Series whose label values are known up front exist from the start
         // at 0, so `rate()` and `increase()` see their first event.
@@ -257,6 +266,11 @@ impl Metrics {
             "admission_limited",
             "Admission requests and connections refused at once by a limit of the port (load shed, so the API server applies failurePolicy instead of waiting), by limit",
             m.limited.clone(),
+        );
+        r.register(
+            "connections_ended",
+            "Connections graceguard ended gracefully (HTTP/2 GOAWAY, HTTP/1 Connection: close; nothing in flight is cut), by reason: idle, max_age, shutdown",
+            m.connections_ended.clone(),
         );
         r.register(
             "bad_requests",

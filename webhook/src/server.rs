@@ -13,17 +13,19 @@ use axum::BoxError;
 use axum::Router;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 
+use crate::connection_life::{self, Activity, End, Lifetime};
 use crate::handlers::{self, App};
 use crate::limits::{self, ClientSlot, Intake, Limits, Peer, PerClient, Trust};
-use crate::metrics::LimitLabels;
+use crate::metrics::{ConnectionEndLabels, LimitLabels, Metrics};
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -154,26 +156,96 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     )
 }
 
+/// How each connection of a listener ends: its [`Lifetime`], the signal
+/// that ends them all at shutdown, and the count of why each was ended.
+#[derive(Clone)]
+pub struct Connections {
+    pub lifetime: Lifetime,
+    stop: CancellationToken,
+    metrics: Metrics,
+}
+
+impl Connections {
+    pub fn new(lifetime: Lifetime, metrics: &Metrics) -> Self {
+        for end in End::ALL {
+            let _ = metrics
+                .connections_ended
+                .get_or_create(&ConnectionEndLabels {
+                    reason: end.as_str(),
+                });
+        }
+        Self {
+            lifetime,
+            stop: CancellationToken::new(),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Drives `conn` by [`connection_life::run`] (`graceful` starts its
+    /// graceful shutdown) and counts why graceguard ended it.
+    async fn serve<C, E>(
+        &self,
+        conn: C,
+        graceful: impl FnOnce(std::pin::Pin<&mut C>),
+        activity: &Activity,
+    ) -> Result<(), E>
+    where
+        C: std::future::Future<Output = Result<(), E>>,
+    {
+        let spread = spread_for(activity);
+        let (res, end) =
+            connection_life::run(conn, graceful, activity, self.lifetime, spread, &self.stop).await;
+        if let Some(end) = end {
+            self.metrics
+                .connections_ended
+                .get_or_create(&ConnectionEndLabels {
+                    reason: end.as_str(),
+                })
+                .inc();
+        }
+        res
+    }
+}
+
+/// A number in [-1, 1] that differs between connections (from the address
+/// of their [`Activity`] and the clock): spreads their age limits.
+fn spread_for(activity: &Activity) -> f64 {
+    let seed = (activity as *const Activity as usize as u64)
+        ^ u64::from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0),
+        );
+    // SplitMix64's finaliser: enough mixing for a spread.
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+}
+
 /// Accepts connections on `listener` until `shutdown` turns true, at most
 /// `max_connections` open at once (at the cap it stops accepting until one
 /// closes, so a flood waits in the kernel's backlog instead of exhausting
 /// memory or file descriptors) and, with `per_client`, at most its cap from
 /// one address (one past it is closed at once), and hands each to `serve`
-/// with its slots, to hold for the connection's life. Then waits up to `drain` for the
-/// connections `graceful` watches to finish.
+/// with its slots, to hold for the connection's life. Then ends every
+/// connection gracefully and waits up to `drain` for them to finish.
 async fn accept_loop<F, Fut>(
     listener: TcpListener,
     mut shutdown: watch::Receiver<bool>,
     max_connections: usize,
     per_client: Option<Arc<PerClient>>,
-    graceful: GracefulShutdown,
+    connections: &Connections,
     drain: Duration,
     serve: F,
 ) where
-    F: Fn(tokio::net::TcpStream, std::net::SocketAddr, Slots, Watcher) -> Fut,
+    F: Fn(tokio::net::TcpStream, std::net::SocketAddr, Slots) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(max_connections.max(1)));
+    let tracker = TaskTracker::new();
     loop {
         let slot = tokio::select! {
             slot = Arc::clone(&slots).acquire_owned() => match slot {
@@ -196,7 +268,7 @@ async fn accept_loop<F, Fut>(
                         },
                     };
                     let _ = tcp.set_nodelay(true);
-                    tokio::spawn(serve(tcp, peer, Slots { _total: slot, client }, graceful.watcher()));
+                    tracker.spawn(serve(tcp, peer, Slots { _total: slot, client }));
                 }
                 Err(e) => {
                     // Typically out of file descriptors: back off a little.
@@ -209,13 +281,12 @@ async fn accept_loop<F, Fut>(
     }
     drop(listener);
     tracing::info!(
-        connections = graceful.count(),
+        connections = tracker.len(),
         "stopped accepting; finishing in-flight requests"
     );
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    connections.stop.cancel();
+    tracker.close();
+    if tokio::time::timeout(drain, tracker.wait()).await.is_err() {
         tracing::warn!(after = ?drain, "connections still open at the end of the drain period; closing them");
     }
 }
@@ -240,6 +311,7 @@ impl Slots {
 /// at most `max_connections` connections open at once, and `per_client`'s
 /// cap from one address (the API server keeps few per webhook; many more
 /// means something is wrong).
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -248,20 +320,21 @@ pub async fn serve_tls(
     drain: Duration,
     max_connections: usize,
     per_client: Arc<PerClient>,
+    connections: Connections,
 ) {
     let acceptor = TlsAcceptor::from(tls);
-    let graceful = GracefulShutdown::new();
     accept_loop(
         listener,
         shutdown,
         max_connections,
         Some(Arc::clone(&per_client)),
-        graceful,
+        &connections.clone(),
         drain,
-        move |tcp, peer, mut slot, watcher| {
+        move |tcp, peer, mut slot| {
             let acceptor = acceptor.clone();
             let router = router.clone();
             let trusted_address = per_client.trusts(peer.ip());
+            let connections = connections.clone();
             async move {
                 let stream =
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -293,16 +366,24 @@ pub async fn serve_tls(
                 // Each request carries who sent it: the per-address shares,
                 // and the audit record's sender (once per connection;
                 // connections are long-lived).
-                let service = TowerToHyperService::new(router.layer(axum::Extension(Peer {
-                    ip: peer.ip(),
-                    trust,
-                    certificate_name: certificate.and_then(|c| {
-                        graceguard_certs::client_auth::names_of(c)
-                            .into_iter()
-                            .next()
-                            .map(Arc::from)
-                    }),
-                })));
+                let activity = Activity::new();
+                let service = TowerToHyperService::new(
+                    router
+                        .layer(axum::Extension(Peer {
+                            ip: peer.ip(),
+                            trust,
+                            certificate_name: certificate.and_then(|c| {
+                                graceguard_certs::client_auth::names_of(c)
+                                    .into_iter()
+                                    .next()
+                                    .map(Arc::from)
+                            }),
+                        }))
+                        .layer(axum::middleware::from_fn_with_state(
+                            Arc::clone(&activity),
+                            connection_life::track,
+                        )),
+                );
                 let _slot = slot;
                 // ALPN already chose the protocol; serving it directly (rather
                 // than sniffing the first bytes) lets HTTP/1's header-read
@@ -315,9 +396,17 @@ pub async fn serve_tls(
                         .keep_alive_interval(Duration::from_secs(30))
                         .keep_alive_timeout(Duration::from_secs(10))
                         .serve_connection(io, service);
-                    watcher.watch(conn).await
+                    connections
+                        .serve(conn, |c| c.graceful_shutdown(), &activity)
+                        .await
                 } else {
-                    watcher.watch(http1_connection(io, service)).await
+                    connections
+                        .serve(
+                            http1_connection(io, service),
+                            |c| c.graceful_shutdown(),
+                            &activity,
+                        )
+                        .await
                 };
                 if let Err(e) = res {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -350,22 +439,34 @@ const HEALTH_MAX_CONNECTIONS: usize = 64;
 /// header-read and request time limits and a connection cap, so a stuck or
 /// hostile client on the health port cannot tie it up (the kubelet's probes
 /// use it).
-pub async fn serve_plain(listener: TcpListener, router: Router, shutdown: watch::Receiver<bool>) {
-    let graceful = GracefulShutdown::new();
+pub async fn serve_plain(
+    listener: TcpListener,
+    router: Router,
+    shutdown: watch::Receiver<bool>,
+    connections: Connections,
+) {
     let drain = Duration::from_secs(5);
     accept_loop(
         listener,
         shutdown,
         HEALTH_MAX_CONNECTIONS,
         None,
-        graceful,
+        &connections.clone(),
         drain,
-        move |tcp, peer, slot, watcher| {
-            let service = TowerToHyperService::new(router.clone());
+        move |tcp, peer, slot| {
+            let activity = Activity::new();
+            let service = TowerToHyperService::new(router.clone().layer(
+                axum::middleware::from_fn_with_state(Arc::clone(&activity), connection_life::track),
+            ));
+            let connections = connections.clone();
             async move {
                 let _slot = slot;
-                if let Err(e) = watcher
-                    .watch(http1_connection(TokioIo::new(tcp), service))
+                if let Err(e) = connections
+                    .serve(
+                        http1_connection(TokioIo::new(tcp), service),
+                        |c| c.graceful_shutdown(),
+                        &activity,
+                    )
                     .await
                 {
                     tracing::debug!(%peer, error = %e, "health connection ended with an error");

@@ -81,6 +81,10 @@ async fn start_trusting(max_connections: usize, per_client: usize, trusted: &[&s
             ),
             &graceguard_webhook::metrics::Metrics::new().0,
         ),
+        graceguard_webhook::server::Connections::new(
+            graceguard_webhook::connection_life::Lifetime::UNBOUNDED,
+            &graceguard_webhook::metrics::Metrics::new().0,
+        ),
     ));
     Server {
         addr,
@@ -369,7 +373,15 @@ async fn the_health_listener_closes_a_client_that_never_sends_a_request() {
     let addr = listener.local_addr().expect("addr");
     let (_stop, rx) = watch::channel(false);
     let router = Router::new().route("/healthz", get(|| async { "ok" }));
-    tokio::spawn(serve_plain(listener, router, rx));
+    tokio::spawn(serve_plain(
+        listener,
+        router,
+        rx,
+        graceguard_webhook::server::Connections::new(
+            graceguard_webhook::connection_life::Lifetime::UNBOUNDED,
+            &graceguard_webhook::metrics::Metrics::new().0,
+        ),
+    ));
     let mut tcp = TcpStream::connect(addr).await.expect("connect");
     // Send nothing: the header-read timeout (10 s) must close it; 25 s is the
     // bound of this test, not a speed target.
