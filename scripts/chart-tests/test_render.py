@@ -344,7 +344,7 @@ class PerValuesFile:
         args = c["args"]
         self.assertEqual(args[0], "serve")
         cfg = self.merged["config"]
-        self.assertEqual(args[1:5], ["--listen=0.0.0.0:8443", "--health-listen=0.0.0.0:8080",
+        self.assertEqual(args[1:5], ["--listen=[::]:8443", "--health-listen=[::]:8080",
                                      "--tls-cert=/etc/graceguard/tls/tls.crt", "--tls-key=/etc/graceguard/tls/tls.key"])
         self.assertEqual(args[5:], self.merged["extraArgs"])
         env = {e["name"]: e.get("value") for e in c["env"]}
@@ -751,7 +751,7 @@ class TestOptions(unittest.TestCase):
         self.assertEqual(env["GRACEGUARD_POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP")
         off = cl.render_objects({}).one("Deployment")["spec"]["template"]["spec"]
         self.assertNotIn("hostNetwork", off)
-        self.assertIn("--listen=0.0.0.0:8443", off["containers"][0]["args"])
+        self.assertIn("--listen=[::]:8443", off["containers"][0]["args"])
 
     def test_self_test_namespace_must_be_covered(self) -> None:
         for ns in ("graceguard", "kube-system"):

@@ -396,6 +396,16 @@ impl WebhookProcess {
         Self::start_inner(bed, args, &[], false, None).await
     }
 
+    /// [`WebhookProcess::start`] listening as the chart runs it on a pod
+    /// network, on `[::]` (IPv4 and IPv6 alike), with a certificate for
+    /// 127.0.0.1 and ::1; [`WebhookProcess::url`] is the IPv6 one,
+    /// `https://[::1]:PORT`, so the API server calls it over IPv6.
+    pub async fn start_dual_stack(bed: &TestBed, args: &[&str]) -> Result<Self> {
+        let mut all = vec!["--listen-dual-stack"];
+        all.extend_from_slice(args);
+        Self::start_inner(bed, &all, &[], false, None).await
+    }
+
     /// A second replica of `of`: same arguments style, same serving
     /// certificate (so one `caBundle` covers both behind one registration).
     pub async fn start_replica(bed: &TestBed, args: &[&str], of: &WebhookProcess) -> Result<Self> {
@@ -420,6 +430,9 @@ impl WebhookProcess {
         replica_of: Option<&WebhookProcess>,
     ) -> Result<Self> {
         let bin = binaries::workspace_bin("graceguard-webhook", "GRACEGUARD_WEBHOOK_BIN")?;
+        // Not a flag of graceguard's: this bed's own marker for start_dual_stack.
+        let dual_stack = args.first() == Some(&"--listen-dual-stack");
+        let args = if dual_stack { &args[1..] } else { args };
         let (port, health_port) = (free_port()?, free_port()?);
         let dir = bed.dir().join(format!("webhook-{port}"));
         let (ca_pem, certs, ca) = match replica_of {
@@ -429,15 +442,19 @@ impl WebhookProcess {
             }
             None => {
                 let ca = graceguard_certs::Ca::new("graceguard-webhook-test-ca")?;
-                let pair = ca.issue_server(&["localhost".into()], &["127.0.0.1".parse()?])?;
+                let pair = ca.issue_server(
+                    &["localhost".into()],
+                    &["127.0.0.1".parse()?, "::1".parse()?],
+                )?;
                 ca.write_files(&pair, &dir)?;
                 (ca.cert_pem(), dir.clone(), Some(Arc::new(ca)))
             }
         };
         let mut cmd = Command::new(bin);
+        let host = if dual_stack { "[::]" } else { "127.0.0.1" };
         cmd.arg("serve")
-            .arg(format!("--listen=127.0.0.1:{port}"))
-            .arg(format!("--health-listen=127.0.0.1:{health_port}"))
+            .arg(format!("--listen={host}:{port}"))
+            .arg(format!("--health-listen={host}:{health_port}"))
             .arg(format!("--tls-cert={}", certs.join("tls.crt").display()))
             .arg(format!("--tls-key={}", certs.join("tls.key").display()))
             .args(args)
@@ -461,7 +478,11 @@ impl WebhookProcess {
         };
         let mut w = Self {
             proc,
-            url: format!("https://127.0.0.1:{port}"),
+            url: if dual_stack {
+                format!("https://[::1]:{port}")
+            } else {
+                format!("https://127.0.0.1:{port}")
+            },
             health: format!("127.0.0.1:{health_port}"),
             ca_pem,
             log,

@@ -369,3 +369,59 @@ async fn a_kind_index_over_its_cap_guards_again_once_the_kind_fits() -> R {
         .await?;
     Ok(())
 }
+
+/// A quota may count a kind no API serves (a CRD not installed yet):
+/// discovery fails, its Creates are allowed unchecked, and it is tried again
+/// once a minute. It used to be tried again at every event of the quota
+/// watch, inside it: every charged Create writes the quota's status, so each
+/// Create re-ran discovery (up to 10 s each when the API server is slow)
+/// while the watch waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unserved_kind_a_quota_counts_is_not_rediscovered_at_every_quota_write() -> R {
+    use testbed::webhook::{Hook, WebhookProcess};
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("unserved").await?;
+    let webhook = WebhookProcess::start(&bed, &["--collision-kinds=*"]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    quota::set_named_quota(&bed, &ns, "objects", &[("pods", "50")]).await?;
+    // Another quota counts a kind no API serves (the quota controller never
+    // fills its status; it charges no pod).
+    let unserved: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "widgets"},
+        "spec": {"hard": {"count/widgets.nowhere.graceguard.test": "5"}}
+    }))?;
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(bed.client.clone(), &ns)
+        .create(&PostParams::default(), &unserved)
+        .await?;
+    let needle = "cannot index this kind";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while webhook.log_lines_with(needle)? == 0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the unserved kind was never tried"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Ten charged Creates: ten writes of the quota's status, ten watch events.
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let before = quota::used(&bed.client, &ns, "objects", "pods").await?;
+    for i in 0..10 {
+        let pod = pods::task_pod_on(&format!("p{i}"), 1, None);
+        assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while quota::used(&bed.client, &ns, "objects", "pods").await? == before {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the quota's status never changed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let tries = webhook.log_lines_with(needle)?;
+    assert!(
+        tries <= 2,
+        "discovery of the unserved kind ran {tries} times in a few seconds of quota writes"
+    );
+    Ok(())
+}

@@ -81,8 +81,10 @@ fn duration(s: &str) -> Result<Duration, String> {
 /// Every flag can also be set by the environment variable named after it.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// HTTPS address for admission reviews.
-    #[arg(long, env = "GRACEGUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    /// HTTPS address for admission reviews: `IP:PORT`, an IPv6 address with
+    /// or without brackets. `[::]` (the default) takes IPv4 and IPv6 alike,
+    /// and IPv4 alone where the host has no IPv6.
+    #[arg(long, env = "GRACEGUARD_LISTEN", default_value = "[::]:8443", value_parser = listen_addr)]
     pub listen: SocketAddr,
     /// PEM serving certificate (reloaded when the file changes).
     #[arg(long, env = "GRACEGUARD_TLS_CERT")]
@@ -106,8 +108,8 @@ pub struct ServeArgs {
         requires = "client_ca_file"
     )]
     pub client_names: Vec<String>,
-    /// Plain-HTTP address for /healthz, /readyz and /metrics.
-    #[arg(long, env = "GRACEGUARD_HEALTH_LISTEN", default_value = "0.0.0.0:8080")]
+    /// Plain-HTTP address for /healthz, /readyz and /metrics (as --listen).
+    #[arg(long, env = "GRACEGUARD_HEALTH_LISTEN", default_value = "[::]:8080", value_parser = listen_addr)]
     pub health_listen: SocketAddr,
     /// kubeconfig to reach the API server; in-cluster config when absent.
     #[arg(long, env = "GRACEGUARD_KUBECONFIG")]
@@ -345,8 +347,31 @@ fn adaptive_settings(args: &ServeArgs) -> Result<crate::collision::Adaptive, Cli
     })
 }
 
+/// A listen address: `IP:PORT`, an IPv6 address in brackets or not
+/// (`[::]:8443`, or `fd00::7:8443` as `$(POD_IP):8443` gives on an IPv6 pod
+/// network).
+pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let usage = "use IP:PORT, e.g. [::]:8443, 0.0.0.0:8443 or fd00::7:8443";
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} has no port; {usage}"))?;
+    let ip: std::net::IpAddr = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| format!("{host:?} in {s:?} is not an IP address; {usage}"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{port:?} in {s:?} is not a port number; {usage}"))?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// Binds `addr` ([`server::bind`]), naming the flag when it cannot.
 async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, CliError> {
-    TcpListener::bind(addr).await.map_err(|e| {
+    server::bind(addr).await.map_err(|e| {
         CliError::Config(format!(
             "cannot listen on {addr} ({what}): {e}; choose a free address"
         ))
@@ -547,4 +572,23 @@ async fn wait_for_signal() -> Result<(), CliError> {
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listen_addr;
+
+    #[test]
+    fn a_listen_address_may_be_an_ipv6_pod_ip_without_brackets() {
+        let ok = |s: &str| listen_addr(s).map(|a| a.to_string());
+        assert_eq!(ok("[::]:8443").as_deref(), Ok("[::]:8443"));
+        assert_eq!(ok("0.0.0.0:8443").as_deref(), Ok("0.0.0.0:8443"));
+        // $(POD_IP):8443 on an IPv6 pod network.
+        assert_eq!(ok("fd00::7:8443").as_deref(), Ok("[fd00::7]:8443"));
+        assert_eq!(ok("10.1.2.3:8080").as_deref(), Ok("10.1.2.3:8080"));
+        for bad in ["8443", "pod:8443", "[::]:http", "10.1.2.3"] {
+            let e = listen_addr(bad).expect_err(bad);
+            assert!(e.contains("IP:PORT"), "{bad}: {e}");
+        }
+    }
 }

@@ -110,6 +110,12 @@ impl Default for IndexBounds {
     }
 }
 
+/// How long one discovery of a kind may take.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long after a failed discovery a kind is tried again.
+const RESOLVE_RETRY: Duration = Duration::from_secs(60);
+
 /// The running kind indexes. Cheap to share.
 pub struct KindIndexes {
     client: Client,
@@ -157,12 +163,42 @@ impl KindIndexes {
             .collect()
     }
 
-    /// Starts the ResourceQuota watch that drives the indexes.
+    /// Starts the ResourceQuota watch that says which kinds to index, and,
+    /// apart from it, the task that starts and stops the indexes: discovery
+    /// (up to [`DISCOVERY_TIMEOUT`] per kind) never holds up the watch, and
+    /// a quota's status writes (every charged Create) start nothing.
     pub fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move { self.follow_quotas().await })
+        let (wanted_tx, wanted_rx) = tokio::sync::watch::channel(BTreeSet::new());
+        let keeper = Arc::clone(&self);
+        tokio::spawn(async move { keeper.keep_indexes(wanted_rx).await });
+        tokio::spawn(async move { self.follow_quotas(wanted_tx).await })
     }
 
-    async fn follow_quotas(&self) {
+    /// Runs the indexes `wanted` names, each time it changes, and every
+    /// [`RESOLVE_RETRY`] while a kind could not be resolved.
+    async fn keep_indexes(
+        &self,
+        mut wanted: tokio::sync::watch::Receiver<BTreeSet<GroupResource>>,
+    ) {
+        loop {
+            let want = wanted.borrow_and_update().clone();
+            let unresolved = self.reconcile(&want).await;
+            let changed = if unresolved == 0 {
+                wanted.changed().await
+            } else {
+                tokio::select! {
+                    changed = wanted.changed() => changed,
+                    _ = tokio::time::sleep(RESOLVE_RETRY) => Ok(()),
+                }
+            };
+            if changed.is_err() {
+                // The quota watch ended: nothing more to follow.
+                return;
+            }
+        }
+    }
+
+    async fn follow_quotas(&self, wanted_tx: tokio::sync::watch::Sender<BTreeSet<GroupResource>>) {
         let api: Api<ResourceQuota> = Api::all(self.client.clone());
         let mut stream = watcher::watcher(api, crate::meta_index::watch_config())
             .default_backoff()
@@ -211,13 +247,23 @@ impl KindIndexes {
                     .filter(|k| !k.is_pods() && self.allowed.contains(k))
                     .cloned()
                     .collect();
-                self.reconcile(&wanted).await;
+                // Only a change of the set wakes the keeper: status writes
+                // leave it as it was.
+                wanted_tx.send_if_modified(|current| {
+                    let changed = *current != wanted;
+                    if changed {
+                        *current = wanted;
+                    }
+                    changed
+                });
             }
         }
     }
 
-    /// Starts the indexes `wanted` has and the running set lacks; stops the others.
-    async fn reconcile(&self, wanted: &BTreeSet<GroupResource>) {
+    /// Starts the indexes `wanted` has and the running set lacks; stops the
+    /// others. Returns how many kinds could not be resolved.
+    async fn reconcile(&self, wanted: &BTreeSet<GroupResource>) -> usize {
+        let mut unresolved = 0;
         let running = self.kinds();
         for gone in running.difference(wanted) {
             let removed = self
@@ -247,20 +293,21 @@ impl KindIndexes {
                         .insert(new.clone(), Arc::new(idx));
                     tracing::info!(kind = %new, "a quota counts this kind; indexing its names");
                 }
-                // Not retried until quotas change: Creates of it are allowed
+                // Retried every RESOLVE_RETRY: Creates of it are allowed
                 // (fail open) meanwhile, as for any kind not indexed.
                 Err(e) => {
-                    tracing::warn!(kind = %new, error = %e, "cannot index this kind; its Creates are allowed unchecked")
+                    unresolved += 1;
+                    tracing::warn!(kind = %new, error = %e, retry_after = ?RESOLVE_RETRY, "cannot index this kind; its Creates are allowed unchecked")
                 }
             }
         }
+        unresolved
     }
 
     /// The served, namespaced resource `kind` is, by discovery.
     async fn resolve(&self, kind: &GroupResource) -> Result<ApiResource, ResolveError> {
         // Bounded: a stalled connection must not keep a kind unindexed for
-        // minutes (the next quota event, or the watch's re-list, tries again).
-        const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+        // minutes (tried again after RESOLVE_RETRY).
         let group = tokio::time::timeout(
             DISCOVERY_TIMEOUT,
             kube::discovery::group(&self.client, &kind.group),
@@ -343,7 +390,7 @@ impl KindIndexes {
 }
 
 /// Why a kind a quota counts cannot be indexed (its Creates are then
-/// allowed unchecked until quotas change).
+/// allowed unchecked, and it is tried again every minute).
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
     #[error("discovering API group {group:?}: no answer within {timeout:?} (the API server is slow or unreachable)")]

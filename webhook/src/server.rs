@@ -156,6 +156,45 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     )
 }
 
+/// Binds `addr`. `[::]` is bound for IPv4 and IPv6 together (not left to
+/// the host's `net.ipv6.bindv6only`), and falls back to `0.0.0.0` on a host
+/// without IPv6, so one default serves IPv4, IPv6 and dual-stack pod
+/// networks. An IPv4 client then arrives as `::ffff:a.b.c.d`; the accept
+/// loop sees it as `a.b.c.d`.
+pub async fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    if addr.ip() != std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) {
+        return TcpListener::bind(addr).await;
+    }
+    match dual_stack(addr) {
+        Ok(listener) => Ok(listener),
+        Err(e) if no_ipv6(&e) => {
+            let v4 = std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
+            tracing::info!(%addr, error = %e, listen = %v4, "no IPv6 on this host: listening on IPv4 alone");
+            TcpListener::bind(v4).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A listener on `[::]:port` that takes IPv4 (as mapped addresses) too.
+fn dual_stack(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Whether binding failed because the host has no IPv6 (a kernel without
+/// it: EAFNOSUPPORT; no IPv6 address at all: EADDRNOTAVAIL).
+fn no_ipv6(e: &std::io::Error) -> bool {
+    const EAFNOSUPPORT: i32 = 97;
+    e.raw_os_error() == Some(EAFNOSUPPORT) || e.kind() == std::io::ErrorKind::AddrNotAvailable
+}
+
 /// How each connection of a listener ends: its [`Lifetime`], the signal
 /// that ends them all at shutdown, and the count of why each was ended.
 #[derive(Clone)]
@@ -258,6 +297,9 @@ async fn accept_loop<F, Fut>(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
+                    // An IPv4 client of a dual-stack listener arrives as
+                    // ::ffff:a.b.c.d: count, trust and audit it as a.b.c.d.
+                    let peer = std::net::SocketAddr::new(peer.ip().to_canonical(), peer.port());
                     let client = match &per_client {
                         None => None,
                         Some(per) if per.trusts(peer.ip()) => None,

@@ -28,7 +28,10 @@ struct Server {
 
 fn write_pair(ca: &Ca, dir: &std::path::Path) {
     let pair = ca
-        .issue_server(&["localhost".into()], &["127.0.0.1".parse().expect("ip")])
+        .issue_server(
+            &["localhost".into()],
+            &["127.0.0.1".parse().expect("ip"), "::1".parse().expect("ip")],
+        )
         .expect("pair");
     ca.write_files(&pair, dir).expect("write");
 }
@@ -42,6 +45,15 @@ async fn start_capped(max_connections: usize, per_client: usize) -> Server {
 }
 
 async fn start_trusting(max_connections: usize, per_client: usize, trusted: &[&str]) -> Server {
+    start_on("127.0.0.1:0", max_connections, per_client, trusted).await
+}
+
+async fn start_on(
+    listen: &str,
+    max_connections: usize,
+    per_client: usize,
+    trusted: &[&str],
+) -> Server {
     graceguard_certs::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = Ca::new("tls-test-ca").expect("ca");
@@ -59,7 +71,7 @@ async fn start_trusting(max_connections: usize, per_client: usize, trusted: &[&s
                 "slow"
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let listener = graceguard_webhook::server::bind(listen.parse().expect("listen address"))
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -282,6 +294,37 @@ async fn an_api_server_address_is_never_held_to_the_per_address_cap() {
     }
     let served: Vec<bool> = others.iter().map(Option::is_some).collect();
     assert_eq!(served, [true, true, false]);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_stack_listener_serves_both_families_and_knows_an_ipv4_peer_by_its_ipv4_address() {
+    // The chart's listener, [::]; 127.0.0.3 trusted, every other address capped at 2.
+    let s = start_on("[::]:0", 16, 2, &["127.0.0.3/32"]).await;
+    let port = s.addr.port();
+    let ca = s.ca.cert_pem();
+    let v4: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let v6: std::net::SocketAddr = format!("[::1]:{port}").parse().expect("addr");
+    // Over IPv6 it serves.
+    let tcp = TcpStream::connect(v6).await.expect("connect over IPv6");
+    assert!(
+        connect_over(tcp, &ca).await.is_some(),
+        "an IPv6 client served"
+    );
+    // The trusted IPv4 address arrives as ::ffff:127.0.0.3 on this socket:
+    // seen as 127.0.0.3, it is trusted, past the cap of 2.
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let tcp = tcp_from("127.0.0.3", v4).await;
+        let c = tokio::time::timeout(Duration::from_secs(5), connect_over(tcp, &ca))
+            .await
+            .expect("answered at once");
+        assert!(
+            c.is_some(),
+            "the trusted IPv4 peer's connection {i} was refused"
+        );
+        held.push(c);
+    }
     drop(held);
 }
 
