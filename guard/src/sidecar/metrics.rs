@@ -102,7 +102,8 @@ pub async fn render(s: &Sidecar) -> String {
     out
 }
 
-/// `GET /metrics`; no token needed (it names no task). Prometheus's
+/// `GET /metrics`: behind the token on the API's TCP listener, without one
+/// on `--metrics-listen` (which serves nothing else). Prometheus's
 /// endpoint, not a call of the API: it is left out of the OpenAPI document
 /// (and so of the generated clients, which cannot read OpenMetrics text).
 pub async fn metrics(State(s): State<Sidecar>) -> Response {

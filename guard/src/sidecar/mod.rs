@@ -68,12 +68,16 @@ pub fn router(sidecar: Sidecar) -> Router {
         .route("/v1/tasks", get(list_tasks))
         .route("/v1/events", get(events))
         .route("/v1/events/ack", post(ack))
+        // Behind the token on a TCP listener too, like every route that
+        // says anything about this executor's work (tasks by phase, the
+        // Lease held). Prometheus scrapes `--metrics-listen`, which serves
+        // them alone, without the API.
+        .route("/metrics", get(metrics::metrics))
         .route_layer(middleware::from_fn_with_state(sidecar.clone(), auth));
     Router::new()
         .merge(api)
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
-        .route("/metrics", get(metrics::metrics))
         .fallback(|| async {
             ApiStatus::new(
                 StatusCode::NOT_FOUND,
@@ -191,7 +195,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_tcp_listener_wants_the_bearer_token_on_v1_but_not_on_healthz() {
+    async fn a_tcp_listener_wants_the_bearer_token_on_v1_and_metrics_but_not_on_healthz() {
         let app = offline(Some("0123456789abcdef-secret")).expect("router");
         let v1 = "/v1/tasks/ns/t";
         assert_eq!(status_of(app.clone(), v1, None).await, 401);
@@ -203,7 +207,22 @@ mod tests {
         );
         // Not synced (no API server): 503, but no token needed.
         assert_eq!(status_of(app.clone(), "/healthz", None).await, 503);
-        assert_eq!(status_of(app, "/openapi.json", None).await, 200);
+        assert_eq!(status_of(app.clone(), "/openapi.json", None).await, 200);
+        // The metrics want the token on the API's TCP listener...
+        assert_eq!(status_of(app.clone(), "/metrics", None).await, 401);
+        assert_eq!(
+            status_of(app, "/metrics", Some("Bearer 0123456789abcdef-secret")).await,
+            200
+        );
+        // ...and are served without it on --metrics-listen, which has no API.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let scrape = metrics_router(Sidecar {
+            executor: Executor::start(client, crate::executor::ExecutorConfig::new("unit")),
+            token: Some(Arc::new("0123456789abcdef-secret".into())),
+        });
+        assert_eq!(status_of(scrape.clone(), "/metrics", None).await, 200);
+        assert_eq!(status_of(scrape, "/v1/tasks", None).await, 404);
         // A Unix socket needs no token.
         let app = offline(None).expect("router");
         assert_eq!(status_of(app, v1, None).await, 503);
