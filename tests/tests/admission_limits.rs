@@ -134,7 +134,7 @@ async fn idle_and_old_connections_end_gracefully_and_no_review_is_lost() -> R {
     let bed = TestBed::start().await?;
     let webhook = WebhookProcess::start(
         &bed,
-        &["--connection-idle-timeout=1s", "--max-connection-age=2s"],
+        &["--connection-idle-timeout=1s", "--max-connection-age=4s"],
     )
     .await?;
     webhook.register(&bed, &[Hook::CollisionGuard]).await?;
@@ -148,23 +148,39 @@ async fn idle_and_old_connections_end_gracefully_and_no_review_is_lost() -> R {
             .unwrap_or(0.0))
     };
     let mut created = 0usize;
-    // Creates one after another for 3 s at a time (connections past their
-    // age), then 2 s of quiet (connections idle), three times.
-    for round in 0..3 {
-        let until = std::time::Instant::now() + Duration::from_secs(3);
-        while std::time::Instant::now() < until {
-            let pod = pods::task_pod_on(&format!("l{round}-{created}"), 1, None);
+    let mut create = |name: String| {
+        let api = api.clone();
+        created += 1;
+        async move {
+            let pod = pods::task_pod_on(&name, 1, None);
             assert_eq!(pods::create(&api, &pod).await?, CreateOutcome::Created);
-            created += 1;
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            anyhow::Ok(())
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    // Creates one after another for 6 s: never quiet for 1 s, so the
+    // connection in use reaches its age (at most 4.4 s) while busy.
+    let until = std::time::Instant::now() + Duration::from_secs(6);
+    let mut i = 0;
+    while std::time::Instant::now() < until {
+        create(format!("busy-{i}")).await?;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Quiet for 6 s: every connection has ended (idle after 1 s, or by age).
+    // Then one Create, on a new connection, and quiet again: it ends idle
+    // after 1 s, well before its age.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let idle_before = ended("idle")?;
+    create("alone".into()).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         ended("max_age")? >= 1.0,
         "no connection reached its age limit"
     );
-    assert!(ended("idle")? >= 1.0, "no idle connection was closed");
+    assert!(
+        ended("idle")? > idle_before,
+        "the connection of the lone Create was not closed when idle"
+    );
     let metrics = bed.apiserver_metrics().await?;
     let failed_open = testbed::bench::histogram::sum(
         &metrics,

@@ -295,10 +295,28 @@ async fn a_kind_index_over_its_cap_guards_again_once_the_kind_fits() -> R {
     use testbed::webhook::{Hook, WebhookProcess};
     let bed = TestBed::start().await?;
     let ns = bed.namespace("cm-cap").await?;
-    // The cap: every ConfigMap of the cluster now (each namespace has its
-    // kube-root-ca.crt), and 3 more.
+    // The cap: every ConfigMap of the cluster, and 3 more. Counted once
+    // every namespace has its kube-root-ca.crt (the controller-manager
+    // writes them a moment after the namespaces appear).
     let all: Api<ConfigMap> = Api::all(bed.client.clone());
-    let existing = all.list(&Default::default()).await?.items.len();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(bed.client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let existing = loop {
+        let cms = all.list(&Default::default()).await?.items;
+        let want = namespaces.list(&Default::default()).await?.items.len();
+        let roots = cms
+            .iter()
+            .filter(|c| c.metadata.name.as_deref() == Some("kube-root-ca.crt"))
+            .count();
+        if roots >= want {
+            break cms.len();
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{roots} of {want} namespaces have their kube-root-ca.crt after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let cap = existing + 3;
     let webhook = WebhookProcess::start(
         &bed,
