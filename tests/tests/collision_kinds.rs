@@ -19,6 +19,15 @@ use testbed::{objects, quota};
 
 type R = anyhow::Result<()>;
 
+/// A ConfigMap `name`, held by finalizer `graceguard.test/hold` if `finalizer`.
+fn configmap(name: &str, finalizer: bool) -> anyhow::Result<ConfigMap> {
+    let mut v = json!({"metadata": {"name": name}, "data": {"k": "v"}});
+    if finalizer {
+        v["metadata"]["finalizers"] = json!(["graceguard.test/hold"]);
+    }
+    Ok(serde_json::from_value(v)?)
+}
+
 fn pvc(name: &str) -> anyhow::Result<PersistentVolumeClaim> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name},
@@ -123,13 +132,7 @@ async fn a_configmap_held_by_a_finalizer_is_denied_until_it_is_gone_and_free_nam
     quota::set_named_quota(&bed, &ns, "objects", &[("count/configmaps", "10")]).await?;
     webhook.wait_kind_indexed("configmaps").await?;
     let api: Api<ConfigMap> = Api::namespaced(bed.client.clone(), &ns);
-    let cm = |name: &str, finalizer: bool| -> anyhow::Result<ConfigMap> {
-        let mut v = json!({"metadata": {"name": name}, "data": {"k": "v"}});
-        if finalizer {
-            v["metadata"]["finalizers"] = json!(["graceguard.test/hold"]);
-        }
-        Ok(serde_json::from_value(v)?)
-    };
+    let cm = configmap;
     // Free names of an indexed kind: allowed from the index, no live read.
     let gets = || webhook.metric("graceguard_confirmation_gets_total");
     let before = gets()?;
@@ -333,13 +336,7 @@ async fn a_kind_index_over_its_cap_guards_again_once_the_kind_fits() -> R {
     let over_cap = || webhook.metric("graceguard_kind_index_over_cap{kind=\"configmaps\"}");
     assert_eq!(over_cap()?, Some(0.0));
     let api: Api<ConfigMap> = Api::namespaced(bed.client.clone(), &ns);
-    let cm = |name: &str, finalizer: bool| -> anyhow::Result<ConfigMap> {
-        let mut v = json!({"metadata": {"name": name}, "data": {"k": "v"}});
-        if finalizer {
-            v["metadata"]["finalizers"] = json!(["graceguard.test/hold"]);
-        }
-        Ok(serde_json::from_value(v)?)
-    };
+    let cm = configmap;
     // Past the cap: the index gives up.
     for i in 0..5 {
         assert_eq!(

@@ -269,6 +269,16 @@ mod tests {
         assert!(quiet >= S(2) && quiet <= S(4), "{quiet:?}");
     }
 
+    /// A connection that ends only once its graceful shutdown is asked for
+    /// (a send on the returned sender).
+    fn ends_when_asked() -> (
+        impl std::future::Future<Output = Result<(), &'static str>>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (ask, asked) = tokio::sync::oneshot::channel::<()>();
+        (async move { asked.await.map_err(|_| "dropped") }, ask)
+    }
+
     #[tokio::test]
     async fn run_ends_a_quiet_connection_gracefully_and_waits_for_it() {
         let a = Activity::new();
@@ -277,16 +287,11 @@ mod tests {
             idle: Duration::from_millis(50),
             max_age: Duration::ZERO,
         };
-        // A connection that ends only once asked to.
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let mut tx = Some(tx);
-        let conn = async move { rx.await.map_err(|_| "dropped") };
+        let (conn, ask) = ends_when_asked();
         let (res, end) = run(
             conn,
             move |_| {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(());
-                }
+                let _ = ask.send(());
             },
             &a,
             life,
@@ -304,15 +309,11 @@ mod tests {
         a.started();
         let stop = CancellationToken::new();
         stop.cancel();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let mut tx = Some(tx);
-        let conn = async move { rx.await.map_err(|_| "dropped") };
+        let (conn, ask) = ends_when_asked();
         let (res, end) = run(
             conn,
             move |_| {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(());
-                }
+                let _ = ask.send(());
             },
             &a,
             Lifetime::UNBOUNDED,
