@@ -8,6 +8,36 @@ export GRACEGUARD_CACHE
 # The cargo target dir is shared the same way, unless the caller chose one.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$GRACEGUARD_CACHE/target}"
 
+# bound_caches: keep the shared build caches from filling the disk. Cargo's
+# incremental state (which CI's fresh clones never reuse) is dropped once the
+# target dir passes GRACEGUARD_TARGET_MAX_GB (default 25), and Go's build
+# cache is emptied past GRACEGUARD_GOCACHE_MAX_GB (default 12): both grow
+# without limit otherwise, and a full disk fails every later run.
+bound_caches() {
+	local gb max dir
+	max=${GRACEGUARD_TARGET_MAX_GB:-25}
+	if [ -d "$CARGO_TARGET_DIR" ]; then
+		gb=$(($(du -sk "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1) / 1048576))
+		if [ "$gb" -gt "$max" ]; then
+			info "the cargo target dir holds ${gb} GB (over $max): dropping its incremental state"
+			for dir in "$CARGO_TARGET_DIR"/*/incremental "$CARGO_TARGET_DIR"/*/*/incremental; do
+				[ -d "$dir" ] && rm -rf "$dir"
+			done
+		fi
+	fi
+	local go
+	go=$(find_new_go 2>/dev/null) || return 0
+	dir=$("$go" env GOCACHE 2>/dev/null) || return 0
+	max=${GRACEGUARD_GOCACHE_MAX_GB:-12}
+	if [ -d "$dir" ]; then
+		gb=$(($(du -sk "$dir" 2>/dev/null | cut -f1) / 1048576))
+		if [ "$gb" -gt "$max" ]; then
+			info "Go's build cache holds ${gb} GB (over $max): emptying it"
+			"$go" clean -cache
+		fi
+	fi
+}
+
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export REPO_ROOT
 

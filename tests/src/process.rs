@@ -150,22 +150,72 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A free TCP port on 127.0.0.1 for a child process to listen on.
+/// Where port reservations are kept: one lock file per port, shared by every
+/// test process on the machine (nextest runs each test in its own process).
+const PORT_LOCKS: &str = "/dev/shm/graceguard-ports";
+
+/// Lock files of the ports this process reserved. They stay open, so their
+/// `flock`s are held, until the process exits; the kernel then drops them.
+static RESERVED: std::sync::Mutex<Vec<File>> = std::sync::Mutex::new(Vec::new());
+
+/// A free TCP port on 127.0.0.1 for a child process to listen on, reserved
+/// against every other test process for as long as this one lives.
+///
+/// A port checked free can be taken before the child binds it, and a child
+/// may bind seconds later (the controller manager starts after the API
+/// server is ready). Two defences: the port is not one the kernel hands out
+/// (`bind(:0)` or an outgoing connection's local port takes from the
+/// ephemeral range) nor a NodePort (30000–32767, which a Service on the
+/// host network may open); and it is locked (`flock` on a file per port), so
+/// a concurrent test cannot pick it until this process is gone. A CI run
+/// once lost a controller manager to `bind: address already in use` on a
+/// port another test had picked in the same window.
 pub fn free_port() -> Result<u16> {
-    // Not a port the kernel hands out (`bind(:0)` or an outgoing connection's
-    // local port can take an ephemeral port between our check and the
-    // child's bind): a random one below the ephemeral range, checked free.
+    std::fs::create_dir_all(PORT_LOCKS)
+        .with_context(|| format!("creating {PORT_LOCKS} for port reservations"))?;
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
-    let (from, to) = (10_000u16, low.saturating_sub(1).max(10_001));
-    for _ in 0..200 {
+    let (from, to) = (10_000u16, low.min(30_000).saturating_sub(1).max(10_001));
+    for _ in 0..500 {
         let port = fastrand::u16(from..=to);
+        let Some(lock) = lock_port(port)? else {
+            continue;
+        };
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            RESERVED
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(lock);
             return Ok(port);
         }
     }
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
-    Ok(l.local_addr()?.port())
+    anyhow::bail!(
+        "no free loopback port in {from}–{to} after 500 tries; \
+         look for leftover listeners (`ss -ltnp`) or reservations in {PORT_LOCKS}"
+    )
+}
+
+/// The port's lock file, locked for this process, or `None` if another
+/// process holds it.
+fn lock_port(port: u16) -> Result<Option<File>> {
+    use std::os::fd::AsRawFd;
+    let path = Path::new(PORT_LOCKS).join(port.to_string());
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening the port reservation {}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(Some(file));
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(None);
+    }
+    Err(err).with_context(|| format!("locking the port reservation {}", path.display()))
 }
