@@ -21,7 +21,8 @@ use kube::Api;
 #[derive(Parser)]
 #[command(
     name = "graceguard",
-    version,
+    // The version and the source revision: what a bug report must name.
+    version = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("GRACEGUARD_REVISION"), ")"),
     about = "Run Kubernetes pod tasks so graceful deletions stay harmless"
 )]
 struct Cli {
@@ -648,5 +649,21 @@ async fn cancel(client: &kube::Client, executor: &Executor, key: &TaskKey, code:
             "pod {} is still terminating after 300 s; leaving it to the cluster",
             status.pod
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn version_names_the_release_and_the_source_revision() {
+        use clap::CommandFactory;
+        let v = super::Cli::command().render_version();
+        let want = format!(
+            "graceguard {} (revision {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("GRACEGUARD_REVISION")
+        );
+        assert_eq!(v.trim(), want);
+        assert!(!env!("GRACEGUARD_REVISION").is_empty());
     }
 }

@@ -146,6 +146,18 @@ impl Helm {
         self.ok(&args)
     }
 
+    /// Helm's major version (3 or 4), from `helm version --short`.
+    pub fn major(&self) -> Result<u32> {
+        let v = self.ok(&["version", "--short"])?;
+        v.trim()
+            .strip_prefix('v')
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse().ok())
+            .with_context(|| {
+                format!("`helm version --short` printed {v:?}, not vMAJOR.MINOR.PATCH")
+            })
+    }
+
     /// Runs `helm ARGS` and fails with what it printed unless it succeeded.
     pub fn ok<S: AsRef<str>>(&self, args: &[S]) -> Result<String> {
         let out = self.run(args)?;

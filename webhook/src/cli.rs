@@ -27,7 +27,8 @@ use crate::{limits, logging, server, watchers};
 #[derive(Parser)]
 #[command(
     name = "graceguard-webhook",
-    version,
+    // The version and the source revision: what a bug report must name.
+    version = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("GRACEGUARD_REVISION"), ")"),
     about = "graceguard's admission webhook"
 )]
 struct Cli {
@@ -577,6 +578,19 @@ async fn wait_for_signal() -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::listen_addr;
+
+    #[test]
+    fn version_names_the_release_and_the_source_revision() {
+        use clap::CommandFactory;
+        let v = super::Cli::command().render_version();
+        let want = format!(
+            "graceguard-webhook {} (revision {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("GRACEGUARD_REVISION")
+        );
+        assert_eq!(v.trim(), want);
+        assert!(!env!("GRACEGUARD_REVISION").is_empty());
+    }
 
     #[test]
     fn a_listen_address_may_be_an_ipv6_pod_ip_without_brackets() {
