@@ -125,6 +125,42 @@ export_helm_tools() {
 	export GRACEGUARD_HELM GRACEGUARD_HELM3 GRACEGUARD_CERT_MANAGER_CRDS GRACEGUARD_HELM_DOCS
 }
 
+# build_go_tools NAME MODDIR PKG...: builds each Go package PKG (a `tool` of
+# the pinned module in MODDIR) into $GRACEGUARD_CACHE/NAME/, one binary per
+# package named for its last path element, and prints that directory. Reused
+# while the module pin and the Go version are the same (a stamp records
+# both); the build is locked against a concurrent one.
+build_go_tools() {
+	local name=$1 mod=$2 go want dir pkg
+	shift 2
+	dir="$GRACEGUARD_CACHE/$name"
+	go=$(find_new_go) || die "finding Go >= 1.26" "install Go 1.26 or newer first on PATH (the machine's /usr/local/go)"
+	mkdir -p "$GRACEGUARD_CACHE"
+	(
+		flock 9
+		want="go=$("$go" env GOVERSION) mod=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -d' ' -f1) pkgs=$*"
+		[ "$(cat "$dir/stamp" 2>/dev/null)" = "$want" ] && exit 0
+		step "building $* ($(realpath --relative-to="$REPO_ROOT" "$mod")) with $("$go" env GOVERSION)"
+		rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+		for pkg in "$@"; do
+			(cd "$mod" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod \
+				"$go" build -trimpath -ldflags "-s -w" -o "$dir.tmp/${pkg##*/}" "$pkg" >&2) ||
+				die "building $pkg" "see the Go errors above; the Go module proxy must be reachable the first time"
+		done
+		printf '%s\n' "$want" >"$dir.tmp/stamp"
+		rm -rf "$dir" && mv "$dir.tmp" "$dir"
+	) 9>"$GRACEGUARD_CACHE/.build-$name.lock" || exit 1
+	echo "$dir"
+}
+
+# export_registry_tools: builds (or finds cached) the OCI registry and crane
+# and exports where they are (GRACEGUARD_REGISTRY_TOOLS, a JSON file).
+export_registry_tools() {
+	GRACEGUARD_REGISTRY_TOOLS="$GRACEGUARD_CACHE/registry-tools.json"
+	"$REPO_ROOT/scripts/install-registry" --json >"$GRACEGUARD_REGISTRY_TOOLS" || die "building the registry and crane" "see the message above"
+	export GRACEGUARD_REGISTRY_TOOLS
+}
+
 # export_promtool: installs promtool (Debian's prometheus package) and exports its path.
 export_promtool() {
 	GRACEGUARD_PROMTOOL=$("$REPO_ROOT/scripts/install-promtool" --json | jq -r .promtool) || die "installing promtool" "see the message above"

@@ -809,6 +809,16 @@ impl TestBed {
         Ok(self.ca.issue_client(common_name, organization)?)
     }
 
+    /// A serving certificate the bed's CA signs, for a server on the bed
+    /// (a registry) that its clients trust through [`Self::ca_file`].
+    pub fn issue_server(
+        &self,
+        dns: &[String],
+        ips: &[std::net::IpAddr],
+    ) -> Result<graceguard_certs::ServingPair> {
+        Ok(self.ca.issue_server(dns, ips)?)
+    }
+
     /// The CA that signed the apiserver's certificate.
     pub fn ca_file(&self) -> PathBuf {
         self.dir().join("pki/ca.crt")

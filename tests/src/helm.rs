@@ -86,6 +86,9 @@ pub struct Helm {
     bin: PathBuf,
     home: PathBuf,
     kubeconfig: PathBuf,
+    /// A CA to trust for registries (`SSL_CERT_FILE`), as a machine whose
+    /// trust store holds the registry's CA.
+    ca_file: Option<PathBuf>,
 }
 
 /// What one helm command printed.
@@ -112,13 +115,24 @@ impl Helm {
             bin,
             home,
             kubeconfig: bed.kubeconfig.clone(),
+            ca_file: None,
         })
+    }
+
+    /// This helm, trusting the CA in `ca_file` for OCI registries.
+    pub fn trusting(mut self, ca_file: &Path) -> Self {
+        self.ca_file = Some(ca_file.to_path_buf());
+        self
     }
 
     /// Runs `helm ARGS` against the bed; a failure is an output, not an error.
     pub fn run<S: AsRef<str>>(&self, args: &[S]) -> Result<HelmOutput> {
         let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-        let out = Command::new(&self.bin)
+        let mut cmd = Command::new(&self.bin);
+        if let Some(ca) = &self.ca_file {
+            cmd.env("SSL_CERT_FILE", ca);
+        }
+        let out = cmd
             .args(&args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("HELM_CONFIG_HOME", self.home.join("config"))

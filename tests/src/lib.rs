@@ -38,6 +38,7 @@ pub mod preemption_trace;
 pub mod process;
 pub mod promql;
 pub mod quota;
+pub mod registry;
 pub mod scenario;
 pub mod sidecar;
 pub mod stall;

@@ -972,3 +972,147 @@ async fn the_emergency_switch_turns_graceguard_off_and_helm_upgrade_turns_it_on_
     }
     Ok(())
 }
+
+/// Whether the kubelet reported pulling `pod`'s image (event `Pulled`,
+/// "Successfully pulled image …"), not finding it already present.
+async fn pulled(bed: &TestBed, pod: &Pod) -> anyhow::Result<bool> {
+    use k8s_openapi::api::core::v1::Event;
+    let events: Api<Event> = Api::namespaced(bed.client.clone(), NS);
+    let lp = ListParams::default().fields(&format!(
+        "involvedObject.name={},reason=Pulled",
+        pod.name_any()
+    ));
+    Ok(events.list(&lp).await?.items.iter().any(|e| {
+        e.message
+            .as_deref()
+            .unwrap_or("")
+            .contains("Successfully pulled")
+    }))
+}
+
+/// graceguard installed as a release is consumed: the webhook's image pushed
+/// to an OCI registry on the bed (TLS, the CNCF distribution registry), the
+/// chart packaged with that image pinned by digest (`scripts/package-chart`)
+/// and pushed to the same registry, then `helm install oci://… --version V`
+/// with no `--set`, with Helm 3 and with Helm 4. The nodes have nothing
+/// imported: their containerd pulls the image (as users' nodes pull theirs,
+/// through `certs.d`), the pods run the pushed digest, `helm test` passes and
+/// a colliding Create gets graceguard's 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_from_an_oci_registry_with_no_flags_its_image_pulled_not_imported_with_helm_3_and_4(
+) -> R {
+    let bed = bed().await?;
+    let registry = testbed::registry::Registry::start(&bed)?;
+    let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
+    let digest =
+        registry.push_archive(&image.archive, "graceguard/graceguard-webhook", image.tag())?;
+    assert_eq!(
+        digest, image.digest,
+        "the registry stored another digest than scripts/image packed"
+    );
+    let repository = format!("{}/graceguard/graceguard-webhook", registry.host);
+    let packaged = bed.dir().join("packaged");
+    let out = std::process::Command::new(chart_dir().join("../../scripts/package-chart"))
+        .args([
+            "--image-repository",
+            &repository,
+            "--image-digest",
+            &digest,
+            "--out",
+        ])
+        .arg(&packaged)
+        .arg("--json")
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "scripts/package-chart failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let packed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let (tgz, version) = (
+        packed["chart"].as_str().unwrap_or_default().to_string(),
+        packed["version"].as_str().unwrap_or_default().to_string(),
+    );
+    let helm4 = Helm::for_bed(&bed)?.trusting(&registry.ca_file);
+    helm4.ok(&["push", &tgz, &format!("oci://{}/charts", registry.host)])?;
+    let chart_ref = format!("oci://{}/charts/graceguard", registry.host);
+    let helm3 = Helm::with(
+        std::env::var_os("GRACEGUARD_HELM3")
+            .filter(|p| !p.is_empty())
+            .map(std::path::PathBuf::from)
+            .ok_or_else(|| anyhow::anyhow!("GRACEGUARD_HELM3 is not set: run this test through scripts/test, which sets it from `scripts/install-helm --json`"))?,
+        &bed,
+    )?
+    .trusting(&registry.ca_file);
+    let mut first = true;
+    for (major, helm) in [("Helm 3", &helm3), ("Helm 4", &helm4)] {
+        // What a user types: the chart's reference and version, nothing set.
+        helm.ok(&[
+            "install",
+            RELEASE,
+            &chart_ref,
+            "--version",
+            &version,
+            "-n",
+            NS,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "5m",
+        ])?;
+        let running = ready_webhook_pods(&bed).await?;
+        assert_eq!(running.len(), 2, "{major}: both replicas must be Ready");
+        for p in &running {
+            assert_eq!(
+                image_of(p),
+                format!("{repository}@{digest}"),
+                "{major}: pod {} does not run the pushed digest",
+                p.name_any()
+            );
+            let image_id = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .map(|c| c.image_id.clone())
+                .unwrap_or_default();
+            assert!(
+                image_id.ends_with(&digest),
+                "{major}: pod {} reports image {image_id}, not the pushed digest",
+                p.name_any()
+            );
+        }
+        if first {
+            // Nothing was imported into this bed's nodes: each replica's
+            // node pulled the image from the registry.
+            for p in &running {
+                assert!(
+                    pulled(&bed, p).await?,
+                    "{major}: the kubelet reported no pull of {}'s image",
+                    p.name_any()
+                );
+            }
+            first = false;
+        }
+        let (_ns, _users) = helm_test_then_a_collision(&bed, helm).await?;
+        // Helm 3 deletes the webhook configurations last: first, as the
+        // README says.
+        let (ok, _, err) = bed.kubectl("admin", &EMERGENCY_OFF)?;
+        anyhow::ensure!(ok, "{major}: kubectl delete failed: {err}");
+        helm.ok(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"])?;
+        wait_for(
+            &format!("{major}: the release's pods are gone"),
+            Duration::from_secs(120),
+            || async {
+                Ok(Api::<Pod>::namespaced(bed.client.clone(), NS)
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .is_empty())
+            },
+        )
+        .await?;
+        assert_nothing_left(&bed).await?;
+    }
+    Ok(())
+}

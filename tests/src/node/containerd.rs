@@ -1,6 +1,7 @@
 //! One node's containerd: its own root, state and socket, runc with
 //! seccomp, the bed's CNI network, the pause image pinned; images imported
-//! from archives (no registry is ever reached).
+//! from archives, or pulled from a registry on the bed (`certs.d` hosts
+//! files, as users' nodes are configured for theirs).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +21,9 @@ pub struct Containerd {
     /// The gRPC socket (the kubelet's runtime endpoint, and `ctr`'s).
     pub socket: PathBuf,
     ctr: PathBuf,
+    /// containerd's registry host directory (`config_path`): one
+    /// `<host>/hosts.toml` per registry, read at every pull.
+    hosts_dir: PathBuf,
 }
 
 /// containerd's configuration (version 3, containerd 2.x).
@@ -60,6 +64,8 @@ disabled_plugins = [
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{hosts}"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{pause}"
 
@@ -82,6 +88,7 @@ disabled_plugins = [
     max_conf_num = 1
 "#,
         root = p(&dir.join("root")),
+        hosts = p(&dir.join("certs.d")),
         state = p(&dir.join("state")),
         socket = p(&dir.join("containerd.sock")),
         pause = bins.pause_image,
@@ -110,11 +117,26 @@ impl Containerd {
             proc,
             socket,
             ctr: bins.bin("ctr")?,
+            hosts_dir: dir.join("certs.d"),
         };
         for archive in bins.archives() {
             c.import(archive)?;
         }
         Ok(c)
+    }
+
+    /// Trusts the registry at `host` (`HOST:PORT`) over HTTPS with the CA in
+    /// `ca_file`, as a node is set up for a private registry: a
+    /// `certs.d/<host>/hosts.toml`, which containerd reads at every pull.
+    pub fn trust_registry(&self, host: &str, ca_file: &Path) -> Result<()> {
+        let dir = self.hosts_dir.join(host);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let hosts = format!(
+            "server = \"https://{host}\"\n\n[host.\"https://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+            ca_file.display()
+        );
+        let path = dir.join("hosts.toml");
+        std::fs::write(&path, hosts).with_context(|| format!("writing {}", path.display()))
     }
 
     /// Imports an OCI image archive (what `kind load` does) and pins it.

@@ -249,6 +249,15 @@ impl RealNodes {
 
     /// Starts kube-proxy for the machine's network namespace (once per bed),
     /// after waiting for any other bed's to stop ([`slot::ProxyLock`]).
+    /// Every node pulls from the registry at `host` with the CA in
+    /// `ca_file` (see [`Containerd::trust_registry`]).
+    pub fn trust_registry(&self, host: &str, ca_file: &Path) -> Result<()> {
+        for n in &self.nodes {
+            n.containerd.trust_registry(host, ca_file)?;
+        }
+        Ok(())
+    }
+
     pub fn start_kube_proxy(&mut self, kubeconfig: &Path, cluster_cidr: &str) -> Result<()> {
         self.proxy_lock = Some(slot::ProxyLock::acquire(Duration::from_secs(1200))?);
         let bin = self.bins.bin("kube-proxy")?;
