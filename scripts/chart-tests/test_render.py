@@ -381,7 +381,13 @@ class PerValuesFile:
         for p in service["spec"]["ports"]:
             self.assertIn(p["targetPort"], ports)
         self.assertEqual({p["name"] for p in service["spec"]["ports"]}, {"https", "http-metrics"})
-        for key in ("nodeSelector", "tolerations", "imagePullSecrets", "priorityClassName"):
+        # Linux nodes always; the user's own selector on top (theirs wins).
+        self.assertEqual(spec["nodeSelector"], {"kubernetes.io/os": "linux", **(self.merged.get("nodeSelector") or {})})
+        if not self.merged.get("affinity"):
+            term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            self.assertEqual(term, [{"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": [
+                p.removeprefix("linux/") for p in self.merged["image"]["platforms"]]}]}])
+        for key in ("tolerations", "imagePullSecrets", "priorityClassName"):
             if self.merged.get(key):
                 self.assertEqual(spec[key], self.merged[key], key)
             else:
@@ -720,6 +726,22 @@ class TestOptions(unittest.TestCase):
             {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
         spec = cl.render_objects({"affinity": custom}).one("Deployment")["spec"]["template"]["spec"]
         self.assertEqual(spec["affinity"], custom)
+
+    def test_pods_go_to_the_platforms_the_image_holds(self) -> None:
+        both = {"image": {"platforms": ["linux/amd64", "linux/arm64"]}}
+        for kind, path in (("Deployment", ("spec", "template", "spec")), ("Pod", ("spec",))):
+            objs = cl.render_objects(both)
+            obj = objs.one("Deployment") if kind == "Deployment" else [h for h in objs.hooks() if h["kind"] == "Pod"][0]
+            spec = obj
+            for k in path:
+                spec = spec[k]
+            self.assertEqual(spec["nodeSelector"]["kubernetes.io/os"], "linux", kind)
+            term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            self.assertEqual(term["matchExpressions"], [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}], kind)
+        # With no podAntiAffinity the arch term stays.
+        spec = cl.render_objects({"podAntiAffinityPreset": "none"}).one("Deployment")["spec"]["template"]["spec"]
+        self.assertNotIn("podAntiAffinity", spec["affinity"])
+        self.assertIn("nodeAffinity", spec["affinity"])
 
     def test_image_digest_and_tag(self) -> None:
         digest = "sha256:" + "a" * 64

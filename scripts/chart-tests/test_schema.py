@@ -36,6 +36,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("caBundle not base64", {"certs": {"existingSecret": {"caBundle": "-----BEGIN"}}}, "caBundle"),
     ("service account not created and not named", {"serviceAccount": {"create": False}}, "name"),
     ("anti-affinity preset", {"podAntiAffinityPreset": "strict"}, "podAntiAffinityPreset"),
+    ("an image platform graceguard is not built for", {"image": {"platforms": ["linux/s390x"]}}, "platforms"),
     ("PDB minAvailable as words", {"podDisruptionBudget": {"minAvailable": "half"}}, "minAvailable"),
     ("service type", {"service": {"type": "ExternalName"}}, "type"),
     ("port out of range", {"service": {"port": 70000}}, "port"),

@@ -46,6 +46,13 @@ pub struct Image {
     pub reference: String,
     pub archive: PathBuf,
     pub digest: String,
+    /// The platforms the archive holds (`linux/amd64`; an index may hold more).
+    #[serde(default = "amd64_only")]
+    pub platforms: Vec<String>,
+}
+
+fn amd64_only() -> Vec<String> {
+    vec!["linux/amd64".to_string()]
 }
 
 impl Image {

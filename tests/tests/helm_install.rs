@@ -1003,7 +1003,18 @@ async fn installed_from_an_oci_registry_with_no_flags_its_image_pulled_not_impor
 ) -> R {
     let bed = bed().await?;
     let registry = testbed::registry::Registry::start(&bed)?;
-    let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
+    // scripts/release points GRACEGUARD_REGISTRY_IMAGES at its multi-platform
+    // images; scripts/test leaves it unset (the amd64 image alone).
+    let var = match std::env::var_os("GRACEGUARD_REGISTRY_IMAGES") {
+        Some(v) if !v.is_empty() => "GRACEGUARD_REGISTRY_IMAGES",
+        _ => "GRACEGUARD_IMAGES",
+    };
+    let image = helm::image(var, "graceguard-webhook")?;
+    println!(
+        "pushing {} ({})",
+        image.archive.display(),
+        image.platforms.join(", ")
+    );
     let digest =
         registry.push_archive(&image.archive, "graceguard/graceguard-webhook", image.tag())?;
     assert_eq!(
@@ -1018,6 +1029,8 @@ async fn installed_from_an_oci_registry_with_no_flags_its_image_pulled_not_impor
             &repository,
             "--image-digest",
             &digest,
+            "--platforms",
+            &image.platforms.join(","),
             "--out",
         ])
         .arg(&packaged)

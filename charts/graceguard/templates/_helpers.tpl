@@ -367,3 +367,22 @@ grants nothing), neither is rendered.
 true
 {{- end -}}
 {{- end }}
+
+{{/* The pods' node selector: Linux nodes (the images hold Linux binaries), and the user's own (which win). */}}
+{{- define "graceguard.nodeSelector" -}}
+{{- toYaml (merge (dict) (.Values.nodeSelector | default dict) (dict "kubernetes.io/os" "linux")) }}
+{{- end }}
+
+{{/* The pods' nodeAffinity: only the architectures the image holds. */}}
+{{- define "graceguard.archAffinity" -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      - matchExpressions:
+          - key: kubernetes.io/arch
+            operator: In
+            values:
+              {{- range .Values.image.platforms }}
+              - {{ trimPrefix "linux/" . | quote }}
+              {{- end }}
+{{- end }}
