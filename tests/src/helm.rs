@@ -28,7 +28,7 @@ pub fn chart_dir() -> PathBuf {
 }
 
 /// The path `var` names, or an error saying which script sets it.
-fn env_path(var: &str, set_by: &str) -> Result<PathBuf> {
+pub(crate) fn env_path(var: &str, set_by: &str) -> Result<PathBuf> {
     match std::env::var_os(var) {
         Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
         _ => bail!(
@@ -111,6 +111,14 @@ impl Helm {
     pub fn for_bed(bed: &TestBed) -> Result<Self> {
         Self::with(
             env_path("GRACEGUARD_HELM", "`scripts/install-helm --json`")?,
+            bed,
+        )
+    }
+
+    /// Helm 3, as `GRACEGUARD_HELM3` names it (scripts/install-helm).
+    pub fn helm3_for_bed(bed: &TestBed) -> Result<Self> {
+        Self::with(
+            env_path("GRACEGUARD_HELM3", "`scripts/install-helm --json`")?,
             bed,
         )
     }

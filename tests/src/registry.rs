@@ -24,17 +24,14 @@ struct Tools {
 }
 
 fn tools() -> Result<Tools> {
-    let path = std::env::var_os("GRACEGUARD_REGISTRY_TOOLS")
-        .filter(|p| !p.is_empty())
-        .context("GRACEGUARD_REGISTRY_TOOLS is not set: run this test through scripts/test, which writes it from `scripts/install-registry --json`")?;
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading {}", PathBuf::from(&path).display()))?;
-    serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{} is not scripts/install-registry's JSON",
-            PathBuf::from(&path).display()
-        )
-    })
+    let path = crate::helm::env_path(
+        "GRACEGUARD_REGISTRY_TOOLS",
+        "`scripts/install-registry --json`",
+    )?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not scripts/install-registry's JSON", path.display()))
 }
 
 /// A running registry. Stopped when dropped.

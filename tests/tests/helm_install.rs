@@ -817,6 +817,28 @@ const EMERGENCY_OFF: [&str; 4] = [
     RELEASE_WEBHOOKS,
 ];
 
+/// Uninstalls the release as the README says for either major (the webhook
+/// configurations first: Helm 3 deletes them last), waits for its pods to
+/// go, and checks nothing of it is left.
+async fn uninstall_as_the_readme_says(bed: &TestBed, helm: &Helm, major: &str) -> R {
+    let (ok, _, err) = bed.kubectl("admin", &EMERGENCY_OFF)?;
+    anyhow::ensure!(ok, "{major}: kubectl delete before uninstall failed: {err}");
+    helm.ok(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"])?;
+    wait_for(
+        &format!("{major}: the release's pods are gone"),
+        Duration::from_secs(120),
+        || async {
+            Ok(Api::<Pod>::namespaced(bed.client.clone(), NS)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty())
+        },
+    )
+    .await?;
+    assert_nothing_left(bed).await
+}
+
 /// How many webhook configurations of the release exist.
 async fn release_webhook_configurations(bed: &TestBed) -> anyhow::Result<usize> {
     let lp = ListParams::default().labels(RELEASE_WEBHOOKS);
@@ -852,16 +874,7 @@ async fn the_emergency_switch_turns_graceguard_off_and_helm_upgrade_turns_it_on_
     let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
     helm::load(&bed, &image.archive)?;
     let majors = [
-        (
-            "Helm 3",
-            Helm::with(
-                std::env::var_os("GRACEGUARD_HELM3")
-                    .filter(|p| !p.is_empty())
-                    .map(std::path::PathBuf::from)
-                    .ok_or_else(|| anyhow::anyhow!("GRACEGUARD_HELM3 is not set: run this test through scripts/test, which sets it from `scripts/install-helm --json`"))?,
-                &bed,
-            )?,
-        ),
+        ("Helm 3", Helm::helm3_for_bed(&bed)?),
         ("Helm 4", Helm::for_bed(&bed)?),
     ];
     for (major, helm) in &majors {
@@ -951,24 +964,7 @@ async fn the_emergency_switch_turns_graceguard_off_and_helm_upgrade_turns_it_on_
             "{major}: graceguard's denial was charged to quota"
         );
 
-        // Leave nothing for the next major: Helm 3 deletes the webhook
-        // configurations last, so the README deletes them first.
-        let (ok, _, err) = bed.kubectl("admin", &EMERGENCY_OFF)?;
-        anyhow::ensure!(ok, "{major}: kubectl delete before uninstall failed: {err}");
-        helm.ok(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"])?;
-        wait_for(
-            &format!("{major}: the release's pods are gone"),
-            Duration::from_secs(120),
-            || async {
-                Ok(Api::<Pod>::namespaced(bed.client.clone(), NS)
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .is_empty())
-            },
-        )
-        .await?;
-        assert_nothing_left(&bed).await?;
+        uninstall_as_the_readme_says(&bed, helm, major).await?;
     }
     Ok(())
 }
@@ -1049,14 +1045,7 @@ async fn installed_from_an_oci_registry_with_no_flags_its_image_pulled_not_impor
     let helm4 = Helm::for_bed(&bed)?.trusting(&registry.ca_file);
     helm4.ok(&["push", &tgz, &format!("oci://{}/charts", registry.host)])?;
     let chart_ref = format!("oci://{}/charts/graceguard", registry.host);
-    let helm3 = Helm::with(
-        std::env::var_os("GRACEGUARD_HELM3")
-            .filter(|p| !p.is_empty())
-            .map(std::path::PathBuf::from)
-            .ok_or_else(|| anyhow::anyhow!("GRACEGUARD_HELM3 is not set: run this test through scripts/test, which sets it from `scripts/install-helm --json`"))?,
-        &bed,
-    )?
-    .trusting(&registry.ca_file);
+    let helm3 = Helm::helm3_for_bed(&bed)?.trusting(&registry.ca_file);
     let mut first = true;
     for (major, helm) in [("Helm 3", &helm3), ("Helm 4", &helm4)] {
         // What a user types: the chart's reference and version, nothing set.
@@ -1108,24 +1097,7 @@ async fn installed_from_an_oci_registry_with_no_flags_its_image_pulled_not_impor
             first = false;
         }
         let (_ns, _users) = helm_test_then_a_collision(&bed, helm).await?;
-        // Helm 3 deletes the webhook configurations last: first, as the
-        // README says.
-        let (ok, _, err) = bed.kubectl("admin", &EMERGENCY_OFF)?;
-        anyhow::ensure!(ok, "{major}: kubectl delete failed: {err}");
-        helm.ok(&["uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m"])?;
-        wait_for(
-            &format!("{major}: the release's pods are gone"),
-            Duration::from_secs(120),
-            || async {
-                Ok(Api::<Pod>::namespaced(bed.client.clone(), NS)
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .is_empty())
-            },
-        )
-        .await?;
-        assert_nothing_left(&bed).await?;
+        uninstall_as_the_readme_says(&bed, helm, major).await?;
     }
     Ok(())
 }
