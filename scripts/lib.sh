@@ -161,6 +161,14 @@ export_registry_tools() {
 	export GRACEGUARD_REGISTRY_TOOLS
 }
 
+# export_signing_tools: builds (or finds cached) cosign and cargo-cyclonedx
+# and exports where they are (GRACEGUARD_SIGNING_TOOLS, a JSON file).
+export_signing_tools() {
+	GRACEGUARD_SIGNING_TOOLS="$GRACEGUARD_CACHE/signing-tools.json"
+	"$REPO_ROOT/scripts/install-signing" --json >"$GRACEGUARD_SIGNING_TOOLS" || die "building cosign and cargo-cyclonedx" "see the message above"
+	export GRACEGUARD_SIGNING_TOOLS
+}
+
 # export_promtool: installs promtool (Debian's prometheus package) and exports its path.
 export_promtool() {
 	GRACEGUARD_PROMTOOL=$("$REPO_ROOT/scripts/install-promtool" --json | jq -r .promtool) || die "installing promtool" "see the message above"

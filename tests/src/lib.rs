@@ -41,6 +41,7 @@ pub mod quota;
 pub mod registry;
 pub mod scenario;
 pub mod sidecar;
+pub mod signing;
 pub mod stall;
 pub mod storm;
 pub mod webhook;

@@ -127,6 +127,72 @@ impl Registry {
             .with_context(|| format!("crane push printed {out:?}, not REPOSITORY@DIGEST"))
     }
 
+    /// Each platform of `repository@digest` with its manifest's digest: the
+    /// index's entries, or the image itself (`linux/amd64`, what
+    /// `scripts/image` packs alone) when `digest` names one manifest.
+    pub fn platform_manifests(
+        &self,
+        repository: &str,
+        digest: &str,
+    ) -> Result<Vec<(String, String)>> {
+        let reference = format!("{repository}@{digest}");
+        let text = self.crane(&["manifest", &reference])?;
+        let manifest: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("crane manifest {reference} printed no JSON"))?;
+        let Some(entries) = manifest["manifests"].as_array() else {
+            return Ok(vec![("linux/amd64".to_string(), digest.to_string())]);
+        };
+        entries
+            .iter()
+            .map(|e| {
+                let platform = format!(
+                    "{}/{}",
+                    e["platform"]["os"].as_str().unwrap_or_default(),
+                    e["platform"]["architecture"].as_str().unwrap_or_default()
+                );
+                let d = e["digest"]
+                    .as_str()
+                    .with_context(|| format!("an entry of {reference}'s index has no digest"))?;
+                Ok((platform, d.to_string()))
+            })
+            .collect()
+    }
+
+    /// Pushes `base` with one more layer holding `/name` (`content`) as
+    /// `tag` (`HOST/REPOSITORY:TAG`), as someone replacing a released image
+    /// would, and returns the new digest.
+    pub fn append_file(&self, base: &str, name: &str, content: &[u8], tag: &str) -> Result<String> {
+        let dir = self.dir.join("append");
+        std::fs::create_dir_all(dir.join("root"))?;
+        std::fs::write(dir.join("root").join(name), content)?;
+        let layer = dir.join("layer.tar");
+        let out = Command::new("tar")
+            .arg("-cf")
+            .arg(&layer)
+            .arg("-C")
+            .arg(dir.join("root"))
+            .arg(name)
+            .output()
+            .context("running tar")?;
+        if !out.status.success() {
+            bail!("packing {name}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let layer = layer.display().to_string();
+        let out = self.crane(&[
+            "append",
+            "--base",
+            base,
+            "--new_layer",
+            &layer,
+            "--new_tag",
+            tag,
+        ])?;
+        out.trim()
+            .rsplit_once('@')
+            .map(|(_, d)| d.to_string())
+            .with_context(|| format!("crane append printed {out:?}, not REPOSITORY@DIGEST"))
+    }
+
     /// Runs `crane ARGS` trusting the bed's CA; fails with what it printed.
     pub fn crane(&self, args: &[&str]) -> Result<String> {
         let out = Command::new(&self.crane)

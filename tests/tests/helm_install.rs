@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -1043,8 +1044,10 @@ async fn installed_from_an_oci_registry_with_no_flags_its_image_pulled_not_impor
         packed["version"].as_str().unwrap_or_default().to_string(),
     );
     let helm4 = Helm::for_bed(&bed)?.trusting(&registry.ca_file);
-    helm4.ok(&["push", &tgz, &format!("oci://{}/charts", registry.host)])?;
+    let pushed = helm4.ok(&["push", &tgz, &format!("oci://{}/charts", registry.host)])?;
     let chart_ref = format!("oci://{}/charts/graceguard", registry.host);
+    let signer = sign_as_a_release_does(&bed, &registry, &image, &repository, &digest, &pushed)?;
+    verify_as_a_user_does(&signer, &registry, &image, &repository, &digest, &version)?;
     let helm3 = Helm::helm3_for_bed(&bed)?.trusting(&registry.ca_file);
     let mut first = true;
     for (major, helm) in [("Helm 3", &helm3), ("Helm 4", &helm4)] {
@@ -1098,6 +1101,152 @@ async fn installed_from_an_oci_registry_with_no_flags_its_image_pulled_not_impor
         }
         let (_ns, _users) = helm_test_then_a_collision(&bed, helm).await?;
         uninstall_as_the_readme_says(&bed, helm, major).await?;
+    }
+    a_tampered_image_fails_verification(&signer, &registry, &image, &repository, &digest)?;
+    Ok(())
+}
+
+/// Signs the pushed image index, each platform's manifest with its SBOM
+/// attached, and the pushed chart, with `scripts/sign` (what
+/// `scripts/release` runs) and a key pair made for this bed.
+fn sign_as_a_release_does(
+    bed: &TestBed,
+    registry: &testbed::registry::Registry,
+    image: &helm::Image,
+    repository: &str,
+    digest: &str,
+    helm_push_output: &str,
+) -> anyhow::Result<testbed::signing::Signer> {
+    let signer = testbed::signing::Signer::new(&bed.dir().join("signing"), &registry.ca_file)?;
+    let sboms = testbed::signing::sboms(&bed.dir().join("sboms"), &image.platforms)?;
+    let mut artifacts = vec![(format!("{repository}@{digest}"), None)];
+    for (platform, manifest) in registry.platform_manifests(repository, digest)? {
+        let sbom = sboms
+            .iter()
+            .find(|s| s.name == "graceguard-webhook" && s.platform == platform)
+            .with_context(|| format!("scripts/sbom wrote no webhook SBOM for {platform}"))?;
+        if manifest != digest {
+            artifacts.push((format!("{repository}@{manifest}"), Some(sbom.file.clone())));
+        } else {
+            // One platform: the image is its manifest, and carries the SBOM.
+            artifacts[0].1 = Some(sbom.file.clone());
+        }
+    }
+    // helm push prints the chart's manifest digest as `Digest: sha256:…`.
+    let chart_digest = helm_push_output
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Digest: "))
+        .with_context(|| format!("helm push printed no digest: {helm_push_output}"))?;
+    artifacts.push((
+        format!("{}/charts/graceguard@{chart_digest}", registry.host),
+        None,
+    ));
+    signer.sign(&artifacts)?;
+    Ok(signer)
+}
+
+/// What docs/releasing.md tells a user to run before installing: the image
+/// by its tag, the chart by its version, and each platform's SBOM.
+fn verify_as_a_user_does(
+    signer: &testbed::signing::Signer,
+    registry: &testbed::registry::Registry,
+    image: &helm::Image,
+    repository: &str,
+    digest: &str,
+    version: &str,
+) -> anyhow::Result<()> {
+    let by_tag = format!("{repository}:{}", image.tag());
+    if let Err(e) = signer.verify(&by_tag)? {
+        anyhow::bail!("cosign verify {by_tag} failed on the signed image: {e}");
+    }
+    let chart = format!("{}/charts/graceguard:{version}", registry.host);
+    if let Err(e) = signer.verify(&chart)? {
+        anyhow::bail!("cosign verify {chart} failed on the signed chart: {e}");
+    }
+    for (platform, manifest) in registry.platform_manifests(repository, digest)? {
+        let reference = format!("{repository}@{manifest}");
+        let statements = signer.sbom_attestations(&reference)?;
+        // What each attestation says: its type, the binary, the subject, the target.
+        let said: Vec<[&str; 4]> = statements
+            .iter()
+            .map(|st| {
+                let triple = st["predicate"]["metadata"]["properties"]
+                    .as_array()
+                    .and_then(|p| {
+                        p.iter()
+                            .find(|p| p["name"] == "cdx:rustc:sbom:target:triple")
+                    })
+                    .and_then(|p| p["value"].as_str())
+                    .unwrap_or_default();
+                [
+                    st["predicateType"].as_str().unwrap_or_default(),
+                    st["predicate"]["metadata"]["component"]["name"]
+                        .as_str()
+                        .unwrap_or_default(),
+                    st["subject"][0]["digest"]["sha256"]
+                        .as_str()
+                        .unwrap_or_default(),
+                    triple,
+                ]
+            })
+            .collect();
+        let triple = match platform.as_str() {
+            "linux/arm64" => "aarch64-unknown-linux-musl",
+            _ => "x86_64-unknown-linux-musl",
+        };
+        let want = [
+            "https://cyclonedx.org/bom",
+            "graceguard-webhook",
+            manifest.strip_prefix("sha256:").unwrap_or_default(),
+            triple,
+        ];
+        assert!(
+            said.contains(&want),
+            "{platform}: no verified CycloneDX SBOM of graceguard-webhook for {triple} on {reference}; the verified attestations say {said:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Someone who can push to the repository replaces the released tag with
+/// another image (the signed one plus a layer): verifying the tag fails,
+/// while the signed digest the chart pins still verifies.
+fn a_tampered_image_fails_verification(
+    signer: &testbed::signing::Signer,
+    registry: &testbed::registry::Registry,
+    image: &helm::Image,
+    repository: &str,
+    digest: &str,
+) -> anyhow::Result<()> {
+    let by_tag = format!("{repository}:{}", image.tag());
+    let (_, amd64) = registry
+        .platform_manifests(repository, digest)?
+        .into_iter()
+        .find(|(p, _)| p == "linux/amd64")
+        .context("the image has no linux/amd64 manifest")?;
+    let tampered = registry.append_file(
+        &format!("{repository}@{amd64}"),
+        "graceguard-webhook",
+        b"not the released binary\n",
+        &by_tag,
+    )?;
+    assert_ne!(
+        tampered, digest,
+        "the tampered tag must name another digest"
+    );
+    match signer.verify(&by_tag)? {
+        Ok(()) => anyhow::bail!(
+            "cosign verify passed on {by_tag}, which now names the tampered {tampered}"
+        ),
+        // For the right reason: no signature on that digest, not a TLS or
+        // registry error.
+        Err(e) => assert!(
+            e.contains("no signatures found") || e.contains("no matching signatures"),
+            "verifying the tampered {by_tag} failed, but not for want of a signature: {e}"
+        ),
+    }
+    if let Err(e) = signer.verify(&format!("{repository}@{digest}"))? {
+        anyhow::bail!("the signed digest {digest} no longer verifies: {e}");
     }
     Ok(())
 }
