@@ -169,6 +169,15 @@ export_signing_tools() {
 	export GRACEGUARD_SIGNING_TOOLS
 }
 
+# export_previous_release: builds (or finds cached) the release an upgrade
+# starts from (tests/previous-release) and exports where its description is
+# (GRACEGUARD_PREVIOUS_RELEASE, a JSON file).
+export_previous_release() {
+	GRACEGUARD_PREVIOUS_RELEASE="$GRACEGUARD_CACHE/previous-release.json"
+	"$REPO_ROOT/scripts/previous-release" --json >"$GRACEGUARD_PREVIOUS_RELEASE" || die "building the previous release" "see the message above"
+	export GRACEGUARD_PREVIOUS_RELEASE
+}
+
 # export_promtool: installs promtool (Debian's prometheus package) and exports its path.
 export_promtool() {
 	GRACEGUARD_PROMTOOL=$("$REPO_ROOT/scripts/install-promtool" --json | jq -r .promtool) || die "installing promtool" "see the message above"

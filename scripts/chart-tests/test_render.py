@@ -27,6 +27,8 @@ WEBHOOKS = {
     "evictionAudit": ("eviction-audit.graceguard.io", "ValidatingWebhookConfiguration", "/validate/pods-eviction", "CREATE", "pods/eviction"),
 }
 MATCH_CONDITIONS = cl.yaml_file(cl.CHART_DIR / "files" / "match-conditions.yaml")
+# The chart's version and appVersion (one X.Y.Z for app and chart: docs/releasing.md).
+CHART_VERSION = cl.yaml_file(cl.CHART_DIR / "Chart.yaml")["version"]
 # The supported window: Chart.yaml's kubeVersion (>=1.30.0-0) to the newest tested.
 OLDEST, NEWEST = "v1.30.0", "v1.37.2"
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
@@ -111,8 +113,8 @@ class PerValuesFile:
             self.assertEqual(labels.get("app.kubernetes.io/instance"), RELEASE, what)
             self.assertEqual(labels.get("app.kubernetes.io/name"), "graceguard", what)
             self.assertEqual(labels.get("app.kubernetes.io/managed-by"), "Helm", what)
-            self.assertEqual(labels.get("app.kubernetes.io/version"), "0.1.0", what)
-            self.assertEqual(labels.get("helm.sh/chart"), "graceguard-0.1.0", what)
+            self.assertEqual(labels.get("app.kubernetes.io/version"), CHART_VERSION, what)
+            self.assertEqual(labels.get("helm.sh/chart"), f"graceguard-{CHART_VERSION}", what)
             if o["kind"] in CLUSTER_SCOPED:
                 self.assertNotIn("namespace", md, what)
             elif o["kind"] in ("Role", "RoleBinding"):
@@ -375,7 +377,7 @@ class PerValuesFile:
         self.assertEqual(c["readinessProbe"]["httpGet"], {"path": "/readyz", "port": "http"})
         spec = self.pod_spec()
         self.assertGreater(spec["terminationGracePeriodSeconds"], seconds(cfg["shutdownDelay"]) + seconds(cfg["shutdownGrace"]))
-        self.assertEqual(c["image"], "localhost/graceguard/graceguard-webhook:0.1.0")
+        self.assertEqual(c["image"], f"localhost/graceguard/graceguard-webhook:{CHART_VERSION}")
         service = self.r.one("Service")
         self.assertEqual(service["spec"]["selector"], selector)
         for p in service["spec"]["ports"]:

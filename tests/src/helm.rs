@@ -76,8 +76,12 @@ struct Images {
 /// another tag, for an upgrade that changes the image), both written by
 /// scripts/test.
 pub fn image(var: &str, name: &str) -> Result<Image> {
-    let path = env_path(var, "`scripts/image --json`")?;
-    let text = std::fs::read_to_string(&path)
+    image_in(&env_path(var, "`scripts/image --json`")?, name)
+}
+
+/// The image `name` of the `scripts/image --json` output in the file `path`.
+pub fn image_in(path: &Path, name: &str) -> Result<Image> {
+    let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading {} (scripts/image --json)", path.display()))?;
     let i: Images = serde_json::from_str(&text)
         .with_context(|| format!("{} is not scripts/image's JSON", path.display()))?;

@@ -237,6 +237,23 @@ async fn upgrade_under_load<S: AsRef<str>>(
     held: &str,
     args: &[S],
 ) -> anyhow::Result<usize> {
+    let report = helm_under_load(bed, helm, ns, held, args).await?;
+    report.assert_all_right(&format!(
+        "`helm {}`",
+        args.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(" ")
+    ));
+    Ok(report.sent)
+}
+
+/// `helm ARGS --wait` while a client re-creates the held name at ~12 Hz,
+/// and a few seconds past it; what the client's Creates got.
+async fn helm_under_load<S: AsRef<str>>(
+    bed: &TestBed,
+    helm: &Helm,
+    ns: &str,
+    held: &str,
+    args: &[S],
+) -> anyhow::Result<helm::LoopReport> {
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), ns);
     let looping = CreateLoop::start(api, held, Expect::GraceguardDenial, LOOP_PERIOD);
     let res = helm.ok(args);
@@ -244,11 +261,7 @@ async fn upgrade_under_load<S: AsRef<str>>(
     tokio::time::sleep(Duration::from_secs(8)).await;
     let report = looping.finish().await?;
     res?;
-    report.assert_all_right(&format!(
-        "`helm {}`",
-        args.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(" ")
-    ));
-    Ok(report.sent)
+    Ok(report)
 }
 
 /// The self-signed pair replaced by an upgrade (renewBeforeDays raised to
@@ -1247,6 +1260,231 @@ fn a_tampered_image_fails_verification(
     }
     if let Err(e) = signer.verify(&format!("{repository}@{digest}"))? {
         anyhow::bail!("the signed digest {digest} no longer verifies: {e}");
+    }
+    Ok(())
+}
+
+/// Releases whose stopping replicas close idle HTTP/1 connections under the
+/// API server's next review (fixed in 0.2.0: docs/security.md).
+const STOPS_UNDER_ITS_CLIENT: &[&str] = &["0.1.0"];
+
+/// The previous release (tests/previous-release), as scripts/previous-release
+/// built it from its own commit.
+#[derive(serde::Deserialize)]
+struct PreviousRelease {
+    version: String,
+    /// Its checkout: its own scripts/package-chart packages its chart.
+    source: std::path::PathBuf,
+    /// Its `scripts/image --json` output.
+    images: std::path::PathBuf,
+}
+
+/// Pushes `image` to the bed's registry as `graceguard/graceguard-webhook:TAG`,
+/// packages a chart pinned to it with `package_chart` (a checkout's
+/// scripts/package-chart) and pushes the chart; returns the image's
+/// repository and digest, and the chart's version.
+fn publish(
+    registry: &testbed::registry::Registry,
+    helm: &Helm,
+    image: &helm::Image,
+    package_chart: &std::path::Path,
+    out: &std::path::Path,
+) -> anyhow::Result<(String, String, String)> {
+    let digest =
+        registry.push_archive(&image.archive, "graceguard/graceguard-webhook", image.tag())?;
+    assert_eq!(
+        digest, image.digest,
+        "the registry stored another digest than scripts/image packed"
+    );
+    let repository = format!("{}/graceguard/graceguard-webhook", registry.host);
+    let out = std::process::Command::new(package_chart)
+        .args([
+            "--image-repository",
+            &repository,
+            "--image-digest",
+            &digest,
+            "--json",
+            "--out",
+        ])
+        .arg(out)
+        .output()
+        .with_context(|| format!("running {}", package_chart.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} failed: {}",
+        package_chart.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let packed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let tgz = packed["chart"].as_str().unwrap_or_default();
+    helm.ok(&["push", tgz, &format!("oci://{}/charts", registry.host)])?;
+    Ok((
+        repository,
+        digest,
+        packed["version"].as_str().unwrap_or_default().to_string(),
+    ))
+}
+
+/// A user's upgrade, with Helm 3 and with Helm 4: the previous release
+/// (tests/previous-release), built from its own commit and published to the
+/// bed's registry by that commit's own scripts, installed from `oci://` with
+/// no flags; `helm upgrade` to this checkout's chart and image, then `helm
+/// rollback` to the previous release, each while a client re-creates a held
+/// name at ~12 Hz and every one of its Creates must get graceguard's denial;
+/// then an uninstall that leaves nothing behind, webhook configurations
+/// included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades_from_the_previous_release_rolls_back_and_uninstalls_with_helm_3_and_4() -> R {
+    let bed = bed().await?;
+    let registry = testbed::registry::Registry::start(&bed)?;
+    let path = std::path::PathBuf::from(
+        std::env::var_os("GRACEGUARD_PREVIOUS_RELEASE")
+            .filter(|v| !v.is_empty())
+            .context("GRACEGUARD_PREVIOUS_RELEASE is not set: run this test through scripts/test, which sets it from `scripts/previous-release --json`")?,
+    );
+    let previous: PreviousRelease = serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("{} is not scripts/previous-release's JSON", path.display()))?;
+    let old_image = helm::image_in(&previous.images, "graceguard-webhook")?;
+    let new_image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
+    anyhow::ensure!(
+        old_image.tag() != new_image.tag(),
+        "the previous release and this checkout are both {}: bump the version (docs/releasing.md)",
+        new_image.tag()
+    );
+    let helm4 = Helm::for_bed(&bed)?.trusting(&registry.ca_file);
+    let out = bed.dir().join("charts");
+    let (repository, old_digest, old_version) = publish(
+        &registry,
+        &helm4,
+        &old_image,
+        &previous.source.join("scripts/package-chart"),
+        &out,
+    )?;
+    assert_eq!(
+        old_version, previous.version,
+        "the previous chart's version"
+    );
+    let (_, new_digest, new_version) = publish(
+        &registry,
+        &helm4,
+        &new_image,
+        &chart_dir().join("../../scripts/package-chart"),
+        &out,
+    )?;
+    let chart_ref = format!("oci://{}/charts/graceguard", registry.host);
+    let (old, new) = (
+        format!("{repository}@{old_digest}"),
+        format!("{repository}@{new_digest}"),
+    );
+    let helm3 = Helm::helm3_for_bed(&bed)?.trusting(&registry.ca_file);
+    for (major, helm) in [("Helm 3", &helm3), ("Helm 4", &helm4)] {
+        helm.ok(&[
+            "install",
+            RELEASE,
+            &chart_ref,
+            "--version",
+            &old_version,
+            "-n",
+            NS,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "5m",
+        ])?;
+        let bundles = ca_bundles(&bed).await?;
+        rolled_to(
+            &bed,
+            &old,
+            &bundles,
+            &format!("{major}: installing {old_version}"),
+        )
+        .await?;
+        let (ns, _users) = helm_test_then_a_collision(&bed, helm).await?;
+        let report = helm_under_load(
+            &bed,
+            helm,
+            &ns,
+            "held",
+            &[
+                "upgrade",
+                RELEASE,
+                &chart_ref,
+                "--version",
+                &new_version,
+                "-n",
+                NS,
+                "--wait",
+                "--timeout",
+                "5m",
+            ],
+        )
+        .await?;
+        assert!(
+            report.sent >= 24,
+            "{major}: only {} Creates were sent during the upgrade",
+            report.sent
+        );
+        // The previous release's replicas stop during the upgrade: one that
+        // closes idle HTTP/1 connections under the API server's next review
+        // lets that Create through unguarded (the API server's own 409), a
+        // defect of that release alone (docs/security.md). Anything else,
+        // or any of it from another release, is wrong.
+        let (fail_open, other): (Vec<&String>, Vec<&String>) = report
+            .wrong
+            .iter()
+            .partition(|w| w.contains("\"AlreadyExists\"") && !w.contains("graceguard"));
+        let tolerated = if STOPS_UNDER_ITS_CLIENT.contains(&previous.version.as_str()) {
+            3
+        } else {
+            0
+        };
+        assert!(
+            other.is_empty() && fail_open.len() <= tolerated,
+            "{major}: during the upgrade from {old_version}, {} of {} Creates were not graceguard's denial (at most {tolerated} may fail open while {old_version}'s replicas stop): {:#?}",
+            report.wrong.len(),
+            report.sent,
+            report.wrong
+        );
+        println!(
+            "{major}: {} of {} Creates failed open while {old_version}'s replicas stopped",
+            fail_open.len(),
+            report.sent
+        );
+        rolled_to(
+            &bed,
+            &new,
+            &bundles,
+            &format!("{major}: the upgrade to {new_version}"),
+        )
+        .await?;
+        upgrade_under_load(
+            &bed,
+            helm,
+            &ns,
+            "held",
+            &[
+                "rollback",
+                RELEASE,
+                "1",
+                "-n",
+                NS,
+                "--wait",
+                "--timeout",
+                "5m",
+            ],
+        )
+        .await?;
+        rolled_to(
+            &bed,
+            &old,
+            &bundles,
+            &format!("{major}: the rollback to {old_version}"),
+        )
+        .await?;
+        assert_denied_without_charge(&bed, &ns, "held").await?;
+        uninstall_as_the_readme_says(&bed, helm, major).await?;
     }
     Ok(())
 }

@@ -528,6 +528,13 @@ pub async fn serve(
         limits::TrustedPeers::new(args.trusted_peers.clone()),
         &app.metrics,
     );
+    let admission_connections = server::Connections::new(
+        connection_life::Lifetime {
+            idle: args.connection_idle_timeout,
+            max_age: args.max_connection_age,
+        },
+        &app.metrics,
+    );
     let admission = tokio::spawn(server::serve_tls(
         tls_listener,
         Arc::new(tls),
@@ -536,18 +543,13 @@ pub async fn serve(
         args.shutdown_grace,
         limits.max_connections,
         per_client,
-        server::Connections::new(
-            connection_life::Lifetime {
-                idle: args.connection_idle_timeout,
-                max_age: args.max_connection_age,
-            },
-            &app.metrics,
-        ),
+        admission_connections.clone(),
     ));
 
     wait_for_signal().await?;
-    tracing::info!(delay = ?args.shutdown_delay, "shutdown requested; readiness off, still serving during the delay");
+    tracing::info!(delay = ?args.shutdown_delay, "shutdown requested; readiness off, still serving during the delay, each HTTP/1 answer asking its client to close the connection");
     app.shutting_down.store(true, Ordering::Release);
+    admission_connections.begin_draining();
     tokio::time::sleep(args.shutdown_delay).await;
     let _ = stop_tls.send(true);
     let _ = admission.await;

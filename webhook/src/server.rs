@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 
-use crate::connection_life::{self, Activity, End, Lifetime};
+use crate::connection_life::{self, Activity, End, Lifetime, Protocol};
 use crate::handlers::{self, App};
 use crate::limits::{self, ClientSlot, Intake, Limits, Peer, PerClient, Trust};
 use crate::metrics::{ConnectionEndLabels, LimitLabels, Metrics};
@@ -195,14 +195,23 @@ fn no_ipv6(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(EAFNOSUPPORT) || e.kind() == std::io::ErrorKind::AddrNotAvailable
 }
 
-/// How each connection of a listener ends: its [`Lifetime`], the signal
-/// that ends them all at shutdown, and the count of why each was ended.
+/// How each connection of a listener ends: its [`Lifetime`], the signals
+/// of a shutdown (draining: HTTP/1 responses ask the client to close; stop:
+/// every connection ends; last call: HTTP/1 connections no request came on
+/// are closed), and the count of why each was ended.
 #[derive(Clone)]
 pub struct Connections {
     pub lifetime: Lifetime,
+    draining: CancellationToken,
     stop: CancellationToken,
+    last_call: CancellationToken,
     metrics: Metrics,
 }
+
+/// At most how long after a shutdown stops accepting an HTTP/1 connection
+/// waits for one more request to say `Connection: close` on, before it is
+/// closed (half the drain period when that is shorter).
+const LAST_CALL: Duration = Duration::from_secs(5);
 
 impl Connections {
     pub fn new(lifetime: Lifetime, metrics: &Metrics) -> Self {
@@ -215,9 +224,24 @@ impl Connections {
         }
         Self {
             lifetime,
+            draining: CancellationToken::new(),
             stop: CancellationToken::new(),
+            last_call: CancellationToken::new(),
             metrics: metrics.clone(),
         }
+    }
+
+    /// graceguard is stopping: from now on every HTTP/1 response asks its
+    /// client to close the connection, so the API server moves to the
+    /// replicas that stay before this one stops accepting (it keeps using a
+    /// connection it has, whatever the Service's endpoints say).
+    pub fn begin_draining(&self) {
+        self.draining.cancel();
+    }
+
+    /// A new connection's [`Activity`].
+    fn activity(&self) -> Arc<Activity> {
+        Activity::new(&self.draining)
     }
 
     /// Drives `conn` by [`connection_life::run`] (`graceful` starts its
@@ -227,13 +251,23 @@ impl Connections {
         conn: C,
         graceful: impl FnOnce(std::pin::Pin<&mut C>),
         activity: &Activity,
+        protocol: Protocol,
     ) -> Result<(), E>
     where
         C: std::future::Future<Output = Result<(), E>>,
     {
         let spread = spread_for(activity);
-        let (res, end) =
-            connection_life::run(conn, graceful, activity, self.lifetime, spread, &self.stop).await;
+        let (res, end) = connection_life::run(
+            conn,
+            graceful,
+            activity,
+            protocol,
+            self.lifetime,
+            spread,
+            &self.stop,
+            &self.last_call,
+        )
+        .await;
         if let Some(end) = end {
             self.metrics
                 .connections_ended
@@ -328,7 +362,16 @@ async fn accept_loop<F, Fut>(
     );
     connections.stop.cancel();
     tracker.close();
-    if tokio::time::timeout(drain, tracker.wait()).await.is_err() {
+    let last_call = LAST_CALL.min(drain / 2);
+    let finished = tokio::time::timeout(last_call, tracker.wait())
+        .await
+        .is_ok();
+    connections.last_call.cancel();
+    if !finished
+        && tokio::time::timeout(drain - last_call, tracker.wait())
+            .await
+            .is_err()
+    {
         tracing::warn!(after = ?drain, "connections still open at the end of the drain period; closing them");
     }
 }
@@ -408,7 +451,7 @@ pub async fn serve_tls(
                 // Each request carries who sent it: the per-address shares,
                 // and the audit record's sender (once per connection;
                 // connections are long-lived).
-                let activity = Activity::new();
+                let activity = connections.activity();
                 let service = TowerToHyperService::new(
                     router
                         .layer(axum::Extension(Peer {
@@ -439,7 +482,7 @@ pub async fn serve_tls(
                         .keep_alive_timeout(Duration::from_secs(10))
                         .serve_connection(io, service);
                     connections
-                        .serve(conn, |c| c.graceful_shutdown(), &activity)
+                        .serve(conn, |c| c.graceful_shutdown(), &activity, Protocol::Http2)
                         .await
                 } else {
                     connections
@@ -447,6 +490,7 @@ pub async fn serve_tls(
                             http1_connection(io, service),
                             |c| c.graceful_shutdown(),
                             &activity,
+                            Protocol::Http1,
                         )
                         .await
                 };
@@ -496,7 +540,7 @@ pub async fn serve_plain(
         &connections.clone(),
         drain,
         move |tcp, peer, slot| {
-            let activity = Activity::new();
+            let activity = connections.activity();
             let service = TowerToHyperService::new(router.clone().layer(
                 axum::middleware::from_fn_with_state(Arc::clone(&activity), connection_life::track),
             ));
@@ -508,6 +552,7 @@ pub async fn serve_plain(
                         http1_connection(TokioIo::new(tcp), service),
                         |c| c.graceful_shutdown(),
                         &activity,
+                        Protocol::Http1,
                     )
                     .await
                 {

@@ -24,6 +24,7 @@ struct Server {
     ca: Ca,
     stop: watch::Sender<bool>,
     done: tokio::task::JoinHandle<()>,
+    connections: graceguard_webhook::server::Connections,
 }
 
 fn write_pair(ca: &Ca, dir: &std::path::Path) {
@@ -76,6 +77,10 @@ async fn start_on(
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, rx) = watch::channel(false);
+    let connections = graceguard_webhook::server::Connections::new(
+        graceguard_webhook::connection_life::Lifetime::UNBOUNDED,
+        &graceguard_webhook::metrics::Metrics::new().0,
+    );
     let done = tokio::spawn(serve_tls(
         listener,
         Arc::new(cfg),
@@ -93,10 +98,7 @@ async fn start_on(
             ),
             &graceguard_webhook::metrics::Metrics::new().0,
         ),
-        graceguard_webhook::server::Connections::new(
-            graceguard_webhook::connection_life::Lifetime::UNBOUNDED,
-            &graceguard_webhook::metrics::Metrics::new().0,
-        ),
+        connections.clone(),
     ));
     Server {
         addr,
@@ -105,6 +107,7 @@ async fn start_on(
         ca,
         stop,
         done,
+        connections,
     }
 }
 
@@ -372,6 +375,70 @@ async fn shutdown_finishes_in_flight_requests_and_stops_accepting() {
         TcpStream::connect(s.addr).await.is_err(),
         "no longer accepting"
     );
+}
+
+/// GET `path` on `sender`; the status and the `Connection` header.
+async fn get_connection_header(sender: &mut Sender, path: &str) -> (u16, Option<String>) {
+    let req = http::Request::get(path)
+        .header("host", "localhost")
+        .body(Empty::new())
+        .expect("request");
+    sender
+        .ready()
+        .await
+        .expect("the connection takes a request");
+    let resp = sender
+        .send_request(req)
+        .await
+        .expect("the request is answered, not cut");
+    let header = resp
+        .headers()
+        .get(http::header::CONNECTION)
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    (resp.status().as_u16(), header)
+}
+
+/// The kube-apiserver calls webhooks over HTTP/1.1 and keeps using a
+/// connection it has: a stopping replica that closed an idle keep-alive
+/// connection would race its next review on it (an EOF, which the API server
+/// does not retry: it fails open, or refuses the Create under
+/// failurePolicy Fail). Once draining begins, each answer asks the client to
+/// close instead; after accepting stops, an idle connection still answers
+/// until the last call, with `Connection: close`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_never_closes_an_http1_connection_under_its_clients_next_request() {
+    let s = start().await;
+    let (mut draining, _, _) = connect(s.addr, &s.ca.cert_pem(), &rustls::version::TLS13).await;
+    let (mut idle, _, _) = connect(s.addr, &s.ca.cert_pem(), &rustls::version::TLS13).await;
+    assert_eq!(get_connection_header(&mut idle, "/fast").await, (200, None));
+
+    // The shutdown delay: still accepting, every answer says close.
+    s.connections.begin_draining();
+    assert_eq!(
+        get_connection_header(&mut draining, "/fast").await,
+        (200, Some("close".to_string()))
+    );
+    // The client closes it, as told: no further request on it.
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        std::future::poll_fn(|cx| draining.poll_ready(cx)),
+    )
+    .await
+    .expect("the connection ends after its Connection: close answer")
+    .expect_err("closed");
+
+    // Accepting stops; the idle connection, kept by its client, still
+    // answers (the API server's next review), and asks to be closed.
+    s.stop.send(true).expect("stop");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        get_connection_header(&mut idle, "/fast").await,
+        (200, Some("close".to_string()))
+    );
+    tokio::time::timeout(Duration::from_secs(5), s.done)
+        .await
+        .expect("the server stops within its drain period")
+        .expect("join");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
