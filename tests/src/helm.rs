@@ -79,6 +79,30 @@ pub fn image(var: &str, name: &str) -> Result<Image> {
     image_in(&env_path(var, "`scripts/image --json`")?, name)
 }
 
+/// The release an upgrade starts from (tests/previous-release), as
+/// `scripts/previous-release --json` built it from its own commit
+/// (`GRACEGUARD_PREVIOUS_RELEASE`, set by scripts/test).
+#[derive(Debug, Deserialize)]
+pub struct PreviousRelease {
+    pub version: String,
+    /// Its checkout: its own scripts/package-chart packages its chart.
+    pub source: PathBuf,
+    /// Its `scripts/image --json` output ([`image_in`]).
+    pub images: PathBuf,
+}
+
+/// The previous release, from `GRACEGUARD_PREVIOUS_RELEASE`.
+pub fn previous_release() -> Result<PreviousRelease> {
+    let path = env_path(
+        "GRACEGUARD_PREVIOUS_RELEASE",
+        "`scripts/previous-release --json`",
+    )?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not scripts/previous-release's JSON", path.display()))
+}
+
 /// The image `name` of the `scripts/image --json` output in the file `path`.
 pub fn image_in(path: &Path, name: &str) -> Result<Image> {
     let text = std::fs::read_to_string(path)

@@ -25,6 +25,17 @@ const RELEASE: &str = "gg";
 const FULLNAME: &str = "gg-graceguard";
 const NS: &str = "graceguard";
 /// About 12 Creates a second, as a busy controller re-creating pods sends them.
+/// `helm rollback` to the release's first revision, waiting for the rollout.
+const ROLLBACK_TO_THE_FIRST: [&str; 8] = [
+    "rollback",
+    RELEASE,
+    "1",
+    "-n",
+    NS,
+    "--wait",
+    "--timeout",
+    "5m",
+];
 const LOOP_PERIOD: Duration = Duration::from_millis(83);
 
 async fn bed() -> anyhow::Result<TestBed> {
@@ -447,23 +458,7 @@ async fn helm_installs_serves_through_the_service_upgrades_rolls_back_and_uninst
     )
     .await?;
     rolled_to(&bed, &next.reference, &bundles, "the image upgrade").await?;
-    upgrade_under_load(
-        &bed,
-        &helm,
-        &ns,
-        "held",
-        &[
-            "rollback",
-            RELEASE,
-            "1",
-            "-n",
-            NS,
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-    )
-    .await?;
+    upgrade_under_load(&bed, &helm, &ns, "held", &ROLLBACK_TO_THE_FIRST).await?;
     rolled_to(&bed, &image.reference, &bundles, "the rollback").await?;
     assert_denied_without_charge(&bed, &ns, "held").await?;
 
@@ -1025,41 +1020,22 @@ async fn installed_from_an_oci_registry_with_no_flags_its_image_pulled_not_impor
         image.archive.display(),
         image.platforms.join(", ")
     );
-    let digest =
-        registry.push_archive(&image.archive, "graceguard/graceguard-webhook", image.tag())?;
-    assert_eq!(
-        digest, image.digest,
-        "the registry stored another digest than scripts/image packed"
-    );
-    let repository = format!("{}/graceguard/graceguard-webhook", registry.host);
-    let packaged = bed.dir().join("packaged");
-    let out = std::process::Command::new(chart_dir().join("../../scripts/package-chart"))
-        .args([
-            "--image-repository",
-            &repository,
-            "--image-digest",
-            &digest,
-            "--platforms",
-            &image.platforms.join(","),
-            "--out",
-        ])
-        .arg(&packaged)
-        .arg("--json")
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "scripts/package-chart failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let packed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let (tgz, version) = (
-        packed["chart"].as_str().unwrap_or_default().to_string(),
-        packed["version"].as_str().unwrap_or_default().to_string(),
-    );
     let helm4 = Helm::for_bed(&bed)?.trusting(&registry.ca_file);
-    let pushed = helm4.ok(&["push", &tgz, &format!("oci://{}/charts", registry.host)])?;
+    let Published {
+        repository,
+        digest,
+        version,
+        helm_push,
+    } = publish(
+        &registry,
+        &helm4,
+        &image,
+        &chart_dir().join("../../scripts/package-chart"),
+        &bed.dir().join("packaged"),
+        &["--platforms", &image.platforms.join(",")],
+    )?;
     let chart_ref = format!("oci://{}/charts/graceguard", registry.host);
-    let signer = sign_as_a_release_does(&bed, &registry, &image, &repository, &digest, &pushed)?;
+    let signer = sign_as_a_release_does(&bed, &registry, &image, &repository, &digest, &helm_push)?;
     verify_as_a_user_does(&signer, &registry, &image, &repository, &digest, &version)?;
     let helm3 = Helm::helm3_for_bed(&bed)?.trusting(&registry.ca_file);
     let mut first = true;
@@ -1268,28 +1244,30 @@ fn a_tampered_image_fails_verification(
 /// API server's next review (fixed in 0.2.0: docs/security.md).
 const STOPS_UNDER_ITS_CLIENT: &[&str] = &["0.1.0"];
 
-/// The previous release (tests/previous-release), as scripts/previous-release
-/// built it from its own commit.
-#[derive(serde::Deserialize)]
-struct PreviousRelease {
+/// What [`publish`] put in the bed's registry.
+struct Published {
+    /// `HOST/graceguard/graceguard-webhook`.
+    repository: String,
+    /// The image's digest, as the registry stored it.
+    digest: String,
+    /// The chart's version.
     version: String,
-    /// Its checkout: its own scripts/package-chart packages its chart.
-    source: std::path::PathBuf,
-    /// Its `scripts/image --json` output.
-    images: std::path::PathBuf,
+    /// What `helm push` printed (the chart's `Digest: sha256:…`).
+    helm_push: String,
 }
 
 /// Pushes `image` to the bed's registry as `graceguard/graceguard-webhook:TAG`,
 /// packages a chart pinned to it with `package_chart` (a checkout's
-/// scripts/package-chart) and pushes the chart; returns the image's
-/// repository and digest, and the chart's version.
+/// scripts/package-chart, given `extra` arguments too) into `out` and pushes
+/// the chart, as a release publishes them.
 fn publish(
     registry: &testbed::registry::Registry,
     helm: &Helm,
     image: &helm::Image,
     package_chart: &std::path::Path,
     out: &std::path::Path,
-) -> anyhow::Result<(String, String, String)> {
+    extra: &[&str],
+) -> anyhow::Result<Published> {
     let digest =
         registry.push_archive(&image.archive, "graceguard/graceguard-webhook", image.tag())?;
     assert_eq!(
@@ -1297,7 +1275,7 @@ fn publish(
         "the registry stored another digest than scripts/image packed"
     );
     let repository = format!("{}/graceguard/graceguard-webhook", registry.host);
-    let out = std::process::Command::new(package_chart)
+    let packaged = std::process::Command::new(package_chart)
         .args([
             "--image-repository",
             &repository,
@@ -1307,22 +1285,24 @@ fn publish(
             "--out",
         ])
         .arg(out)
+        .args(extra)
         .output()
         .with_context(|| format!("running {}", package_chart.display()))?;
     anyhow::ensure!(
-        out.status.success(),
+        packaged.status.success(),
         "{} failed: {}",
         package_chart.display(),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&packaged.stderr)
     );
-    let packed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let packed: serde_json::Value = serde_json::from_slice(&packaged.stdout)?;
     let tgz = packed["chart"].as_str().unwrap_or_default();
-    helm.ok(&["push", tgz, &format!("oci://{}/charts", registry.host)])?;
-    Ok((
+    let helm_push = helm.ok(&["push", tgz, &format!("oci://{}/charts", registry.host)])?;
+    Ok(Published {
         repository,
         digest,
-        packed["version"].as_str().unwrap_or_default().to_string(),
-    ))
+        version: packed["version"].as_str().unwrap_or_default().to_string(),
+        helm_push,
+    })
 }
 
 /// A user's upgrade, with Helm 3 and with Helm 4: the previous release
@@ -1337,15 +1317,7 @@ fn publish(
 async fn upgrades_from_the_previous_release_rolls_back_and_uninstalls_with_helm_3_and_4() -> R {
     let bed = bed().await?;
     let registry = testbed::registry::Registry::start(&bed)?;
-    let path = std::path::PathBuf::from(
-        std::env::var_os("GRACEGUARD_PREVIOUS_RELEASE")
-            .filter(|v| !v.is_empty())
-            .context("GRACEGUARD_PREVIOUS_RELEASE is not set: run this test through scripts/test, which sets it from `scripts/previous-release --json`")?,
-    );
-    let previous: PreviousRelease = serde_json::from_str(
-        &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
-    )
-    .with_context(|| format!("{} is not scripts/previous-release's JSON", path.display()))?;
+    let previous = helm::previous_release()?;
     let old_image = helm::image_in(&previous.images, "graceguard-webhook")?;
     let new_image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
     anyhow::ensure!(
@@ -1355,23 +1327,34 @@ async fn upgrades_from_the_previous_release_rolls_back_and_uninstalls_with_helm_
     );
     let helm4 = Helm::for_bed(&bed)?.trusting(&registry.ca_file);
     let out = bed.dir().join("charts");
-    let (repository, old_digest, old_version) = publish(
+    let Published {
+        repository,
+        digest: old_digest,
+        version: old_version,
+        ..
+    } = publish(
         &registry,
         &helm4,
         &old_image,
         &previous.source.join("scripts/package-chart"),
         &out,
+        &[],
     )?;
     assert_eq!(
         old_version, previous.version,
         "the previous chart's version"
     );
-    let (_, new_digest, new_version) = publish(
+    let Published {
+        digest: new_digest,
+        version: new_version,
+        ..
+    } = publish(
         &registry,
         &helm4,
         &new_image,
         &chart_dir().join("../../scripts/package-chart"),
         &out,
+        &[],
     )?;
     let chart_ref = format!("oci://{}/charts/graceguard", registry.host);
     let (old, new) = (
@@ -1459,23 +1442,7 @@ async fn upgrades_from_the_previous_release_rolls_back_and_uninstalls_with_helm_
             &format!("{major}: the upgrade to {new_version}"),
         )
         .await?;
-        upgrade_under_load(
-            &bed,
-            helm,
-            &ns,
-            "held",
-            &[
-                "rollback",
-                RELEASE,
-                "1",
-                "-n",
-                NS,
-                "--wait",
-                "--timeout",
-                "5m",
-            ],
-        )
-        .await?;
+        upgrade_under_load(&bed, helm, &ns, "held", &ROLLBACK_TO_THE_FIRST).await?;
         rolled_to(
             &bed,
             &old,

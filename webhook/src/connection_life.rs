@@ -396,26 +396,40 @@ mod tests {
         assert_eq!(end, Some(End::Idle));
     }
 
-    #[tokio::test]
-    async fn run_ends_on_stop_even_a_busy_connection() {
-        let a = Activity::new(&CancellationToken::new());
-        a.started();
+    /// [`run`] of a connection that ends only when asked, after a stop
+    /// (and the last call, when `last_call` is true).
+    async fn run_stopped(
+        a: &Activity,
+        protocol: Protocol,
+        last_call: bool,
+    ) -> (Result<(), &'static str>, Option<End>) {
         let stop = CancellationToken::new();
         stop.cancel();
+        let last = CancellationToken::new();
+        if last_call {
+            last.cancel();
+        }
         let (conn, ask) = ends_when_asked();
-        let (res, end) = run(
+        run(
             conn,
             move |_| {
                 let _ = ask.send(());
             },
-            &a,
-            Protocol::Http2,
+            a,
+            protocol,
             Lifetime::UNBOUNDED,
             0.0,
             &stop,
-            &CancellationToken::new(),
+            &last,
         )
-        .await;
+        .await
+    }
+
+    #[tokio::test]
+    async fn run_ends_on_stop_even_a_busy_connection() {
+        let a = Activity::new(&CancellationToken::new());
+        a.started();
+        let (res, end) = run_stopped(&a, Protocol::Http2, false).await;
         assert_eq!(res, Ok(()));
         assert_eq!(end, Some(End::Shutdown));
     }
@@ -471,24 +485,7 @@ mod tests {
     #[tokio::test]
     async fn an_http1_connection_no_request_came_on_is_closed_at_the_last_call() {
         let a = Activity::new(&CancellationToken::new());
-        let stop = CancellationToken::new();
-        stop.cancel();
-        let last_call = CancellationToken::new();
-        last_call.cancel();
-        let (conn, ask) = ends_when_asked();
-        let (res, end) = run(
-            conn,
-            move |_| {
-                let _ = ask.send(());
-            },
-            &a,
-            Protocol::Http1,
-            Lifetime::UNBOUNDED,
-            0.0,
-            &stop,
-            &last_call,
-        )
-        .await;
+        let (res, end) = run_stopped(&a, Protocol::Http1, true).await;
         assert_eq!((res, end), (Ok(()), Some(End::Shutdown)));
     }
 
