@@ -567,10 +567,14 @@ impl Loop {
             tokio::spawn(async move {
                 let _slot = slots.acquire_owned().await;
                 // Asked again right before the write (the fence is a
-                // deadline); not written: looked at again shortly.
-                let outcome = match terminating || fence.holds() {
-                    true => pod_api::release(&api, &v).await,
-                    false => Released::Failed,
+                // deadline), which carries the term it is sent under; not
+                // written: looked at again shortly. In a namespace being
+                // deleted a process without the Lease releases without a
+                // term (the webhook then has nothing to compare).
+                let outcome = match (fence.permit(), terminating) {
+                    (Some(permit), _) => pod_api::release(&api, &v, permit.token()).await,
+                    (None, true) => pod_api::release(&api, &v, None).await,
+                    (None, false) => Released::Failed,
                 };
                 let kind = AnswerKind::Released {
                     uid: v.uid,
@@ -1075,11 +1079,17 @@ impl Loop {
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
                     // The fence is a deadline: asked again right before the
-                    // write, after any wait for a slot. Not sent: "unknown",
-                    // the name is read first once the fence opens again.
-                    let kind = match fence.holds() {
-                        true => pod_api::create(&api, &pod).await,
-                        false => AnswerKind::Unknown,
+                    // write, after any wait for a slot, and the Create
+                    // carries the term it is sent under (graceguard's
+                    // webhook refuses it if it arrives late). Not sent:
+                    // "unknown", the name is read first once the fence opens
+                    // again.
+                    let kind = match fence.permit() {
+                        Some(permit) => {
+                            permit.stamp(&mut pod.metadata);
+                            pod_api::create(&api, &pod).await
+                        }
+                        None => AnswerKind::Unknown,
                     };
                     let _ = tx.send(Answer { key, attempt, kind });
                 });

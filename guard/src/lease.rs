@@ -25,8 +25,10 @@
 //!   before it was sent: the third in between is the margin. It acts again
 //!   once it holds the Lease again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use graceguard_fencing::Token;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
@@ -104,8 +106,13 @@ fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Records (or, without `me`, removes) the holder's container and pid on `meta`.
+/// Records (or, without `me`, removes) the holder's container and pid on
+/// `meta`, and labels the Lease as an instance Lease (graceguard's webhook
+/// watches those alone to compare fencing tokens).
 fn stamp_holder(meta: &mut ObjectMeta, me: Option<&ContainerId>) {
+    meta.labels
+        .get_or_insert_with(Default::default)
+        .insert(graceguard_fencing::LEASE_LABEL.into(), "true".into());
     let a = meta.annotations.get_or_insert_with(Default::default);
     match me {
         Some(me) => {
@@ -180,13 +187,13 @@ impl Observer {
 }
 
 /// What the fence is now; [`Fence::holds`] reads it against the clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FenceState {
     /// No Lease: the executor runs alone by construction.
     Always,
     /// Held until this instant (the last successful renewal's send time plus
-    /// two thirds of the duration).
-    Until(Instant),
+    /// two thirds of the duration), under this Lease term.
+    Until(Instant, Arc<Token>),
     /// Not held: another process took the Lease, or the deadline passed.
     Closed,
 }
@@ -209,10 +216,19 @@ impl Fence {
     /// Whether this process may act now. Asked immediately before every
     /// write, not once per decision.
     pub fn holds(&self) -> bool {
-        match *self.0.borrow() {
-            FenceState::Always => true,
-            FenceState::Until(deadline) => Instant::now() < deadline,
-            FenceState::Closed => false,
+        self.permit().is_some()
+    }
+
+    /// Whether this process may write now and, under a Lease, the term the
+    /// write is sent under ([`Permit::stamp`]): asked immediately before
+    /// each write that carries its token (a Create, a finalizer release).
+    pub fn permit(&self) -> Option<Permit> {
+        match &*self.0.borrow() {
+            FenceState::Always => Some(Permit(None)),
+            FenceState::Until(deadline, token) => {
+                (Instant::now() < *deadline).then(|| Permit(Some(Arc::clone(token))))
+            }
+            FenceState::Closed => None,
         }
     }
 
@@ -221,6 +237,29 @@ impl Fence {
         if self.0.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+}
+
+/// Leave to write now, with the Lease term to write under (none for an
+/// executor run without a Lease).
+#[derive(Clone, Debug)]
+pub struct Permit(Option<Arc<Token>>);
+
+impl Permit {
+    /// Puts the term on the object a write sends, so graceguard's webhook
+    /// can refuse it if it arrives after another process took the Lease
+    /// (`graceguard_fencing`).
+    pub fn stamp(&self, meta: &mut ObjectMeta) {
+        if let Some(token) = &self.0 {
+            meta.annotations
+                .get_or_insert_with(Default::default)
+                .insert(graceguard_fencing::ANNOTATION.into(), token.to_string());
+        }
+    }
+
+    /// The term, as the annotation's value.
+    pub fn token(&self) -> Option<String> {
+        self.0.as_ref().map(|t| t.to_string())
     }
 }
 
@@ -379,6 +418,27 @@ impl InstanceLease {
         &self.holder
     }
 
+    /// The term this process holds the Lease under: the Lease's uid and
+    /// its transitions as this process last wrote them.
+    pub fn token(&self) -> Token {
+        Token {
+            lease_namespace: self.namespace.clone(),
+            lease_name: self.name.clone(),
+            lease_uid: self.current.metadata.uid.clone().unwrap_or_default(),
+            transitions: self
+                .current
+                .spec
+                .as_ref()
+                .and_then(|s| s.lease_transitions)
+                .map_or(0, i64::from),
+        }
+    }
+
+    /// The fence's state after a successful write sent at `written_at`.
+    fn held_until(&self, deadline: Duration) -> FenceState {
+        FenceState::Until(self.written_at + deadline, Arc::new(self.token()))
+    }
+
     /// Renews the Lease now, conditionally on the version this process
     /// wrote last. `Ok(false)`: another process holds it now.
     pub async fn renew(&mut self) -> Result<bool, GuardError> {
@@ -457,7 +517,7 @@ impl InstanceLease {
     /// the Lease. Stop it with [`Holding::stop`].
     pub fn hold(self) -> Holding {
         let (period, deadline) = timing(self.duration);
-        let (tx, rx) = watch::channel(FenceState::Until(self.written_at + deadline));
+        let (tx, rx) = watch::channel(self.held_until(deadline));
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let mut lease = self;
@@ -482,7 +542,7 @@ impl InstanceLease {
                         if tx.borrow().eq(&FenceState::Closed) {
                             tracing::info!(lease = %lease.name, "holding the instance Lease again; acting again");
                         }
-                        tx.send_replace(FenceState::Until(lease.written_at + deadline));
+                        tx.send_replace(lease.held_until(deadline));
                     }
                     Ok(false) => {
                         tx.send_replace(FenceState::Closed);
@@ -495,7 +555,7 @@ impl InstanceLease {
                         match again {
                             Ok(l) => {
                                 lease = l;
-                                tx.send_replace(FenceState::Until(lease.written_at + deadline));
+                                tx.send_replace(lease.held_until(deadline));
                             }
                             Err(e) => {
                                 tracing::error!(error = %e, "taking the instance Lease back failed; trying again");
@@ -503,9 +563,12 @@ impl InstanceLease {
                         }
                     }
                     Err(e) => {
-                        let state = *tx.borrow();
-                        match state {
-                            FenceState::Until(until) if Instant::now() >= until => {
+                        let until = match &*tx.borrow() {
+                            FenceState::Until(until, _) => Some(*until),
+                            _ => None,
+                        };
+                        match until {
+                            Some(until) if Instant::now() >= until => {
                                 tracing::error!(lease = %lease.name, error = %e, "the instance Lease was not renewed within two thirds of its duration; stopped launching and delivering until it is");
                                 tx.send_replace(FenceState::Closed);
                             }
@@ -690,14 +753,26 @@ mod tests {
     async fn a_fence_closes_at_its_deadline_with_no_answer_at_all() {
         let (_, deadline) = timing(Duration::from_secs(30));
         let sent = Instant::now();
-        let (tx, rx) = watch::channel(FenceState::Until(sent + deadline));
+        let token = Arc::new(Token {
+            lease_namespace: "team-a".into(),
+            lease_name: "graceguard-x".into(),
+            lease_uid: "u".into(),
+            transitions: 3,
+        });
+        let (tx, rx) = watch::channel(FenceState::Until(sent + deadline, Arc::clone(&token)));
         let fence = Fence(rx);
         tokio::time::advance(deadline - Duration::from_millis(1)).await;
         assert!(fence.holds(), "held until the deadline");
+        assert_eq!(
+            fence.permit().and_then(|p| p.token()).as_deref(),
+            Some("team-a/graceguard-x/u/3"),
+            "a write sent now carries the term"
+        );
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(!fence.holds(), "closed at the deadline");
+        assert!(fence.permit().is_none(), "no leave to write, no token");
         // A later renewal (sent now) opens it again for its own two thirds.
-        tx.send_replace(FenceState::Until(Instant::now() + deadline));
+        tx.send_replace(FenceState::Until(Instant::now() + deadline, token));
         assert!(fence.holds());
         tx.send_replace(FenceState::Closed);
         assert!(!fence.holds());

@@ -84,6 +84,13 @@ pub async fn create(api: &Api<Pod>, pod: &Pod) -> AnswerKind {
     let name = pod.name_any();
     match api.create(&PostParams::default(), pod).await {
         Ok(p) => AnswerKind::Created(p.uid().unwrap_or_default()),
+        Err(kube::Error::Api(s)) if fenced_out(&s) => {
+            // Sent under a Lease term that ended before the Create reached
+            // the API server: not created. Whoever holds the Lease now
+            // decides; this process reads the name first if it acts again.
+            tracing::warn!(pod = %name, message = %s.message, "the Create arrived after another process took the instance Lease over; graceguard's webhook refused it");
+            AnswerKind::Unknown
+        }
         Err(kube::Error::Api(s)) => {
             let e = ApiError {
                 code: s.code,
@@ -162,20 +169,39 @@ pub enum Released {
     Failed,
 }
 
+/// Whether graceguard's webhook refused a write as sent under a Lease term
+/// that is over ([`graceguard_fencing`]).
+fn fenced_out(s: &kube::core::Status) -> bool {
+    s.details.as_ref().is_some_and(|d| {
+        d.causes
+            .iter()
+            .any(|c| c.reason == graceguard_fencing::STALE_CAUSE)
+    })
+}
+
 /// Removes graceguard's result finalizer from pod `v`, conditionally on the
 /// resourceVersion it was seen at (the other finalizers are written back as
-/// they were then).
-pub async fn release(api: &Api<Pod>, v: &Version) -> Released {
-    let patch = serde_json::json!({"metadata": {
+/// they were then), under the Lease term `token` when this process holds
+/// one (graceguard's webhook refuses a release sent under a term that is over).
+pub async fn release(api: &Api<Pod>, v: &Version, token: Option<String>) -> Released {
+    let mut meta = serde_json::json!({
         "resourceVersion": v.resource_version,
         "finalizers": result_finalizer::without(&v.finalizers),
-    }});
+    });
+    if let Some(token) = token {
+        meta["annotations"] = serde_json::json!({ graceguard_fencing::ANNOTATION: token });
+    }
+    let patch = serde_json::json!({ "metadata": meta });
     match api
         .patch(&v.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
         Ok(_) => Released::Done,
         Err(kube::Error::Api(s)) if s.code == 404 => Released::Done,
+        Err(kube::Error::Api(s)) if fenced_out(&s) => {
+            tracing::warn!(pod = %v.name, "the finalizer release arrived after another process took the instance Lease over; graceguard's webhook refused it");
+            Released::Failed
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => Released::Changed,
         Err(e) => {
             tracing::warn!(pod = %v.name, error = %e, "removing the result finalizer failed; trying again at the pod's next change or sync");

@@ -139,7 +139,7 @@ async fn release_current(pods: &Api<Pod>, listed: &Pod) -> Released {
             resource_version: pod.resource_version().unwrap_or_default(),
             finalizers: pod.finalizers().to_vec(),
         };
-        match pod_api::release(pods, &v).await {
+        match pod_api::release(pods, &v, None).await {
             Released::Changed => {}
             other => return other,
         }

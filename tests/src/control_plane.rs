@@ -208,7 +208,8 @@ pub const WEBHOOK_RULES: &str = r#"[
   {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
   {"apiGroups": [""], "resources": ["resourcequotas", "persistentvolumeclaims", "services", "configmaps"], "verbs": ["get", "list", "watch"]},
   {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},
-  {"apiGroups": ["graceguard.test"], "resources": ["widgets"], "verbs": ["get", "list", "watch"]}
+  {"apiGroups": ["graceguard.test"], "resources": ["widgets"], "verbs": ["get", "list", "watch"]},
+  {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list", "watch"]}
 ]"#;
 
 /// What a namespace-level executor account may do (alice, bob): workloads,

@@ -67,6 +67,10 @@ pub struct AuditRecord {
     pub detail: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grace_left_seconds: Option<i64>,
+    /// A Create carrying a fencing token: what its check said
+    /// (`fencing_token_current`, `fencing_token_superseded`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<&'static str>,
     /// Tagger and deletion audit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disruption_reason: Option<String>,

@@ -15,6 +15,7 @@ pub use crate::command::CliError;
 use crate::confirm::Confirmer;
 use crate::connection_life;
 use crate::eviction_outcome::EvictionOutcomes;
+use crate::fencing::LeaseTerms;
 use crate::follow_up::{self, FollowUp};
 use crate::handlers::App;
 use crate::kind_index::{Allowed, ConfirmSettings, IndexBounds, KindIndexes};
@@ -234,6 +235,12 @@ pub struct ServeArgs {
     /// admission). Needs RBAC `patch` on pods/status; off keeps graceguard read-only.
     #[arg(long, env = "GRACEGUARD_FOLLOW_UP_TAGGING", default_value_t = true, action = clap::ArgAction::Set)]
     pub follow_up_tagging: bool,
+    /// Refuse a pod Create sent by a guard process under an instance Lease
+    /// term that is over (its `graceguard.io/fencing-token`): the late write
+    /// of a process that lost its Lease. Needs RBAC `list`/`watch` on
+    /// `coordination.k8s.io` leases; what cannot be told is allowed.
+    #[arg(long, env = "GRACEGUARD_FENCING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub fencing: bool,
     /// Whether /readyz also fails while a watch is broken (true), or only until
     /// the indexes have first synced (false: use it with failurePolicy Fail,
     /// where an unready webhook refuses every pod Create; a stale index only
@@ -480,6 +487,7 @@ pub async fn serve(
         readiness_tracks_watch: args.readiness_tracks_watch,
         shutting_down: AtomicBool::new(false),
         knows_api_server: client_auth.is_some() || !args.trusted_peers.is_empty(),
+        leases: args.fencing.then(|| LeaseTerms::spawn(client.clone())),
     });
     watchers::spawn_watchers(
         client,

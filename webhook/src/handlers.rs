@@ -14,6 +14,7 @@ use crate::audit::AuditRecord;
 use crate::collision::{self, AllowReason, Verdict};
 use crate::confirm::Confirmer;
 use crate::eviction_outcome::{Attempt, EvictionOutcomes};
+use crate::fencing::{Check, LeaseTerms};
 use crate::follow_up::{FollowUp, Source};
 use crate::kind_index::KindIndexes;
 use crate::limits::Peer;
@@ -56,6 +57,8 @@ pub struct App {
     /// eviction attempt, denial streak, follow-up or counter): forged
     /// reviews cannot displace what the API server's need.
     pub knows_api_server: bool,
+    /// The instance Leases' terms, for the fencing check (`None`: off).
+    pub leases: Option<Arc<LeaseTerms>>,
 }
 
 impl App {
@@ -145,7 +148,15 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
         Acts::Yes
     };
     let (mut answer, mut rec) = match endpoint {
-        Endpoint::collision_guard => collision_guard(app, &req, acts).await,
+        Endpoint::collision_guard => match fencing(app, &req) {
+            Fenced::Refused(refused) => *refused,
+            Fenced::Checked { reason, warning } => {
+                let (mut answer, mut rec) = collision_guard(app, &req, acts).await;
+                answer.warnings.extend(warning);
+                rec.fencing = reason;
+                (answer, rec)
+            }
+        },
         Endpoint::disruption_tagger => disruption_tagger(app, &req, acts),
         Endpoint::deletion_audit => deletion_audit(app, &req, acts),
         Endpoint::eviction_audit => eviction_audit(app, &req, acts),
@@ -431,6 +442,60 @@ fn record_denial(app: &App, req: &Request, rec: &AuditRecord, name: &str) -> Rec
         .emit();
     }
     recorded
+}
+
+/// What the fencing check made of a Create.
+enum Fenced {
+    /// Sent under a Lease term that is over: refused, before any collision
+    /// check (the answer and its record).
+    Refused(Box<(Answer, AuditRecord)>),
+    /// Goes on to the collision guard; `reason` is the check's (`None`: no
+    /// token, or the check is off).
+    Checked {
+        reason: Option<&'static str>,
+        warning: Option<String>,
+    },
+}
+
+/// The fencing check of a pod Create that carries a token
+/// ([`crate::fencing`]). A dry run is answered as the real one would be.
+fn fencing(app: &App, req: &Request) -> Fenced {
+    let (Some(terms), Some(token)) = (&app.leases, &req.fencing_token) else {
+        return Fenced::Checked {
+            reason: None,
+            warning: None,
+        };
+    };
+    if !req.is_pods("CREATE", "") {
+        return Fenced::Checked {
+            reason: None,
+            warning: None,
+        };
+    }
+    match terms.check(token) {
+        Check::Allow { reason, warning } => Fenced::Checked {
+            reason: Some(reason),
+            warning,
+        },
+        Check::Refuse { reason, status } => {
+            app.metrics.fenced_writes_refused.inc();
+            let rec = AuditRecord {
+                reason: reason.into(),
+                namespace: req.namespace.clone(),
+                name: object_name(req),
+                code: Some(status.code),
+                detail: Some(status.message.clone()),
+                fencing: Some(reason),
+                ..Default::default()
+            };
+            let answer = Answer {
+                allowed: false,
+                status: Some(*status),
+                ..Answer::allow()
+            };
+            Fenced::Refused(Box::new((answer, rec)))
+        }
+    }
 }
 
 async fn collision_guard(app: &App, req: &Request, acts: Acts) -> (Answer, AuditRecord) {

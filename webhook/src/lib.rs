@@ -43,6 +43,7 @@ pub mod connection_life;
 pub mod deletion_audit;
 pub mod disruption;
 pub mod eviction_outcome;
+pub mod fencing;
 pub mod follow_up;
 pub mod handlers;
 pub mod kind_index;

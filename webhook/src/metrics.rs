@@ -123,6 +123,7 @@ pub struct Metrics {
     pub confirmation_gets: Counter,
     pub confirmation_errors: Counter,
     pub quota_charges_prevented: Counter,
+    pub fenced_writes_refused: Counter,
     pub livelock_suspected: Counter,
     pub retry_answers: Family<ModeLabels, Counter>,
     pub disruption_tags: Family<ReasonLabels, Counter>,
@@ -213,6 +214,7 @@ impl Metrics {
             confirmation_gets: Counter::default(),
             confirmation_errors: Counter::default(),
             quota_charges_prevented: Counter::default(),
+            fenced_writes_refused: Counter::default(),
             livelock_suspected: Counter::default(),
             retry_answers: Family::default(),
             disruption_tags: Family::default(),
@@ -297,6 +299,11 @@ impl Metrics {
             "quota_charges_prevented",
             "Colliding pod Creates denied before ResourceQuota admission (dry runs excluded)",
             m.quota_charges_prevented.clone(),
+        );
+        r.register(
+            "fenced_writes_refused",
+            "Writes refused because the guard process that sent them no longer held its instance Lease (dry runs included)",
+            m.fenced_writes_refused.clone(),
         );
         r.register(
             "livelock_suspected",

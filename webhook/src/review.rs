@@ -173,6 +173,9 @@ pub struct Request {
     pub old_object: Option<Pod>,
     /// `object.metadata.name` of a Create of another kind (pods: in `object`).
     pub object_name: Option<String>,
+    /// A Create's fencing token ([`graceguard_fencing::ANNOTATION`]), read
+    /// with its name when the pod is not read whole.
+    pub fencing_token: Option<String>,
     /// `options.gracePeriodSeconds` (DELETE), or the Eviction's
     /// `deleteOptions.gracePeriodSeconds` (`pods/eviction` CREATE).
     pub grace_period_seconds: Option<i64>,
@@ -230,6 +233,18 @@ struct Head {
 struct NameOnly {
     #[serde(default)]
     name: Option<String>,
+    /// Of the annotations, the fencing token alone: the others are skipped
+    /// unbuilt.
+    #[serde(default)]
+    annotations: Option<TokenOnly>,
+}
+
+#[derive(Deserialize, Default)]
+struct TokenOnly {
+    /// [`graceguard_fencing::ANNOTATION`] (serde needs the literal; a test
+    /// holds them equal).
+    #[serde(rename = "graceguard.io/fencing-token", default)]
+    token: Option<String>,
 }
 
 /// A `policy/v1` (or `v1beta1`) Eviction, as far as graceguard reads one.
@@ -282,13 +297,18 @@ pub fn parse_as(body: &[u8], read: Read) -> Result<Request, ReviewError> {
     };
     // A Create's name when the pod is not read (or another kind's).
     // Unreadable means no name (allowed).
-    let object_name = match r.object {
+    let head = match r.object {
         Some(o) if r.operation == "CREATE" && object.is_none() && !eviction => {
-            serde_json::from_str::<Head>(o.get())
-                .ok()
-                .and_then(|h| h.metadata.name)
+            serde_json::from_str::<Head>(o.get()).ok()
         }
         _ => None,
+    };
+    let (object_name, fencing_token) = match head {
+        Some(h) => (
+            h.metadata.name,
+            h.metadata.annotations.and_then(|a| a.token),
+        ),
+        None => (None, None),
     };
     let options = if eviction {
         // A missing or unreadable Eviction body still gets its audit record.
@@ -317,6 +337,7 @@ pub fn parse_as(body: &[u8], read: Read) -> Result<Request, ReviewError> {
         object,
         old_object,
         object_name,
+        fencing_token,
         grace_period_seconds: options.grace_period_seconds,
     })
 }
@@ -451,4 +472,24 @@ pub fn bad_request(e: &ReviewError) -> Response {
         Json(serde_json::json!({"error": e.to_string()})),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_create_read_by_name_alone_still_reads_its_fencing_token() {
+        let body = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{
+            "uid":"u","kind":{"group":"","version":"v1","kind":"Pod"},
+            "resource":{"group":"","version":"v1","resource":"pods"},
+            "namespace":"team-a","operation":"CREATE","userInfo":{"username":"alice"},
+            "object":{"metadata":{"name":"task-0","annotations":{"a":"b","graceguard.io/fencing-token":"team-a/l/u/3"}}}}}"#;
+        let req = parse_as(body, Read::NameOnly).expect("parses");
+        assert_eq!(req.object_name.as_deref(), Some("task-0"));
+        assert_eq!(req.fencing_token.as_deref(), Some("team-a/l/u/3"));
+        let plain = String::from_utf8_lossy(body).replace("graceguard.io/fencing-token", "other");
+        let req = parse_as(plain.as_bytes(), Read::NameOnly).expect("parses");
+        assert_eq!(req.fencing_token, None);
+    }
 }

@@ -83,6 +83,7 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, ReadError>, mode
         readiness_tracks_watch: true,
         shutting_down: AtomicBool::new(false),
         knows_api_server: false,
+        leases: None,
     });
     Harness {
         router: admission_router(
@@ -637,6 +638,7 @@ async fn when_graceguard_knows_the_api_server_anyone_elses_review_changes_nothin
     // --trusted-peers (or mutual TLS) given: graceguard can tell.
     let app = Arc::new(App {
         knows_api_server: true,
+        leases: None,
         ..clone_app(&h.app)
     });
     let router = admission_router(
@@ -734,5 +736,6 @@ fn clone_app(app: &App) -> App {
         readiness_tracks_watch: true,
         shutting_down: AtomicBool::new(false),
         knows_api_server: false,
+        leases: None,
     }
 }

@@ -386,3 +386,14 @@ nodeAffinity:
               - {{ trimPrefix "linux/" . | quote }}
               {{- end }}
 {{- end }}
+
+{{/*
+"true" when the collision guard refuses a guard's Create sent under a Lease
+term that is over. Missing (an upgrade with --reuse-values from a release
+before the setting) is on, as the default.
+*/}}
+{{- define "graceguard.fencingOn" -}}
+{{- if and .Values.webhooks.collisionGuard.enabled (ne (toString .Values.webhooks.collisionGuard.fencing) "false") -}}
+true
+{{- end -}}
+{{- end -}}

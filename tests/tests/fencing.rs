@@ -1,0 +1,199 @@
+//! The cluster enforces the guard's fence: a pod Create sent under an
+//! instance Lease term that is over is refused by graceguard's webhook
+//! before it reaches the store, whoever delivers it late. The Lease is taken
+//! and taken over by the guard's own `InstanceLease` through the real API
+//! server, as `alice` (an executor's account, not system:masters); the
+//! Creates carry the tokens the guard's `Permit` stamps. Both Kubernetes
+//! versions.
+
+use std::time::{Duration, Instant};
+
+use graceguard::lease::InstanceLease;
+use graceguard::pod_api::{self, AnswerKind};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use testbed::pods;
+use testbed::webhook::{Hook, WebhookProcess};
+use testbed::TestBed;
+
+type R = anyhow::Result<()>;
+
+const INSTANCE: &str = "fenced";
+const DURATION: Duration = Duration::from_secs(3);
+
+async fn take(client: &Client, ns: &str) -> anyhow::Result<InstanceLease> {
+    Ok(InstanceLease::acquire(
+        client.clone(),
+        ns,
+        INSTANCE,
+        DURATION,
+        Duration::from_secs(60),
+        None,
+    )
+    .await?)
+}
+
+/// A task pod carrying `token` as the guard stamps it.
+fn pod_under(name: &str, token: &graceguard_fencing::Token) -> Pod {
+    let mut pod = pods::task_pod_on(name, 30, None);
+    pod.metadata.annotations = Some(
+        [(
+            graceguard_fencing::ANNOTATION.to_string(),
+            token.to_string(),
+        )]
+        .into(),
+    );
+    pod
+}
+
+/// The refusal of creating `pod` (None: created).
+async fn create(api: &Api<Pod>, pod: &Pod, dry_run: bool) -> Option<kube::core::Status> {
+    let pp = PostParams {
+        dry_run,
+        ..Default::default()
+    };
+    match api.create(&pp, pod).await {
+        Ok(_) => None,
+        Err(kube::Error::Api(s)) => Some(*s),
+        Err(e) => Some(kube::core::Status::failure(&e.to_string(), "ClientError")),
+    }
+}
+
+fn cause_of(s: &kube::core::Status) -> Option<&str> {
+    s.details
+        .as_ref()
+        .and_then(|d| d.causes.first())
+        .map(|c| c.reason.as_str())
+}
+
+/// Dry runs a Create under `token` until the webhook's Lease watch has
+/// delivered the takeover that makes it stale (the watch's delay, bounded).
+async fn until_refused(
+    api: &Api<Pod>,
+    token: &graceguard_fencing::Token,
+    webhook: &WebhookProcess,
+) -> R {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = create(api, &pod_under("probe", token), true).await;
+        if out.as_ref().and_then(cause_of) == Some(graceguard_fencing::STALE_CAUSE) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the webhook never refused a Create under the superseded term {token}; last answer {out:?}; its records of it: {:?}; its log of the Lease watch: {}",
+            webhook.records_for("collision_guard", api.namespace().unwrap_or_default(), "probe")?.last(),
+            webhook.log_lines_with("instance Leases")?
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store() -> R {
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("fencing").await?;
+    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    let alice = bed.client_as("alice").await?;
+    let api: Api<Pod> = Api::namespaced(alice.clone(), &ns);
+
+    // A holds the Lease, then stops renewing without giving it up (a process
+    // whose connection stalled); B waits for it to lapse and takes it over.
+    let a = take(&alice, &ns).await?.token();
+    let b_lease = take(&alice, &ns).await?;
+    let b = b_lease.token();
+    anyhow::ensure!(
+        b.lease_uid == a.lease_uid && b.transitions == a.transitions + 1,
+        "a takeover is a new term of the same Lease: A {a}, B {b}"
+    );
+    until_refused(&api, &a, &webhook).await?;
+
+    // A's late Create: refused with the cause the guard reads, nothing stored.
+    let refused = create(&api, &pod_under("task-a-0", &a), false)
+        .await
+        .ok_or_else(|| anyhow::anyhow!("the Create under A's superseded term {a} was created"))?;
+    anyhow::ensure!(
+        refused.code == 409 && cause_of(&refused) == Some(graceguard_fencing::STALE_CAUSE),
+        "expected 409 with cause {}, got {refused:?}",
+        graceguard_fencing::STALE_CAUSE
+    );
+    anyhow::ensure!(
+        refused.message.contains(&format!("term {}", a.transitions)),
+        "the refusal names the term: {}",
+        refused.message
+    );
+    anyhow::ensure!(
+        api.get_opt("task-a-0").await?.is_none(),
+        "the refused Create reached the store"
+    );
+    // The guard's own Create path reads that answer as "not created, not
+    // known": it reads the name first if it ever acts again.
+    let kind = pod_api::create(&api, &pod_under("task-a-1", &a)).await;
+    anyhow::ensure!(
+        matches!(kind, AnswerKind::Unknown),
+        "the guard's create() of a fenced-out write: {kind:?}"
+    );
+
+    // B's Create, and a pod without a token (anyone else's), go through.
+    for pod in [
+        pod_under("task-b-0", &b),
+        pods::task_pod_on("plain", 30, None),
+    ] {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if let Some(s) = create(&api, &pod, false).await {
+            anyhow::bail!("{name} was refused: {s:?}");
+        }
+    }
+
+    // Audited as refused for its term, and counted.
+    let recs = webhook.records_for("collision_guard", &ns, "task-a-0")?;
+    anyhow::ensure!(
+        recs.iter().any(|r| r["decision"] == "deny"
+            && r["reason"] == "fencing_token_superseded"
+            && r["fencing"] == "fencing_token_superseded"),
+        "no audit record of the refusal: {recs:?}"
+    );
+    let b_recs = webhook.records_for("collision_guard", &ns, "task-b-0")?;
+    anyhow::ensure!(
+        b_recs
+            .iter()
+            .any(|r| r["decision"] == "allow" && r["fencing"] == "fencing_token_current"),
+        "B's Create not audited as current: {b_recs:?}"
+    );
+    let refused_count = webhook
+        .metric("graceguard_fenced_writes_refused_total")?
+        .unwrap_or(0.0);
+    anyhow::ensure!(
+        refused_count >= 2.0,
+        "graceguard_fenced_writes_refused_total {refused_count}, expected the dry runs' and A's ≥ 2"
+    );
+
+    // The Lease deleted and created again (a new uid): every term of the old
+    // one is over, B's too.
+    let leases: Api<Lease> = Api::namespaced(alice.clone(), &ns);
+    let name = graceguard::lease::lease_name(INSTANCE);
+    leases.delete(&name, &DeleteParams::default()).await?;
+    drop(b_lease);
+    let c = take(&alice, &ns).await?.token();
+    anyhow::ensure!(
+        c.lease_uid != b.lease_uid,
+        "a re-created Lease has a new uid"
+    );
+    until_refused(&api, &b, &webhook).await?;
+    let out = create(&api, &pod_under("task-b-1", &b), false).await;
+    anyhow::ensure!(
+        out.as_ref()
+            .is_some_and(|s| s.code == 409 && s.message.contains("deleted and created again")),
+        "a Create under the deleted Lease's term: {out:?}"
+    );
+    let recs = webhook.records_for("collision_guard", &ns, "task-b-1")?;
+    anyhow::ensure!(
+        recs.iter()
+            .any(|r| r["decision"] == "deny" && r["reason"] == "fencing_token_lease_replaced"),
+        "no record of the replaced Lease: {recs:?}"
+    );
+    Ok(())
+}
