@@ -163,6 +163,22 @@ impl SidecarProcess {
         Ok(s)
     }
 
+    /// A process for `instance` on socket `socket` that reaches the API
+    /// server through `kubeconfig` (a proxy's, say), with a Lease of
+    /// `lease_seconds`; waits until it answers /healthz.
+    pub async fn start_via(
+        bed: &TestBed,
+        (instance, namespace, socket): (&str, &str, &str),
+        kubeconfig: PathBuf,
+        lease_seconds: u64,
+    ) -> Result<Self> {
+        let mut s = Self::unstarted(bed, instance, namespace, false, socket)?;
+        s.kubeconfig = kubeconfig;
+        s.lease_seconds = lease_seconds;
+        s.spawn().await?;
+        Ok(s)
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.join(format!(
             "sidecar-{}-{}-{}.log",

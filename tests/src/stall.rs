@@ -94,3 +94,103 @@ impl Drop for StallingProxy {
         }
     }
 }
+
+/// A TCP proxy in front of the API server that can hold every byte: after
+/// [`HoldingProxy::hold`] nothing it reads is passed on, on open connections
+/// and on new ones alike, until [`HoldingProxy::release`] delivers it all,
+/// late and in order. A request sent during the hold reaches the API server
+/// only then: the late write of a paused VM or a stalled network path.
+pub struct HoldingProxy {
+    pub addr: SocketAddr,
+    open: watch::Sender<bool>,
+    tasks: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+/// Copies `from` to `to` chunk by chunk; a chunk read while the gate is
+/// closed waits for it to open before it is written.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut gate: watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if gate.wait_for(|open| *open).await.is_err() {
+            break;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+impl HoldingProxy {
+    /// Listens on a free loopback port and forwards each connection to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding the holding proxy")?;
+        let addr = listener.local_addr()?;
+        let (open, _) = watch::channel(true);
+        let tasks = Arc::new(std::sync::Mutex::new(tokio::task::JoinSet::new()));
+        let accept = {
+            let (open, tasks) = (open.clone(), tasks.clone());
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let (up_gate, down_gate) = (open.subscribe(), open.subscribe());
+                    let conn = async move {
+                        let Ok(server) = TcpStream::connect(upstream).await else {
+                            return;
+                        };
+                        let _ = client.set_nodelay(true);
+                        let _ = server.set_nodelay(true);
+                        let (cr, cw) = client.into_split();
+                        let (sr, sw) = server.into_split();
+                        tokio::join!(pump(cr, sw, up_gate), pump(sr, cw, down_gate));
+                    };
+                    if let Ok(mut set) = tasks.lock() {
+                        set.spawn(conn);
+                        while set.try_join_next().is_some() {}
+                    }
+                }
+            })
+        };
+        Ok(Self {
+            addr,
+            open,
+            tasks,
+            accept,
+        })
+    }
+
+    /// Holds every byte from now on, both ways.
+    pub fn hold(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Delivers what was held, and passes bytes again.
+    pub fn release(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// `https://ADDR`, the URL a client uses instead of the API server's.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+impl Drop for HoldingProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        if let Ok(mut set) = self.tasks.lock() {
+            set.abort_all();
+        }
+    }
+}
