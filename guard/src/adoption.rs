@@ -19,6 +19,14 @@
 //! The done-mark also lets go of the pod's result finalizer
 //! ([`crate::result_finalizer`]), which kept it until then.
 //!
+//! Adoption goes by task, not by pod: of a dead owner's task only the
+//! highest attempt this adopter knows is delivered, once it has ended; an
+//! older attempt that ended (superseded: its owner had launched the next) is
+//! marked done without being delivered, and its deletion is not reported.
+//! A task whose `X-0` failed and `X-1` still runs is one result, `X-1`'s,
+//! delivered when it ends ([`standing`]). While a list is in progress no pod
+//! is decided, so a later attempt still to come in the list cannot be missed.
+//!
 //! A crash between claim and acknowledgement loses nothing: the pod is still
 //! claimed by this instance and not done, so the restarted instance delivers
 //! it again (at least once), and once this instance's Lease has expired,
@@ -26,7 +34,7 @@
 //! it was delivered is reported as [`Found::Gone`] with its last phase (not
 //! completed: its task has no result).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use futures::stream::BoxStream;
@@ -108,6 +116,27 @@ pub struct Adopter {
     leases_seen: Observer,
     /// Owners whose Lease was missing, said once each.
     unknown_owners: HashSet<String>,
+    /// The attempts of each task (owner instance, task) this adopter knows
+    /// of among the pods not yet done: attempt → uid.
+    attempts: HashMap<(String, String), BTreeMap<u32, String>>,
+}
+
+/// Where an ended pod stands among its task's attempts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// No later attempt is known: its outcome is the task's.
+    Latest,
+    /// A later attempt exists: its owner went on; not the task's outcome.
+    Superseded,
+}
+
+/// The rule: a pod is its task's outcome unless a later attempt of the task
+/// is known. A pod without a readable attempt stands alone.
+pub fn standing(known: Option<&BTreeMap<u32, String>>, attempt: Option<u32>) -> Standing {
+    match (known.and_then(|k| k.keys().next_back()), attempt) {
+        (Some(highest), Some(a)) if *highest > a => Standing::Superseded,
+        _ => Standing::Latest,
+    }
 }
 
 /// How often a pod whose owner's Lease is missing is looked at again.
@@ -135,7 +164,39 @@ impl Adopter {
             relisted: None,
             leases_seen: Observer::default(),
             unknown_owners: HashSet::new(),
+            attempts: HashMap::new(),
         }
+    }
+
+    fn task_of(pod: &Pod) -> (String, String) {
+        (label(pod, INSTANCE_LABEL), label(pod, TASK_LABEL))
+    }
+
+    fn know(&mut self, pod: &Pod) {
+        if let Ok(a) = label(pod, ATTEMPT_LABEL).parse::<u32>() {
+            self.attempts
+                .entry(Self::task_of(pod))
+                .or_default()
+                .insert(a, pod.uid().unwrap_or_default());
+        }
+    }
+
+    fn forget(&mut self, pod: &Pod) {
+        let key = Self::task_of(pod);
+        if let Some(known) = self.attempts.get_mut(&key) {
+            let uid = pod.uid().unwrap_or_default();
+            known.retain(|_, u| *u != uid);
+            if known.is_empty() {
+                self.attempts.remove(&key);
+            }
+        }
+    }
+
+    fn standing_of(&self, pod: &Pod) -> Standing {
+        standing(
+            self.attempts.get(&Self::task_of(pod)),
+            label(pod, ATTEMPT_LABEL).parse().ok(),
+        )
     }
 
     /// Handles the events that arrived since the last call (waiting up to
@@ -172,16 +233,26 @@ impl Adopter {
                     if let Some(seen) = self.relisted.as_mut() {
                         seen.insert(p.uid().unwrap_or_default());
                     }
+                    self.know(&p);
                     todo.push(p);
                 }
-                Ok(Event::Apply(p)) => todo.push(p),
+                Ok(Event::Apply(p)) => {
+                    self.know(&p);
+                    todo.push(p);
+                }
                 Ok(Event::Delete(p)) => {
                     // Handled in order: a pod that completed and was
                     // deleted within one batch is not claimed (404) and lost.
                     let uid = p.uid().unwrap_or_default();
                     todo.retain(|t| t.uid().as_deref() != Some(uid.as_str()));
                     self.waiting.remove(&uid);
+                    self.forget(&p);
                     if self.delivered.remove(&uid) {
+                        continue;
+                    }
+                    // A later attempt exists: the task's outcome is that
+                    // one's, not this deletion's.
+                    if self.standing_of(&p) == Standing::Superseded {
                         continue;
                     }
                     if let Some(gone) = self.gone(&p, &mut expiry).await {
@@ -192,6 +263,7 @@ impl Adopter {
                 // Delete; the list says what is still there.
                 Ok(Event::Init) => {
                     self.delivered.clear();
+                    self.attempts.clear();
                     self.relisted = Some(HashSet::new());
                 }
                 Ok(Event::InitDone) => {
@@ -209,6 +281,9 @@ impl Adopter {
                     for uid in missing {
                         if let Some((p, _)) = self.waiting.remove(&uid) {
                             todo.retain(|t| t.uid().as_deref() != Some(uid.as_str()));
+                            if self.standing_of(&p) == Standing::Superseded {
+                                continue;
+                            }
                             if let Some(gone) = self.gone(&p, &mut expiry).await {
                                 found.push(Found::Gone(gone));
                             }
@@ -219,6 +294,12 @@ impl Adopter {
                     tracing::warn!(error = %e, "adoption watch failed; the watcher retries with backoff")
                 }
             }
+        }
+        if self.relisted.is_some() {
+            // A list in progress: a later attempt of a task may be still to
+            // come in it. Decided once it is whole.
+            self.retry.extend(todo.iter().map(slim));
+            return Ok(found);
         }
         for pod in todo {
             match self.consider(&pod, &mut expiry, now).await {
@@ -268,6 +349,25 @@ impl Adopter {
         }
         let name = pod.name_any();
         let rv = pod.resource_version().unwrap_or_default();
+        if self.standing_of(pod) == Standing::Superseded {
+            // Its owner launched the next attempt: done, not delivered.
+            return match mark_done(
+                &self.client,
+                &pod.namespace().unwrap_or_default(),
+                &name,
+                &rv,
+                pod.finalizers(),
+                &self.instance,
+            )
+            .await
+            {
+                Marked::Failed(why) => Err(GuardError::SupersededNotMarked { pod: name, why }),
+                _ => {
+                    self.delivered.insert(uid);
+                    Ok(None)
+                }
+            };
+        }
         let patch = serde_json::json!({
             "metadata": {"resourceVersion": rv, "annotations": {CLAIMED_BY_ANNOTATION: self.instance}}
         });
@@ -467,5 +567,22 @@ fn adopted(pod: &Pod, phase: String) -> AdoptedPod {
         }),
         resource_version: pod.resource_version().unwrap_or_default(),
         finalizers: pod.finalizers().to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_highest_known_attempt_is_a_tasks_outcome() {
+        let known: BTreeMap<u32, String> = [(0, "u0".into()), (1, "u1".into())].into();
+        assert_eq!(standing(Some(&known), Some(0)), Standing::Superseded);
+        assert_eq!(standing(Some(&known), Some(1)), Standing::Latest);
+        // An attempt beyond what is known (its pod not seen yet) is the latest.
+        assert_eq!(standing(Some(&known), Some(2)), Standing::Latest);
+        // Nothing else known, or no readable attempt: it stands alone.
+        assert_eq!(standing(None, Some(0)), Standing::Latest);
+        assert_eq!(standing(Some(&known), None), Standing::Latest);
     }
 }

@@ -49,6 +49,9 @@ pub enum GuardError {
     /// not the connection, decides when this process stops acting.
     #[error("renewing the instance Lease {lease} got no answer within {after:?}; the API server or the connection to it is stalled. Retrying; this process stops acting once its fence's deadline passes")]
     LeaseRenewalTimedOut { lease: String, after: Duration },
+    /// A dead owner's superseded attempt could not be marked done.
+    #[error("marking {pod}, an attempt its owner superseded, done failed: {why}; tried again at the next sync")]
+    SupersededNotMarked { pod: String, why: String },
     #[error(transparent)]
     Task(#[from] TaskError),
 }

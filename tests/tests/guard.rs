@@ -425,6 +425,91 @@ async fn completed_pods_of_a_dead_instance_are_adopted_exactly_once() -> R {
     Ok(())
 }
 
+/// Attempt `attempt` of `task` as executor `instance` launched it.
+fn managed_attempt(task: &str, attempt: u32, instance: &str) -> Pod {
+    let mut p = managed_pod(&format!("{task}-0"), instance);
+    p.metadata.name = Some(format!("{task}-{attempt}"));
+    if let Some(l) = p.metadata.labels.as_mut() {
+        l.insert(
+            graceguard::naming::ATTEMPT_LABEL.into(),
+            attempt.to_string(),
+        );
+    }
+    p
+}
+
+/// Adoption goes by task: of a dead instance's task only the latest attempt
+/// is delivered, once it has ended; an earlier attempt that ended is marked
+/// done without being delivered (its owner had gone on to the next), and
+/// an earlier attempt's deletion is not reported gone. Before, each pod was
+/// its own result: `x-0` Failed and `x-1` Running made two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instances_task_is_delivered_once_by_its_latest_attempt() -> R {
+    let (bed, ns, alice) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    instance_lease(&bed, &ns, "dead-exec", DEAD).await?;
+    // x: 0 failed, 1 still runs. y: 0 failed, 1 succeeded. z: 0 succeeded,
+    // 1 runs and is deleted before it ends.
+    for (task, attempt, end) in [
+        ("x", 0, Some(Terminal::Failed)),
+        ("x", 1, None),
+        ("y", 0, Some(Terminal::Failed)),
+        ("y", 1, Some(Terminal::Succeeded)),
+        ("z", 0, Some(Terminal::Succeeded)),
+        ("z", 1, None),
+    ] {
+        let pod = managed_attempt(task, attempt, "dead-exec");
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        api.create(&PostParams::default(), &pod).await?;
+        match end {
+            Some(phase) => kubelet.end_pod(&ns, &name, phase).await?,
+            None => pods::wait_running(&api, &name).await?,
+        }
+    }
+    let done = || async {
+        let l = api
+            .list(&kube::api::ListParams::default().labels("graceguard.io/done=true"))
+            .await?;
+        let mut names: Vec<String> = l
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        names.sort();
+        anyhow::Ok(names)
+    };
+    let mut adopter = Adopter::new(alice, &ns, &ns, "me");
+    let (mut delivered, mut gone) = (Vec::new(), Vec::new());
+    let mut step = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        for found in adopter.sync(Duration::from_millis(300)).await? {
+            match found {
+                Found::Completed(p) => {
+                    assert_eq!(adopter.ack(&p).await, Marked::Done, "{p:?}");
+                    delivered.push(p.name);
+                }
+                Found::Gone(p) => gone.push(p.name),
+            }
+        }
+        // First: y-1 alone is delivered; x-0, y-0 and z-0 are done unseen.
+        if step == 0 && done().await? == ["x-0", "y-0", "y-1", "z-0"] {
+            assert_eq!(delivered, ["y-1"], "only the ended latest attempt");
+            step = 1;
+            kubelet.end_pod(&ns, "x-1", Terminal::Succeeded).await?;
+            pods::delete_gracefully(&api, "z-1", Some(0)).await?;
+        }
+        if step == 1 && delivered.len() == 2 && gone.len() == 1 {
+            break;
+        }
+    }
+    assert_eq!(delivered, ["y-1", "x-1"], "one result per task");
+    assert_eq!(gone, ["z-1"], "the latest attempt went without a result");
+    assert_eq!(done().await?, ["x-0", "x-1", "y-0", "y-1", "z-0"]);
+    Ok(())
+}
+
 /// A dead instance's pods that the result finalizer keeps after their
 /// deletion are still delivered: one that had succeeded, and one stopped
 /// before it ended whose kubelet posted no terminal phase (as before 1.22:
