@@ -15,8 +15,8 @@ pub struct ApiError {
 }
 
 /// The cause graceguard's webhook puts on a denial whose holder is
-/// terminating (its `HOLDER_TERMINATING_CAUSE`; a test keeps the two equal).
-pub const HOLDER_TERMINATING_CAUSE: &str = "graceguard.io/HolderTerminating";
+/// terminating (the shared contract).
+pub use graceguard_contract::HOLDER_TERMINATING_CAUSE;
 
 /// What to do about a refused Create.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -28,7 +28,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use graceguard_fencing::Token;
+use graceguard_contract::fencing::Token;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
@@ -110,9 +110,10 @@ fn pid_alive(pid: u32) -> bool {
 /// `meta`, and labels the Lease as an instance Lease (graceguard's webhook
 /// watches those alone to compare fencing tokens).
 fn stamp_holder(meta: &mut ObjectMeta, me: Option<&ContainerId>) {
-    meta.labels
-        .get_or_insert_with(Default::default)
-        .insert(graceguard_fencing::LEASE_LABEL.into(), "true".into());
+    meta.labels.get_or_insert_with(Default::default).insert(
+        graceguard_contract::fencing::LEASE_LABEL.into(),
+        "true".into(),
+    );
     let a = meta.annotations.get_or_insert_with(Default::default);
     match me {
         Some(me) => {
@@ -248,12 +249,15 @@ pub struct Permit(Option<Arc<Token>>);
 impl Permit {
     /// Puts the term on the object a write sends, so graceguard's webhook
     /// can refuse it if it arrives after another process took the Lease
-    /// (`graceguard_fencing`).
+    /// (`graceguard_contract::fencing`).
     pub fn stamp(&self, meta: &mut ObjectMeta) {
         if let Some(token) = &self.0 {
             meta.annotations
                 .get_or_insert_with(Default::default)
-                .insert(graceguard_fencing::ANNOTATION.into(), token.to_string());
+                .insert(
+                    graceguard_contract::fencing::ANNOTATION.into(),
+                    token.to_string(),
+                );
         }
     }
 

@@ -170,12 +170,12 @@ pub enum Released {
 }
 
 /// Whether graceguard's webhook refused a write as sent under a Lease term
-/// that is over ([`graceguard_fencing`]).
+/// that is over ([`graceguard_contract::fencing`]).
 fn fenced_out(s: &kube::core::Status) -> bool {
     s.details.as_ref().is_some_and(|d| {
         d.causes
             .iter()
-            .any(|c| c.reason == graceguard_fencing::STALE_CAUSE)
+            .any(|c| c.reason == graceguard_contract::fencing::STALE_CAUSE)
     })
 }
 
@@ -189,7 +189,8 @@ pub async fn release(api: &Api<Pod>, v: &Version, token: Option<String>) -> Rele
         "finalizers": result_finalizer::without(&v.finalizers),
     });
     if let Some(token) = token {
-        meta["annotations"] = serde_json::json!({ graceguard_fencing::ANNOTATION: token });
+        meta["annotations"] =
+            serde_json::json!({ graceguard_contract::fencing::ANNOTATION: token });
     }
     let patch = serde_json::json!({ "metadata": meta });
     match api

@@ -43,11 +43,11 @@ async fn take(client: &Client, ns: &str) -> anyhow::Result<InstanceLease> {
 }
 
 /// A task pod carrying `token` as the guard stamps it.
-fn pod_under(name: &str, token: &graceguard_fencing::Token) -> Pod {
+fn pod_under(name: &str, token: &graceguard_contract::fencing::Token) -> Pod {
     let mut pod = pods::task_pod_on(name, 30, None);
     pod.metadata.annotations = Some(
         [(
-            graceguard_fencing::ANNOTATION.to_string(),
+            graceguard_contract::fencing::ANNOTATION.to_string(),
             token.to_string(),
         )]
         .into(),
@@ -79,13 +79,13 @@ fn cause_of(s: &kube::core::Status) -> Option<&str> {
 /// delivered the takeover that makes it stale (the watch's delay, bounded).
 async fn until_refused(
     api: &Api<Pod>,
-    token: &graceguard_fencing::Token,
+    token: &graceguard_contract::fencing::Token,
     webhook: &WebhookProcess,
 ) -> R {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let out = create(api, &pod_under("probe", token), true).await;
-        if out.as_ref().and_then(cause_of) == Some(graceguard_fencing::STALE_CAUSE) {
+        if out.as_ref().and_then(cause_of) == Some(graceguard_contract::fencing::STALE_CAUSE) {
             return Ok(());
         }
         anyhow::ensure!(
@@ -123,9 +123,10 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
         .await
         .ok_or_else(|| anyhow::anyhow!("the Create under A's superseded term {a} was created"))?;
     anyhow::ensure!(
-        refused.code == 409 && cause_of(&refused) == Some(graceguard_fencing::STALE_CAUSE),
+        refused.code == 409
+            && cause_of(&refused) == Some(graceguard_contract::fencing::STALE_CAUSE),
         "expected 409 with cause {}, got {refused:?}",
-        graceguard_fencing::STALE_CAUSE
+        graceguard_contract::fencing::STALE_CAUSE
     );
     anyhow::ensure!(
         refused.message.contains(&format!("term {}", a.transitions)),
@@ -240,7 +241,7 @@ async fn a_stalled_holder_stops_before_its_lease_is_taken_and_its_late_create_is
     let lease_name = graceguard::lease::lease_name("held");
     let before = leases.get(&lease_name).await?;
     let spec = before.spec.clone().unwrap_or_default();
-    let a_term = graceguard_fencing::Token {
+    let a_term = graceguard_contract::fencing::Token {
         lease_namespace: ns.clone(),
         lease_name: lease_name.clone(),
         lease_uid: before.metadata.uid.clone().unwrap_or_default(),

@@ -761,15 +761,6 @@ async fn a_terminating_holder_is_waited_out_through_graceguards_409s_and_429s_sp
     Ok(())
 }
 
-/// The guard recognises graceguard's denial by the cause the webhook writes.
-#[test]
-fn the_guard_and_the_webhook_agree_on_the_holder_terminating_cause() {
-    assert_eq!(
-        graceguard::classify::HOLDER_TERMINATING_CAUSE,
-        graceguard_webhook::collision::HOLDER_TERMINATING_CAUSE
-    );
-}
-
 /// A Role in `ns` granting `user` `verbs` on pods (and Events), bound.
 async fn grant(bed: &TestBed, ns: &str, user: &str, name: &str, verbs: &[&str]) -> R {
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};

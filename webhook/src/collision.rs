@@ -266,9 +266,8 @@ fn held_by(finalizers: &[String]) -> Option<String> {
 }
 
 /// The `reason` of the cause a denial of a terminating holder carries, in
-/// 409 and 429 alike: clients that act on it (graceguard's own guard) wait
-/// for the name instead of counting a failure, and need not parse messages.
-pub const HOLDER_TERMINATING_CAUSE: &str = "graceguard.io/HolderTerminating";
+/// 409 and 429 alike (graceguard's guard reads it: the shared contract).
+pub use graceguard_contract::HOLDER_TERMINATING_CAUSE;
 
 /// The denial for a Create of `name` of kind `kind`, held by `holder`,
 /// phrased as [`phrasing`] chose: 409 AlreadyExists, as the API server

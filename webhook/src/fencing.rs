@@ -1,7 +1,7 @@
 //! The fencing check: a write the guard sent under an instance Lease term
 //! that is over — a pod Create, a result-finalizer release — is refused, so
 //! a process that lost its Lease while a request was on its way cannot undo
-//! what its successor decided (the rule: `graceguard_fencing::decide`).
+//! what its successor decided (the rule: `graceguard_contract::fencing::decide`).
 //!
 //! The Leases' current terms come from a watch of the instance Leases alone
 //! (label `graceguard.io/instance-lease`), never a read on the admission
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use graceguard_fencing::{LeaseNow, Token, Verdict};
+use graceguard_contract::fencing::{LeaseNow, Token, Verdict};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::Status;
@@ -63,7 +63,7 @@ impl LeaseTerms {
     pub fn spawn(client: Client) -> Arc<Self> {
         let (terms, writer) = Self::new();
         let api: Api<Lease> = Api::all(client);
-        let config = watcher::Config::default().labels(graceguard_fencing::LEASE_LABEL);
+        let config = watcher::Config::default().labels(graceguard_contract::fencing::LEASE_LABEL);
         let t = Arc::clone(&terms);
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(watcher::watcher(api, config)
@@ -132,7 +132,7 @@ impl LeaseTerms {
                 .and_then(|s| s.lease_transitions)
                 .map_or(0, i64::from),
         });
-        let verdict = graceguard_fencing::decide(&token, now);
+        let verdict = graceguard_contract::fencing::decide(&token, now);
         if !verdict.refuses() {
             return Check::Allow {
                 reason: verdict.as_str(),
@@ -146,7 +146,7 @@ impl LeaseTerms {
     }
 }
 
-/// 409 Conflict, with the cause the guard reads ([`graceguard_fencing::STALE_CAUSE`]).
+/// 409 Conflict, with the cause the guard reads ([`graceguard_contract::fencing::STALE_CAUSE`]).
 fn refusal(token: &Token, verdict: Verdict) -> Status {
     let lease = format!("{}/{}", token.lease_namespace, token.lease_name);
     let why = match verdict {
@@ -163,7 +163,7 @@ fn refusal(token: &Token, verdict: Verdict) -> Status {
     };
     let message = format!(
         "{why}: the sender no longer acts for its instance, so its late write is refused. Nothing to do: the current holder decides; a pod you created yourself must not copy the {} annotation",
-        graceguard_fencing::ANNOTATION
+        graceguard_contract::fencing::ANNOTATION
     );
     Status::failure(&message, "Conflict")
         .with_code(409)
@@ -173,9 +173,12 @@ fn refusal(token: &Token, verdict: Verdict) -> Status {
             kind: "pods".into(),
             uid: String::new(),
             causes: vec![StatusCause {
-                reason: graceguard_fencing::STALE_CAUSE.into(),
+                reason: graceguard_contract::fencing::STALE_CAUSE.into(),
                 message: why,
-                field: format!("metadata.annotations[{}]", graceguard_fencing::ANNOTATION),
+                field: format!(
+                    "metadata.annotations[{}]",
+                    graceguard_contract::fencing::ANNOTATION
+                ),
             }],
             retry_after_seconds: 0,
         })
@@ -216,7 +219,7 @@ mod tests {
     fn the_review_reads_the_annotation_this_crate_writes() {
         // review.rs names it as a literal for serde.
         assert_eq!(
-            graceguard_fencing::ANNOTATION,
+            graceguard_contract::fencing::ANNOTATION,
             "graceguard.io/fencing-token"
         );
     }
@@ -229,7 +232,7 @@ mod tests {
                 assert_eq!(reason, "fencing_token_superseded");
                 assert_eq!(status.code, 409);
                 let causes = status.details.map(|d| d.causes).unwrap_or_default();
-                assert_eq!(causes[0].reason, graceguard_fencing::STALE_CAUSE);
+                assert_eq!(causes[0].reason, graceguard_contract::fencing::STALE_CAUSE);
                 assert!(status.message.contains("term 4"), "{}", status.message);
             }
             other => panic!("{other:?}"),

@@ -173,7 +173,7 @@ pub struct Request {
     pub old_object: Option<Pod>,
     /// `object.metadata.name` of a Create of another kind (pods: in `object`).
     pub object_name: Option<String>,
-    /// A Create's fencing token ([`graceguard_fencing::ANNOTATION`]), read
+    /// A Create's fencing token ([`graceguard_contract::fencing::ANNOTATION`]), read
     /// with its name when the pod is not read whole.
     pub fencing_token: Option<String>,
     /// `options.gracePeriodSeconds` (DELETE), or the Eviction's
@@ -241,7 +241,7 @@ struct NameOnly {
 
 #[derive(Deserialize, Default)]
 struct TokenOnly {
-    /// [`graceguard_fencing::ANNOTATION`] (serde needs the literal; a test
+    /// [`graceguard_contract::fencing::ANNOTATION`] (serde needs the literal; a test
     /// holds them equal).
     #[serde(rename = "graceguard.io/fencing-token", default)]
     token: Option<String>,

@@ -14,8 +14,8 @@
 //! one). A Lease deleted and created again has a new uid: a term of the old
 //! one is over too.
 //!
-//! This crate is the contract between the guard (which writes the token) and
-//! the webhook (which compares it): the annotation, its format, and the rule.
+//! The guard writes the token and the webhook compares it: here are the
+//! annotation, its format and the rule, for both.
 
 use std::fmt;
 use std::str::FromStr;
