@@ -23,6 +23,13 @@ use std::str::FromStr;
 /// The pod annotation carrying the token a write was sent under.
 pub const ANNOTATION: &str = "graceguard.io/fencing-token";
 
+/// The pod annotation a result-finalizer release sets to the token it was
+/// sent under. The webhook checks a pod update only when this annotation is
+/// set or changed by it: the guard's own releases, never an operator's (a
+/// `kubectl edit` that removes a stuck finalizer, `graceguard
+/// release-results`), and never a later unrelated write.
+pub const RELEASED_UNDER: &str = "graceguard.io/released-under";
+
 /// The label on every instance Lease, so the webhook watches those alone
 /// (not the node heartbeats and leader elections of the whole cluster).
 pub const LEASE_LABEL: &str = "graceguard.io/instance-lease";

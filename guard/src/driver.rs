@@ -9,6 +9,7 @@ use crate::executor::{Executor, ExecutorConfig};
 use crate::phase::Transition;
 use crate::reconcile::{Outcome, TaskSpec};
 use crate::task::TaskKey;
+use crate::template::Template;
 
 /// How a [`Guard`] behaves: the executor's settings.
 pub type GuardConfig = ExecutorConfig;
@@ -42,6 +43,7 @@ impl Guard {
         template: Pod,
         on_transition: impl FnMut(&Transition),
     ) -> Result<Outcome, GuardError> {
+        let template = Template::from_pod(&template)?;
         let executor = self.executor(&spec.namespace);
         let key = TaskKey::new(&spec.namespace, &spec.task);
         executor.submit(spec, template).await?;

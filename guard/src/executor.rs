@@ -14,7 +14,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use tokio::sync::{mpsc, oneshot};
 
@@ -28,6 +27,7 @@ use crate::lease::Fence;
 use crate::phase::Transition;
 use crate::reconcile::{Outcome, TaskSpec};
 use crate::task::{Submitted, TaskKey, TaskStatus};
+use crate::template::Template;
 
 /// A running executor; cheap to clone. Dropping every clone stops it.
 #[derive(Clone)]
@@ -67,7 +67,11 @@ impl Executor {
 
     /// Submits a task (idempotent: the same task with the same template
     /// returns its status; another template is a [`TaskError::TemplateConflict`]).
-    pub async fn submit(&self, spec: TaskSpec, template: Pod) -> Result<TaskStatus, TaskError> {
+    pub async fn submit(
+        &self,
+        spec: TaskSpec,
+        template: Template,
+    ) -> Result<TaskStatus, TaskError> {
         self.put(spec, template, false).await.map(|s| s.status)
     }
 
@@ -77,16 +81,9 @@ impl Executor {
     pub async fn put(
         &self,
         spec: TaskSpec,
-        template: Pod,
+        template: Template,
         replace: bool,
     ) -> Result<Submitted, TaskError> {
-        if template
-            .spec
-            .as_ref()
-            .is_none_or(|s| s.containers.is_empty())
-        {
-            return Err(TaskError::Template("it has no spec.containers".into()));
-        }
         let template = Box::new(template);
         self.ask(|reply| Command::Submit {
             spec,

@@ -2,7 +2,7 @@
 //! each watch event, command, API answer and timer into a call of the pure
 //! reconciler, and carries out what that decided. It decides nothing itself.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ use crate::events::{EventBody, EventLog};
 use crate::executor_config::ExecutorConfig;
 use crate::kube_events::Publisher;
 use crate::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::pod_api::{self, pod_for, AnswerKind, Released};
+use crate::pod_api::{self, AnswerKind, Released};
 use crate::pod_index::PodIndex;
 use crate::pod_record::{RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::reconcile::{
@@ -30,6 +30,7 @@ use crate::reconcile::{
 };
 use crate::result_finalizer::{releasable, Keep};
 use crate::task::{Submitted, TaskKey, TaskStatus};
+use crate::template::{annotate, Template};
 
 /// The pod watch's health, for `/healthz`.
 #[derive(Debug, Default)]
@@ -62,7 +63,7 @@ impl Stats {
 pub(crate) enum Command {
     Submit {
         spec: TaskSpec,
-        template: Box<Pod>,
+        template: Box<Template>,
         /// Forget an ended task submitted otherwise and run this one anew.
         replace: bool,
         reply: oneshot::Sender<Result<Submitted, TaskError>>,
@@ -140,7 +141,7 @@ struct Entry {
     spec: TaskSpec,
     /// `None` for a task taken up from its pods after a restart until it
     /// is submitted again.
-    template: Option<Pod>,
+    template: Option<Template>,
     /// A Create was decided while there was no template: held until it comes.
     awaiting_template: bool,
     template_hash: String,
@@ -162,7 +163,12 @@ struct Entry {
 
 impl Entry {
     /// A task not yet launched nor resumed (that waits for the first list).
-    fn new(spec: TaskSpec, template: Option<Pod>, hash: String, config: &ExecutorConfig) -> Self {
+    fn new(
+        spec: TaskSpec,
+        template: Option<Template>,
+        hash: String,
+        config: &ExecutorConfig,
+    ) -> Self {
         Self {
             spec,
             template,
@@ -245,12 +251,8 @@ pub(crate) fn spawn(
 }
 
 /// `template` marked with its hash (pods made from it carry it).
-fn with_hash(mut template: Pod, hash: &str) -> Pod {
-    template
-        .metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(TEMPLATE_ANNOTATION.into(), hash.to_string());
+fn with_hash(mut template: Template, hash: &str) -> Template {
+    template.annotate(TEMPLATE_ANNOTATION, hash);
     template
 }
 
@@ -714,7 +716,7 @@ impl Loop {
     fn submit(
         &mut self,
         spec: TaskSpec,
-        template: Pod,
+        template: Template,
         replace: bool,
     ) -> Result<Submitted, TaskError> {
         if let Some(watched) = &self.config.namespace {
@@ -727,7 +729,7 @@ impl Loop {
             }
         }
         let key = TaskKey::new(&spec.namespace, &spec.task);
-        let hash = pod_api::hash_of(&template);
+        let hash = template.hash();
         if let Some(e) = self.tasks.get_mut(&key) {
             let known_hash = !e.template_hash.is_empty() || e.template.is_some();
             let conflict = if (known_hash && e.template_hash != hash) || e.spec.task != spec.task {
@@ -773,7 +775,7 @@ impl Loop {
 
     /// A task submitted again with its template: one taken up after a
     /// restart (it had none) can launch again.
-    fn take_template(&mut self, key: &TaskKey, template: Pod, hash: String) {
+    fn take_template(&mut self, key: &TaskKey, template: Template, hash: String) {
         let Some(e) = self.tasks.get_mut(key) else {
             return;
         };
@@ -1071,11 +1073,9 @@ impl Loop {
                     });
                     return;
                 }
-                let mut pod = pod_for(template, spec, &name, attempt);
-                pod.metadata
-                    .annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(RECORD_ANNOTATION.into(), record.to_annotation());
+                let mut pod = template.pod_for(spec, &name, attempt);
+                annotate(&mut pod, RECORD_ANNOTATION, &record.to_annotation());
+                let client = self.client.clone();
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
                     // The fence is a deadline: asked again right before the
@@ -1086,8 +1086,14 @@ impl Loop {
                     // again.
                     let kind = match fence.permit() {
                         Some(permit) => {
-                            permit.stamp(&mut pod.metadata);
-                            pod_api::create(&api, &pod).await
+                            if let Some(token) = permit.token() {
+                                annotate(
+                                    &mut pod,
+                                    graceguard_contract::fencing::ANNOTATION,
+                                    &token,
+                                );
+                            }
+                            pod_api::create(&client, &key.namespace, &pod).await
                         }
                         None => AnswerKind::Unknown,
                     };

@@ -67,6 +67,7 @@ pub mod result_finalizer;
 pub mod result_release;
 pub mod sidecar;
 pub mod task;
+pub mod template;
 
 pub use bounds::Bounds;
 pub use driver::{Guard, GuardConfig};

@@ -11,6 +11,7 @@ use graceguard::lease::{Holding, InstanceLease};
 use graceguard::pod_api::delete_exact;
 use graceguard::sidecar::{serve, Listen, Sidecar};
 use graceguard::task::TaskKey;
+use graceguard::template::Template;
 use graceguard::{Bounds, Guard, GuardConfig, Outcome, TaskSpec, Transition};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::Pod;
@@ -52,8 +53,18 @@ enum Command {
 #[derive(clap::Args)]
 struct ReleaseArgs {
     /// The namespace whose task pods to look at.
-    #[arg(long, short = 'n')]
-    namespace: String,
+    #[arg(
+        long,
+        short = 'n',
+        required_unless_present = "all_namespaces",
+        conflicts_with = "all_namespaces"
+    )]
+    namespace: Option<String>,
+    /// Every namespace where graceguard's pods hold the result finalizer
+    /// (needs list on pods cluster-wide); each instance's Lease is looked
+    /// for in its pods' namespace unless --lease-namespace says otherwise.
+    #[arg(long, short = 'A')]
+    all_namespaces: bool,
     /// Only this instance's pods (default: every instance's).
     #[arg(long)]
     instance: Option<String>,
@@ -323,7 +334,14 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<(kube::Client, String), 
     Ok((c, ns))
 }
 
-fn read_manifest(path: &PathBuf) -> Result<Pod, Usage> {
+/// A manifest's template, kept whole ([`Template`]), with its namespace and name.
+struct Manifest {
+    template: Template,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+fn read_manifest(path: &PathBuf) -> Result<Manifest, Usage> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Usage(format!("cannot read {}: {e}", path.display())))?;
     let value: serde_json::Value = serde_yaml_ng::from_str(&text)
@@ -335,15 +353,21 @@ fn read_manifest(path: &PathBuf) -> Result<Pod, Usage> {
             path.display()
         )));
     }
-    let pod: Pod = serde_json::from_value(value)
+    let meta = |key: &str| {
+        value
+            .get("metadata")
+            .and_then(|m| m.get(key))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+    };
+    let (namespace, name) = (meta("namespace"), meta("name"));
+    let template = Template::from_json(value)
         .map_err(|e| Usage(format!("{} is not a valid Pod: {e}", path.display())))?;
-    if pod.spec.as_ref().is_none_or(|s| s.containers.is_empty()) {
-        return Err(Usage(format!(
-            "{}: the Pod has no containers",
-            path.display()
-        )));
-    }
-    Ok(pod)
+    Ok(Manifest {
+        template,
+        namespace,
+        name,
+    })
 }
 
 struct Progress {
@@ -398,20 +422,20 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
     // Listen before anything is created, so no signal can leave a pod behind.
     let stop = stop_signal()?;
     tokio::pin!(stop);
-    let template = read_manifest(&args.file)?;
+    let Manifest {
+        template,
+        namespace: manifest_namespace,
+        name: manifest_name,
+    } = read_manifest(&args.file)?;
     let (client, default_ns) = client(args.kubeconfig.as_ref()).await?;
     let namespace = args
         .namespace
         .clone()
-        .or_else(|| template.metadata.namespace.clone())
+        .or(manifest_namespace)
         .unwrap_or(default_ns);
-    let task = args
-        .name
-        .clone()
-        .or_else(|| template.metadata.name.clone())
-        .ok_or_else(|| {
-            Usage("no task name: pass --name TASK or set metadata.name in the manifest".into())
-        })?;
+    let task = args.name.clone().or(manifest_name).ok_or_else(|| {
+        Usage("no task name: pass --name TASK or set metadata.name in the manifest".into())
+    })?;
     graceguard::naming::check_instance(&args.instance).map_err(Usage)?;
     let holding = args.lease.hold(&client, &namespace, &args.instance).await?;
     // The same reconciler as the sidecar's, for one task: a task whose pods
@@ -563,30 +587,39 @@ async fn release_results(args: ReleaseArgs) -> Result<Ended, Usage> {
         graceguard::naming::check_instance(i).map_err(Usage)?;
     }
     let (client, _) = client(args.kubeconfig.as_ref()).await?;
-    let req = graceguard::result_release::ReleaseRequest {
-        lease_namespace: args
-            .lease_namespace
-            .clone()
-            .unwrap_or_else(|| args.namespace.clone()),
-        namespace: args.namespace,
-        instance: args.instance,
-        force: args.force,
-        lease_wait: Duration::from_secs(args.lease_wait_seconds),
+    let namespaces = match &args.namespace {
+        Some(ns) => vec![ns.clone()],
+        None => graceguard::result_release::namespaces_holding(&client, args.instance.as_deref())
+            .await
+            .map_err(|e| Usage(e.to_string()))?,
     };
-    let done = graceguard::result_release::release_results(&client, &req)
-        .await
-        .map_err(|e| Usage(e.to_string()))?;
-    for r in &done {
-        println!("{}", serde_json::to_string(r).unwrap_or_default());
+    let (mut released, mut total) = (0, 0);
+    for namespace in &namespaces {
+        let req = graceguard::result_release::ReleaseRequest {
+            lease_namespace: args
+                .lease_namespace
+                .clone()
+                .unwrap_or_else(|| namespace.clone()),
+            namespace: namespace.clone(),
+            instance: args.instance.clone(),
+            force: args.force,
+            lease_wait: Duration::from_secs(args.lease_wait_seconds),
+        };
+        let done = graceguard::result_release::release_results(&client, &req)
+            .await
+            .map_err(|e| Usage(e.to_string()))?;
+        for r in &done {
+            println!("{}", serde_json::to_string(r).unwrap_or_default());
+        }
+        released += done.iter().filter(|r| r.outcome == "released").count();
+        total += done.len();
     }
-    let all = done.iter().all(|r| r.outcome == "released");
-    eprintln!(
-        "{} of {} pods holding the result finalizer in {} released",
-        done.iter().filter(|r| r.outcome == "released").count(),
-        done.len(),
-        req.namespace
-    );
-    Ok(Ended::Exit(if all { 0 } else { 1 }))
+    let scope = match &args.namespace {
+        Some(ns) => ns.clone(),
+        None => format!("{} namespaces", namespaces.len()),
+    };
+    eprintln!("{released} of {total} pods holding the result finalizer in {scope} released");
+    Ok(Ended::Exit(if released == total { 0 } else { 1 }))
 }
 
 /// Refuses a token file others can read (or write): the token is the

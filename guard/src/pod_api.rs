@@ -1,22 +1,17 @@
-//! The executor's pod calls to the Kubernetes API (Create, read, Delete),
-//! each turned into what the reconciler is told ([`AnswerKind`]), and the
-//! pod an attempt creates.
+//! The executor's pod calls to the Kubernetes API (Create, read, Delete,
+//! the result finalizer's release), each turned into what the reconciler is
+//! told ([`AnswerKind`]). The pod an attempt creates is
+//! [`crate::template::Template::pod_for`]'s.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, ResourceExt};
 
 use crate::classify::{classify, ApiError, CreateRefusal};
-use crate::naming::{
-    self, ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL,
-    RESULT_FINALIZER, TASK_LABEL,
-};
 use crate::pod_index::Version;
-use crate::pod_record::template_hash;
-use crate::reconcile::{Existing, TaskSpec};
+use crate::reconcile::Existing;
 use crate::result_finalizer;
 
 /// What an API call answered, for the task that asked.
@@ -46,44 +41,53 @@ pub enum AnswerKind {
     Recheck,
 }
 
-/// The attempt's pod: the template under the attempt's name, with
-/// graceguard's labels, the task's record and the result finalizer.
-pub fn pod_for(template: &Pod, spec: &TaskSpec, name: &str, attempt: u32) -> Pod {
-    let mut pod = template.clone();
-    let meta = &mut pod.metadata;
-    meta.name = Some(name.to_string());
-    meta.generate_name = None;
-    meta.namespace = Some(spec.namespace.clone());
-    meta.resource_version = None;
-    meta.uid = None;
-    meta.creation_timestamp = None;
-    meta.deletion_timestamp = None;
-    meta.deletion_grace_period_seconds = None;
-    meta.managed_fields = None;
-    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
-    labels.insert(TASK_LABEL.into(), naming::task_label_value(&spec.task));
-    labels.insert(ATTEMPT_LABEL.into(), attempt.to_string());
-    labels.insert(INSTANCE_LABEL.into(), spec.instance.clone());
-    labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
-    labels.remove(DONE_LABEL);
-    let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
-    if !result_finalizer::holds(finalizers) {
-        finalizers.push(RESULT_FINALIZER.into());
-    }
-    pod.status = None;
-    pod
+/// What graceguard reads of a created pod.
+#[derive(serde::Deserialize)]
+struct Created {
+    metadata: kube::api::ObjectMeta,
 }
 
-/// The hash of a template as submitted.
-pub fn hash_of(template: &Pod) -> String {
-    template_hash(&serde_json::to_value(template).unwrap_or_default())
-}
-
-/// Creates `pod`; a refusal is classified ([`classify`]).
-pub async fn create(api: &Api<Pod>, pod: &Pod) -> AnswerKind {
-    let name = pod.name_any();
-    match api.create(&PostParams::default(), pod).await {
-        Ok(p) => AnswerKind::Created(p.uid().unwrap_or_default()),
+/// Creates `pod` (a template's JSON, [`crate::template::Template::pod_for`])
+/// in `namespace` as it is, with `fieldValidation=Strict`: a field the
+/// server does not know is refused by the server (400, naming it), never
+/// dropped. A refusal is classified ([`classify`]).
+pub async fn create(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &serde_json::Map<String, serde_json::Value>,
+) -> AnswerKind {
+    let name = pod
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let request = serde_json::to_vec(pod)
+        .map_err(|e| e.to_string())
+        .and_then(|body| {
+            http::Request::post(format!(
+                "/api/v1/namespaces/{namespace}/pods?fieldValidation=Strict"
+            ))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .map_err(|e| e.to_string())
+        });
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => {
+            // Only a namespace that is no URI path could get here.
+            return AnswerKind::Refused {
+                refusal: CreateRefusal::Configuration {
+                    message: format!(
+                        "the Create of pod {name} in namespace {namespace:?} cannot be sent: {e}"
+                    ),
+                },
+                retry_after: None,
+            };
+        }
+    };
+    match client.request::<Created>(request).await {
+        Ok(p) => AnswerKind::Created(p.metadata.uid.unwrap_or_default()),
         Err(kube::Error::Api(s)) if fenced_out(&s) => {
             // Sent under a Lease term that ended before the Create reached
             // the API server: not created. Whoever holds the Lease now
@@ -190,7 +194,7 @@ pub async fn release(api: &Api<Pod>, v: &Version, token: Option<String>) -> Rele
     });
     if let Some(token) = token {
         meta["annotations"] =
-            serde_json::json!({ graceguard_contract::fencing::ANNOTATION: token });
+            serde_json::json!({ graceguard_contract::fencing::RELEASED_UNDER: token });
     }
     let patch = serde_json::json!({ "metadata": meta });
     match api

@@ -68,8 +68,10 @@ impl PodRecord {
 
 /// A stable hash of a pod template (its JSON), to tell "the same task
 /// submitted again" from "another task under a name in use".
-pub fn template_hash(template: &serde_json::Value) -> String {
-    let digest = Sha256::digest(template.to_string().as_bytes());
+pub fn template_hash(template: &impl serde::Serialize) -> String {
+    // JSON of strings, numbers and maps cannot fail to write.
+    let json = serde_json::to_string(template).unwrap_or_default();
+    let digest = Sha256::digest(json.as_bytes());
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 

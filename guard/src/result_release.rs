@@ -119,6 +119,33 @@ pub async fn release_results(
     Ok(out)
 }
 
+/// The namespaces where graceguard's pods (of `instance`, if given) hold
+/// the result finalizer, sorted: what `release-results --all-namespaces`
+/// goes through, one namespace at a time.
+pub async fn namespaces_holding(
+    client: &Client,
+    instance: Option<&str>,
+) -> Result<Vec<String>, GuardError> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+    if let Some(i) = instance {
+        selector.push_str(&format!(",{INSTANCE_LABEL}={i}"));
+    }
+    let listed = pods
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| GuardError::api("listing graceguard's pods in every namespace", e))?;
+    let mut namespaces: Vec<String> = listed
+        .items
+        .iter()
+        .filter(|p| result_finalizer::holds(p.finalizers()))
+        .filter_map(|p| p.namespace())
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    Ok(namespaces)
+}
+
 /// How often a pod that changed under the write is read again and the
 /// write retried: a pod in a namespace being deleted, or on a live node, is
 /// written to by the kubelet and the namespace controller meanwhile.

@@ -144,7 +144,18 @@ class PerValuesFile:
         others = other_kinds(self.merged)
         if others:
             expected_names.add("collision-guard-kinds.graceguard.io")
+        fencing = enabled(wcfg, "collisionGuard") and wcfg["collisionGuard"].get("fencing", True) is not False
+        if fencing:
+            expected_names.add("release-fencing.graceguard.io")
         self.assertEqual(rendered_names, expected_names)
+        if fencing:
+            cfg, wh = self.r.webhook("release-fencing.graceguard.io")
+            self.assertEqual(cfg["metadata"]["name"], self.r.webhook("collision-guard.graceguard.io")[0]["metadata"]["name"])
+            self.assertEqual((wh["failurePolicy"], wh["sideEffects"]), ("Ignore", "None"))
+            self.assertEqual(wh["clientConfig"]["service"]["path"], "/validate/pods-release")
+            self.assertEqual(wh["rules"], [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                                            "resources": ["pods"], "scope": "Namespaced"}])
+            self.assertEqual(wh["matchConditions"], MATCH_CONDITIONS["releaseFencing"])
         if others:
             cfg, wh = self.r.webhook("collision-guard-kinds.graceguard.io")
             self.assertEqual(cfg["metadata"]["name"], self.r.webhook("collision-guard.graceguard.io")[0]["metadata"]["name"])
@@ -160,7 +171,8 @@ class PerValuesFile:
                 continue
             cfg, wh = self.r.webhook(name)
             self.assertEqual(cfg["kind"], kind, name)
-            self.assertEqual(len(cfg["webhooks"]), 2 if key == "collisionGuard" and others else 1, name)
+            extra = int(bool(others)) + int(fencing) if key == "collisionGuard" else 0
+            self.assertEqual(len(cfg["webhooks"]), 1 + extra, name)
             self.assertEqual(wh["rules"], [{
                 "apiGroups": [""], "apiVersions": ["v1"], "operations": [op],
                 "resources": [resource], "scope": "Namespaced",
@@ -811,7 +823,9 @@ class TestOptions(unittest.TestCase):
             with self.subTest(kube_version=kube or "default"):
                 r = cl.render_objects({}, kube_version=kube)
                 on = match_conditions(r)
-                self.assertEqual(set(on), {WEBHOOKS[k][0] for k in WEBHOOKS} | {"collision-guard-kinds.graceguard.io"})
+                self.assertEqual(set(on), {WEBHOOKS[k][0] for k in WEBHOOKS}
+                                 | {"collision-guard-kinds.graceguard.io", "release-fencing.graceguard.io"})
+                self.assertEqual(on["release-fencing.graceguard.io"], MATCH_CONDITIONS["releaseFencing"])
                 self.assertEqual(on["collision-guard.graceguard.io"], MATCH_CONDITIONS["collisionGuard"])
                 self.assertEqual(on["collision-guard-kinds.graceguard.io"], MATCH_CONDITIONS["collisionGuard"])
                 self.assertEqual(on["disruption-tagger.graceguard.io"], MATCH_CONDITIONS["disruptionTagger"])
@@ -899,6 +913,19 @@ class TestOptions(unittest.TestCase):
                 self.assertEqual(match_conditions(old), match_conditions(new))
                 self.assertEqual(old.one("ClusterRole")["rules"], new.one("ClusterRole")["rules"])
                 self.assertEqual([o["spec"] for o in write_policy(old)], [o["spec"] for o in write_policy(new)])
+
+    def test_fencing_off_drops_the_lease_grant_and_the_release_check(self) -> None:
+        r = cl.render_objects({"webhooks": {"collisionGuard": {"fencing": False}}})
+        role = r.one("ClusterRole")
+        self.assertFalse([rule for rule in role["rules"] if "leases" in rule["resources"]], role)
+        names = {wh["name"] for cfg in r.webhook_configurations() for wh in cfg["webhooks"]}
+        self.assertNotIn("release-fencing.graceguard.io", names)
+        env = {e["name"]: e.get("value") for e in r.one("Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+        self.assertEqual(env["GRACEGUARD_FENCING"], "false")
+        # Missing (an upgrade with --reuse-values from before the setting): on.
+        r = cl.render_objects({"webhooks": {"collisionGuard": {"fencing": None}}})
+        names = {wh["name"] for cfg in r.webhook_configurations() for wh in cfg["webhooks"]}
+        self.assertIn("release-fencing.graceguard.io", names)
 
     def test_follow_up_off_keeps_rbac_read_only(self) -> None:
         r = cl.render_objects({"webhooks": {"disruptionTagger": {"enabled": True, "followUp": False}}})

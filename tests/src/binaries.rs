@@ -37,6 +37,9 @@ pub enum Feature {
     /// A watch with `sendInitialEvents` (the WatchList feature): on by default
     /// in 1.32 and again from 1.34.
     StreamingLists,
+    /// `spec.hostnameOverride` on pods, served by default from 1.35 (beta;
+    /// GA in 1.37): a field newer than graceguard's k8s-openapi Pod type.
+    HostnameOverride,
 }
 
 /// The environment variable that picks the version: a minor (`1.30`) or a
@@ -110,6 +113,7 @@ impl KubeVersion {
     pub fn has(self, feature: Feature) -> bool {
         match feature {
             Feature::StreamingLists => self.minor == 32 || self.minor >= 34,
+            Feature::HostnameOverride => self.minor >= 35,
         }
     }
 }

@@ -37,6 +37,10 @@ pub enum Hook {
     EvictionAudit,
     /// Validating, CREATE of the other kinds in [`COLLISION_KINDS`].
     CollisionKinds,
+    /// Validating, pods UPDATE: the fencing check of the guard's
+    /// result-finalizer releases (not in [`ALL_HOOKS`]: registered where a
+    /// test uses it, with the chart's matchConditions).
+    ReleaseFencing,
 }
 
 /// The other kinds the tests guard: `--collision-kinds` for the webhook, and
@@ -61,6 +65,7 @@ impl Hook {
             Hook::DeletionAudit => "/validate/pods-delete",
             Hook::EvictionAudit => "/validate/pods-eviction",
             Hook::CollisionKinds => "/validate/collision",
+            Hook::ReleaseFencing => "/validate/pods-release",
         }
     }
 
@@ -71,6 +76,7 @@ impl Hook {
             Hook::DeletionAudit => "deletion-audit.graceguard.io",
             Hook::EvictionAudit => "eviction-audit.graceguard.io",
             Hook::CollisionKinds => "collision-guard-kinds.graceguard.io",
+            Hook::ReleaseFencing => "release-fencing.graceguard.io",
         }
     }
 
@@ -79,7 +85,10 @@ impl Hook {
     fn side_effects(self) -> &'static str {
         match self {
             Hook::DisruptionTagger | Hook::EvictionAudit => "NoneOnDryRun",
-            Hook::CollisionGuard | Hook::DeletionAudit | Hook::CollisionKinds => "None",
+            Hook::CollisionGuard
+            | Hook::DeletionAudit
+            | Hook::CollisionKinds
+            | Hook::ReleaseFencing => "None",
         }
     }
 
@@ -96,6 +105,7 @@ impl Hook {
             Hook::DeletionAudit => "deletion_audit",
             Hook::EvictionAudit => "eviction_audit",
             Hook::CollisionKinds => "collision_guard",
+            Hook::ReleaseFencing => "release_fencing",
         }
     }
 
@@ -123,6 +133,7 @@ impl Hook {
             Hook::DisruptionTagger => ("UPDATE", "pods/status"),
             Hook::DeletionAudit => ("DELETE", "pods"),
             Hook::EvictionAudit => ("CREATE", "pods/eviction"),
+            Hook::ReleaseFencing => ("UPDATE", "pods"),
             Hook::CollisionKinds => unreachable!("returned above"),
         };
         RuleWithOperations {
@@ -146,6 +157,7 @@ fn match_conditions(hook: Hook) -> Result<Value> {
         Hook::DisruptionTagger => "disruptionTagger",
         Hook::CollisionKinds => "collisionGuard",
         Hook::DeletionAudit => "deletionAudit",
+        Hook::ReleaseFencing => "releaseFencing",
         Hook::EvictionAudit => return Ok(Value::Array(Vec::new())),
     };
     Ok(all[key].clone())
@@ -698,6 +710,15 @@ impl WebhookProcess {
                     }
                     Hook::EvictionAudit => {
                         crate::pods::evict(&bed.client, NS, POD, None, true).await?;
+                    }
+                    Hook::ReleaseFencing => {
+                        // A new released-under value each round: an update
+                        // the matchConditions pass (its Lease unknown: allowed).
+                        let patch = serde_json::json!({"metadata": {"annotations": {
+                            graceguard_contract::fencing::RELEASED_UNDER: format!("{NS}/probe/probe/{n}"),
+                        }}});
+                        api.patch(POD, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await?;
                     }
                     Hook::CollisionKinds => {
                         let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(

@@ -22,7 +22,7 @@ use testbed::guard_task::audited_bed;
 use testbed::pods;
 use testbed::sidecar::SidecarProcess;
 use testbed::stall::HoldingProxy;
-use testbed::webhook::{Hook, WebhookProcess};
+use testbed::webhook::{Hook, Registration, WebhookProcess};
 use testbed::TestBed;
 
 type R = anyhow::Result<()>;
@@ -103,7 +103,16 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
     let bed = TestBed::start().await?;
     let ns = bed.namespace("fencing").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
-    webhook.register(&bed, &[Hook::CollisionGuard]).await?;
+    webhook
+        .register_with(
+            &bed,
+            &[Hook::CollisionGuard, Hook::ReleaseFencing],
+            Registration {
+                match_conditions: true,
+                ..Default::default()
+            },
+        )
+        .await?;
     let alice = bed.client_as("alice").await?;
     let api: Api<Pod> = Api::namespaced(alice.clone(), &ns);
 
@@ -139,7 +148,9 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
     );
     // The guard's own Create path reads that answer as "not created, not
     // known": it reads the name first if it ever acts again.
-    let kind = pod_api::create(&api, &pod_under("task-a-1", &a)).await;
+    let pod = serde_json::to_value(pod_under("task-a-1", &a))?;
+    let pod = pod.as_object().cloned().unwrap_or_default();
+    let kind = pod_api::create(&alice, &ns, &pod).await;
     anyhow::ensure!(
         matches!(kind, AnswerKind::Unknown),
         "the guard's create() of a fenced-out write: {kind:?}"
@@ -157,14 +168,19 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
     }
 
     // Audited as refused for its term, and counted.
-    let recs = webhook.records_for("collision_guard", &ns, "task-a-0")?;
+    // Records are written off the request path: waited for.
+    let recs = webhook
+        .wait_records("collision_guard", &ns, "task-a-0", 1)
+        .await?;
     anyhow::ensure!(
         recs.iter().any(|r| r["decision"] == "deny"
             && r["reason"] == "fencing_token_superseded"
             && r["fencing"] == "fencing_token_superseded"),
         "no audit record of the refusal: {recs:?}"
     );
-    let b_recs = webhook.records_for("collision_guard", &ns, "task-b-0")?;
+    let b_recs = webhook
+        .wait_records("collision_guard", &ns, "task-b-0", 1)
+        .await?;
     anyhow::ensure!(
         b_recs
             .iter()
@@ -177,6 +193,99 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
     anyhow::ensure!(
         refused_count >= 2.0,
         "graceguard_fenced_writes_refused_total {refused_count}, expected the dry runs' and A's ≥ 2"
+    );
+
+    // Result-finalizer releases: A's, sent under its term, is refused and
+    // the finalizer stays; B's goes through. An operator's release (no
+    // released-under) of a pod whose creator's term is over is never
+    // checked: the matchConditions do not send it.
+    for name in ["kept-0", "kept-1", "kept-2"] {
+        let mut pod = pod_under(name, &b);
+        pod.metadata.finalizers = Some(vec![graceguard::naming::RESULT_FINALIZER.into()]);
+        api.create(&PostParams::default(), &pod).await?;
+    }
+    let version = |p: &Pod| graceguard::pod_index::Version {
+        name: p.metadata.name.clone().unwrap_or_default(),
+        uid: p.metadata.uid.clone().unwrap_or_default(),
+        resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
+        finalizers: p.metadata.finalizers.clone().unwrap_or_default(),
+    };
+    let kept = api.get("kept-0").await?;
+    let out = pod_api::release(&api, &version(&kept), Some(a.to_string())).await;
+    anyhow::ensure!(
+        out == pod_api::Released::Failed,
+        "A's late release: {out:?}"
+    );
+    let still = api.get("kept-0").await?;
+    anyhow::ensure!(
+        still
+            .metadata
+            .finalizers
+            .as_deref()
+            .unwrap_or_default()
+            .len()
+            == 1,
+        "the finalizer was let go by a refused release: {:?}",
+        still.metadata.finalizers
+    );
+    let out = pod_api::release(&api, &version(&still), Some(b.to_string())).await;
+    anyhow::ensure!(out == pod_api::Released::Done, "B's release: {out:?}");
+    anyhow::ensure!(
+        api.get("kept-0")
+            .await?
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .is_empty(),
+        "B's release let go"
+    );
+    let recs = webhook
+        .wait_records("release_fencing", &ns, "kept-0", 2)
+        .await?;
+    let reasons: Vec<&str> = recs.iter().filter_map(|r| r["reason"].as_str()).collect();
+    anyhow::ensure!(
+        reasons == ["fencing_token_superseded", "fencing_token_current"],
+        "the two releases as checked: {reasons:?}"
+    );
+    let stale_creator = serde_json::json!({"metadata": {"annotations": {graceguard_contract::fencing::ANNOTATION: a.to_string()}}});
+    api.patch(
+        "kept-1",
+        &Default::default(),
+        &kube::api::Patch::Merge(&stale_creator),
+    )
+    .await?;
+    let by_hand = serde_json::json!({"metadata": {"finalizers": null}});
+    api.patch(
+        "kept-1",
+        &Default::default(),
+        &kube::api::Patch::Merge(&by_hand),
+    )
+    .await?;
+    anyhow::ensure!(
+        api.get("kept-1")
+            .await?
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .is_empty(),
+        "an operator's release is never refused"
+    );
+    // A release the check does see, after them: once its record is written,
+    // any record of theirs would be too (one writer, in order).
+    let marker = api.get("kept-2").await?;
+    let out = pod_api::release(&api, &version(&marker), Some(b.to_string())).await;
+    anyhow::ensure!(
+        out == pod_api::Released::Done,
+        "B's release of kept-2: {out:?}"
+    );
+    webhook
+        .wait_records("release_fencing", &ns, "kept-2", 1)
+        .await?;
+    anyhow::ensure!(
+        webhook
+            .records_for("release_fencing", &ns, "kept-1")?
+            .is_empty(),
+        "an operator's edits never reach the release check"
     );
 
     // The Lease deleted and created again (a new uid): every term of the old
@@ -197,7 +306,9 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
             .is_some_and(|s| s.code == 409 && s.message.contains("deleted and created again")),
         "a Create under the deleted Lease's term: {out:?}"
     );
-    let recs = webhook.records_for("collision_guard", &ns, "task-b-1")?;
+    let recs = webhook
+        .wait_records("collision_guard", &ns, "task-b-1", 1)
+        .await?;
     anyhow::ensure!(
         recs.iter()
             .any(|r| r["decision"] == "deny" && r["reason"] == "fencing_token_lease_replaced"),

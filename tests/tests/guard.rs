@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use graceguard::adoption::{Adopter, Found};
 use graceguard::done_marks::Marked;
+use graceguard::template::Template;
 use graceguard::FailureKind;
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -809,7 +810,10 @@ async fn a_task_aborted_before_the_first_pod_list_is_never_launched() -> R {
     let executor = Executor::start(carol, config);
     let key = TaskKey::new(&ns, "early");
     let st = executor
-        .submit(spec("early", &ns), pods::task_pod("template", 30))
+        .submit(
+            spec("early", &ns),
+            Template::from_pod(&pods::task_pod("template", 30))?,
+        )
         .await?;
     assert!(!st.started, "{st:?}");
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -860,7 +864,7 @@ async fn two_hundred_tasks_waiting_on_a_full_quota_send_one_create_per_window() 
         executor
             .submit(
                 spec(&format!("herd-{i}"), &ns),
-                pods::task_pod("template", 30),
+                Template::from_pod(&pods::task_pod("template", 30))?,
             )
             .await?;
     }
@@ -916,6 +920,80 @@ async fn two_hundred_tasks_waiting_on_a_full_quota_send_one_create_per_window() 
         if let EventBody::Transition { transition, .. } = &e.body {
             assert_eq!(transition.attempt, 0, "{transition:?}");
         }
+    }
+    Ok(())
+}
+
+/// `graceguard release-results --all-namespaces` goes through every
+/// namespace where graceguard's pods hold the result finalizer, judging each
+/// owner by its Lease in its pods' namespace: a dead instance's held pods
+/// in two namespaces are let go, a live instance's kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_results_for_all_namespaces_lets_go_of_dead_owners_pods_only() -> R {
+    let (bed, ns_a, _alice) = bed().await?;
+    let ns_b = bed.namespace("guard-b").await?;
+    let held = |name: &str, instance: &str| {
+        let mut p = managed_pod(name, instance);
+        p.metadata.finalizers = Some(vec![graceguard::naming::RESULT_FINALIZER.into()]);
+        p
+    };
+    for (ns, name, instance) in [
+        (&ns_a, "gone-a-0", "dead-exec"),
+        (&ns_b, "gone-b-0", "dead-exec"),
+        (&ns_b, "kept-b-0", "live-exec"),
+    ] {
+        Api::<Pod>::namespaced(bed.client.clone(), ns)
+            .create(&PostParams::default(), &held(name, instance))
+            .await?;
+    }
+    instance_lease(&bed, &ns_a, "dead-exec", DEAD).await?;
+    instance_lease(&bed, &ns_b, "dead-exec", DEAD).await?;
+    instance_lease(&bed, &ns_b, "live-exec", LIVE).await?;
+    let bin = testbed::binaries::workspace_bin("graceguard", "GRACEGUARD_BIN")?;
+    let out = tokio::process::Command::new(&bin)
+        .args([
+            "release-results",
+            "--all-namespaces",
+            "--lease-wait-seconds",
+            "5",
+            "--kubeconfig",
+        ])
+        .arg(bed.kubeconfig_for("alice")?)
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut got: Vec<(String, String, String)> = stdout
+        .lines()
+        .map(serde_json::from_str::<serde_json::Value>)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .filter(|l| l["namespace"] == ns_a.as_str() || l["namespace"] == ns_b.as_str())
+        .map(|l| {
+            let s = |k: &str| l[k].as_str().unwrap_or_default().to_string();
+            (s("namespace"), s("pod"), s("outcome"))
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (ns_a.clone(), "gone-a-0".into(), "released".into()),
+            (ns_b.clone(), "gone-b-0".into(), "released".into()),
+            (ns_b.clone(), "kept-b-0".into(), "kept".into()),
+        ],
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "not every pod was released");
+    for (ns, name, holds) in [(&ns_a, "gone-a-0", false), (&ns_b, "kept-b-0", true)] {
+        let p = Api::<Pod>::namespaced(bed.client.clone(), ns)
+            .get(name)
+            .await?;
+        assert_eq!(
+            p.metadata.finalizers.unwrap_or_default().len() == 1,
+            holds,
+            "{ns}/{name}"
+        );
     }
     Ok(())
 }

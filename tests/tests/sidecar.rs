@@ -944,3 +944,62 @@ async fn a_sidecar_restarted_in_its_own_container_takes_its_lease_over_at_once()
     drop(again);
     Ok(())
 }
+
+/// A template is created as it was sent. A field newer than graceguard's
+/// Pod type (k8s-openapi's, for 1.33) reaches the pod where the server
+/// serves it (`spec.hostnameOverride`, 1.35+), and where the server does not
+/// know it, the server refuses the Create naming it and the task fails
+/// saying so: nothing is dropped on the way. Before, the sidecar parsed the
+/// template into that type and the field vanished without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_is_created_whole_and_a_field_the_server_does_not_know_is_refused_by_it() -> R {
+    let (bed, ns, template) = bed().await?;
+    let sidecar = SidecarProcess::start(&bed, "exec-whole", &ns).await?;
+    let mut tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    tpl["spec"]["hostnameOverride"] = "trainer".into();
+    let path = format!("/v1/tasks/{ns}/whole");
+    let (code, st) = sidecar
+        .request("PUT", &path, Some(&serde_json::json!({ "template": tpl })))
+        .await?;
+    assert_eq!(code, 201, "submitted: {st}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    if bed.version.has(testbed::Feature::HostnameOverride) {
+        let url = format!("/api/v1/namespaces/{ns}/pods/whole-0");
+        let pod: serde_json::Value = loop {
+            let req = http::Request::get(url.as_str()).body(Vec::new())?;
+            if let Ok(text) = bed.client.request_text(req).await {
+                break serde_json::from_str(&text)?;
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "whole-0 was never created: {}",
+                sidecar.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(
+            pod["spec"]["hostnameOverride"], "trainer",
+            "the field reached the pod: {pod}"
+        );
+    } else {
+        let st = loop {
+            let (_, st) = sidecar.request("GET", &path, None).await?;
+            if st["terminal"] == true {
+                break st;
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the task never ended: {st}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let reason = st["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("hostnameOverride"),
+            "the server's refusal names the field: {st}"
+        );
+        let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+        assert!(api.get_opt("whole-0").await?.is_none(), "nothing created");
+    }
+    Ok(())
+}

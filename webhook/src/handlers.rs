@@ -122,6 +122,16 @@ pub async fn validate_pods_eviction(
     handle(&app, Endpoint::eviction_audit, peer.map(|p| p.0), &body).await
 }
 
+/// `POST /validate/pods-release`: the fencing check of the guard's
+/// result-finalizer releases.
+pub async fn validate_pods_release(
+    State(app): State<Arc<App>>,
+    peer: Option<Extension<Peer>>,
+    body: Bytes,
+) -> Response {
+    handle(&app, Endpoint::release_fencing, peer.map(|p| p.0), &body).await
+}
+
 async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) -> Response {
     let start = Instant::now();
     let read = match endpoint {
@@ -160,6 +170,7 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
         Endpoint::disruption_tagger => disruption_tagger(app, &req, acts),
         Endpoint::deletion_audit => deletion_audit(app, &req, acts),
         Endpoint::eviction_audit => eviction_audit(app, &req, acts),
+        Endpoint::release_fencing => release_fencing(app, &req),
     };
     let elapsed = start.elapsed();
     let (user, groups) = req.user();
@@ -478,23 +489,76 @@ fn fencing(app: &App, req: &Request) -> Fenced {
             warning,
         },
         Check::Refuse { reason, status } => {
-            app.metrics.fenced_writes_refused.inc();
             let rec = AuditRecord {
-                reason: reason.into(),
                 namespace: req.namespace.clone(),
                 name: object_name(req),
-                code: Some(status.code),
-                detail: Some(status.message.clone()),
-                fencing: Some(reason),
                 ..Default::default()
             };
+            Fenced::Refused(Box::new(refused_for_term(app, rec, reason, status)))
+        }
+    }
+}
+
+/// A write refused because the term it was sent under is over: counted,
+/// recorded and answered.
+fn refused_for_term(
+    app: &App,
+    mut rec: AuditRecord,
+    reason: &'static str,
+    status: Box<kube::core::Status>,
+) -> (Answer, AuditRecord) {
+    app.metrics.fenced_writes_refused.inc();
+    rec.reason = reason.into();
+    rec.fencing = Some(reason);
+    rec.code = Some(status.code);
+    rec.detail = Some(status.message.clone());
+    let answer = Answer {
+        allowed: false,
+        status: Some(*status),
+        ..Answer::allow()
+    };
+    (answer, rec)
+}
+
+/// The fencing check of a pod update that sets or changes
+/// [`graceguard_contract::fencing::RELEASED_UNDER`]: a guard's result-finalizer
+/// release, refused when the term it was sent under is over. Any other
+/// update (an operator's, a later write) is allowed unchecked; the API
+/// server's matchConditions send only releases here.
+fn release_fencing(app: &App, req: &Request) -> (Answer, AuditRecord) {
+    use graceguard_contract::fencing::RELEASED_UNDER;
+    let annotation = |pod: Option<&review::Pod>| {
+        pod.and_then(|p| p.metadata.annotations.as_ref())
+            .and_then(|a| a.get(RELEASED_UNDER))
+            .cloned()
+    };
+    let mut rec = AuditRecord {
+        namespace: req.namespace.clone(),
+        name: req.name.clone(),
+        ..Default::default()
+    };
+    let token = annotation(req.object.as_ref());
+    let sets_it = req.is_pods("UPDATE", "")
+        && token.is_some()
+        && token != annotation(req.old_object.as_ref());
+    let (Some(terms), Some(token), true) = (&app.leases, token, sets_it) else {
+        rec.reason = match app.leases {
+            None => "fencing_off".into(),
+            Some(_) => "not_a_release".into(),
+        };
+        return (Answer::allow(), rec);
+    };
+    match terms.check(&token) {
+        Check::Allow { reason, warning } => {
+            rec.reason = reason.into();
+            rec.fencing = Some(reason);
             let answer = Answer {
-                allowed: false,
-                status: Some(*status),
+                warnings: warning.into_iter().collect(),
                 ..Answer::allow()
             };
-            Fenced::Refused(Box::new((answer, rec)))
+            (answer, rec)
         }
+        Check::Refuse { reason, status } => refused_for_term(app, rec, reason, status),
     }
 }
 

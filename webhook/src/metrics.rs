@@ -18,6 +18,8 @@ pub enum Endpoint {
     disruption_tagger,
     deletion_audit,
     eviction_audit,
+    /// The fencing check of the guard's result-finalizer releases.
+    release_fencing,
 }
 
 impl Endpoint {
@@ -27,6 +29,7 @@ impl Endpoint {
             Endpoint::disruption_tagger => "disruption_tagger",
             Endpoint::deletion_audit => "deletion_audit",
             Endpoint::eviction_audit => "eviction_audit",
+            Endpoint::release_fencing => "release_fencing",
         }
     }
 }
@@ -144,7 +147,7 @@ pub struct Metrics {
     pub connections_ended: Family<ConnectionEndLabels, Counter>,
     /// Each endpoint's review series, resolved once: the admission path
     /// increments them without a label hash or the family's lock.
-    handles: Arc<[ReviewHandles; 4]>,
+    handles: Arc<[ReviewHandles; ENDPOINTS.len()]>,
 }
 
 /// One endpoint's `admission_reviews` and `admission_review_seconds` series.
@@ -172,11 +175,12 @@ pub fn build_info() -> Info<Vec<(&'static str, &'static str)>> {
     ])
 }
 
-const ENDPOINTS: [Endpoint; 4] = [
+const ENDPOINTS: [Endpoint; 5] = [
     Endpoint::collision_guard,
     Endpoint::disruption_tagger,
     Endpoint::deletion_audit,
     Endpoint::eviction_audit,
+    Endpoint::release_fencing,
 ];
 
 impl Metrics {

@@ -60,6 +60,10 @@ pub fn admission_router(app: Arc<App>, limits: &Limits) -> Router {
             "/validate/pods-eviction",
             post(handlers::validate_pods_eviction),
         )
+        .route(
+            "/validate/pods-release",
+            post(handlers::validate_pods_release),
+        )
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
             intake_state,

@@ -1,7 +1,6 @@
 //! The sidecar API's bodies and queries: the Rust types the handlers use and
 //! the OpenAPI document is generated from, so the two cannot drift apart.
 
-use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -28,8 +27,10 @@ pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 #[serde(deny_unknown_fields)]
 pub struct PutTask {
     /// The pod every attempt is made from (its name is the sidecar's: `<task>-<attempt>`).
+    /// Kept as sent: fields newer than graceguard's Pod type go to the API
+    /// server, which refuses the ones it does not know.
     #[schema(schema_with = crate::sidecar::openapi::pod_template)]
-    pub template: Pod,
+    pub template: serde_json::Value,
     /// User failures (the pod's own non-zero exit) retried before the task fails.
     #[serde(default)]
     pub retries: u32,

@@ -19,6 +19,7 @@ use super::Sidecar;
 use crate::error::TaskError;
 use crate::reconcile::TaskSpec;
 use crate::task::{Submitted, TaskKey, TaskStatus};
+use crate::template::Template;
 
 type Answer<T> = Result<T, ApiStatus>;
 
@@ -71,7 +72,8 @@ pub async fn put_task(
         bounds: put.bounds,
         rerun_done: put.rerun_done,
     };
-    let Submitted { status, created } = s.executor.put(spec, put.template, q.replace).await?;
+    let template = Template::from_json(put.template)?;
+    let Submitted { status, created } = s.executor.put(spec, template, q.replace).await?;
     let code = if created {
         StatusCode::CREATED
     } else {
