@@ -222,5 +222,8 @@ const (
 	ReasonEpochChanged     = "EpochChanged"
 	ReasonFenced           = "Fenced"
 	ReasonNotSynced        = "NotSynced"
-	ReasonUnauthorized     = "Unauthorized"
+	// The sidecar holds as many tasks (or bytes of templates) as it may:
+	// forget ended tasks, then submit again.
+	ReasonTooManyTasks = "TooManyTasks"
+	ReasonUnauthorized = "Unauthorized"
 )

@@ -22,6 +22,14 @@ pub enum TaskError {
     Template(String),
     #[error("this executor watches namespace {watched} only, not {asked}; run a sidecar for {asked} or one without --namespace")]
     WrongNamespace { watched: String, asked: String },
+    #[error("the executor already knows {max} tasks, its limit; forget ended tasks (DELETE with forget, or acknowledge their results) or raise --max-tasks")]
+    TooManyTasks { max: usize },
+    #[error("the executor already holds {held} bytes of pod templates and this one ({bytes} bytes) would pass its limit of {max}; forget ended tasks or raise --max-template-bytes")]
+    TemplatesFull {
+        held: usize,
+        bytes: usize,
+        max: usize,
+    },
     #[error("the executor has stopped")]
     Stopped,
 }

@@ -32,6 +32,14 @@ pub struct ExecutorConfig {
     /// ends). Default 10 minutes: memory stays bounded in a long-lived
     /// sidecar.
     pub forget_after: Option<Duration>,
+    /// Most tasks known at once (submitted, or taken up from their pods);
+    /// one more is refused (`TaskError::TooManyTasks`) until some are
+    /// forgotten. Default 100,000.
+    pub max_tasks: usize,
+    /// Most bytes of templates held at once (each counted as submitted); a
+    /// task whose template would pass it is refused. Default 512 MiB: with
+    /// templates of up to 2 MiB each, the sidecar's memory stays bounded.
+    pub max_template_bytes: usize,
 }
 
 impl ExecutorConfig {
@@ -49,6 +57,8 @@ impl ExecutorConfig {
             max_in_flight: 16,
             fence: Fence::open(),
             forget_after: Some(Duration::from_secs(600)),
+            max_tasks: 100_000,
+            max_template_bytes: 512 * 1024 * 1024,
         }
     }
 }

@@ -208,6 +208,9 @@ struct Loop {
     namespaces: HashMap<String, NamespaceSeen>,
     /// Waiting for the releases in flight to end.
     settling: Vec<oneshot::Sender<()>>,
+    /// The bytes of the templates the tasks hold (against
+    /// [`ExecutorConfig::max_template_bytes`]).
+    template_bytes: usize,
 }
 
 /// A namespace as asked about ([`crate::namespace_state`]).
@@ -246,6 +249,7 @@ pub(crate) fn spawn(
         forgotten: HashSet::new(),
         namespaces: HashMap::new(),
         settling: Vec::new(),
+        template_bytes: 0,
     };
     tokio::spawn(inner.run(commands, answers_rx));
 }
@@ -687,7 +691,9 @@ impl Loop {
         if self.pods(key).iter().any(still_runs) || s.delete_on_sight {
             return Err(TaskError::CleanupPending(key.task.clone()));
         }
-        self.tasks.remove(key);
+        if let Some(t) = self.tasks.remove(key).and_then(|e| e.template) {
+            self.template_bytes = self.template_bytes.saturating_sub(t.bytes());
+        }
         self.log.forget(&key.namespace, &key.task);
         // Nobody will acknowledge its result now: its pods let go.
         self.forgotten.insert(key.clone());
@@ -744,7 +750,7 @@ impl Loop {
                 // Ended and no pod of it left running, or refused.
                 (Some(_), true) => self.forget(&key)?,
                 (None, _) => {
-                    self.take_template(&key, template, hash);
+                    self.take_template(&key, template, hash)?;
                     return self.submitted(&key, false);
                 }
             }
@@ -758,9 +764,11 @@ impl Loop {
                 return Err(TaskError::CleanupPending(spec.task));
             }
         }
+        self.room_for(&key, &template)?;
         let mut spec = spec;
         spec.instance = self.config.instance.clone();
         let template = with_hash(template, &hash);
+        self.template_bytes += template.bytes();
         let mut entry = Entry::new(spec, Some(template), hash, &self.config);
         entry.replacing = replace;
         self.tasks.insert(key.clone(), entry);
@@ -773,15 +781,42 @@ impl Loop {
         self.submitted(&key, true)
     }
 
+    /// Whether a task may be added under `key` with `template` (a task
+    /// already known only adds its template): the executor's limits on
+    /// tasks and template bytes, so many submissions cannot exhaust its
+    /// memory.
+    fn room_for(&self, key: &TaskKey, template: &Template) -> Result<(), TaskError> {
+        let max = self.config.max_tasks;
+        if !self.tasks.contains_key(key) && self.tasks.len() >= max {
+            return Err(TaskError::TooManyTasks { max });
+        }
+        let (held, bytes, max) = (
+            self.template_bytes,
+            template.bytes(),
+            self.config.max_template_bytes,
+        );
+        if held.saturating_add(bytes) > max {
+            return Err(TaskError::TemplatesFull { held, bytes, max });
+        }
+        Ok(())
+    }
+
     /// A task submitted again with its template: one taken up after a
     /// restart (it had none) can launch again.
-    fn take_template(&mut self, key: &TaskKey, template: Template, hash: String) {
-        let Some(e) = self.tasks.get_mut(key) else {
-            return;
-        };
-        if e.template.is_some() {
-            return;
+    fn take_template(
+        &mut self,
+        key: &TaskKey,
+        template: Template,
+        hash: String,
+    ) -> Result<(), TaskError> {
+        match self.tasks.get(key) {
+            Some(e) if e.template.is_none() => self.room_for(key, &template)?,
+            _ => return Ok(()),
         }
+        let Some(e) = self.tasks.get_mut(key) else {
+            return Ok(());
+        };
+        self.template_bytes += template.bytes();
         e.template = Some(with_hash(template, &hash));
         e.template_hash = hash;
         if std::mem::take(&mut e.awaiting_template) {
@@ -794,6 +829,7 @@ impl Loop {
                 kind: AnswerKind::Unknown,
             });
         }
+        Ok(())
     }
 
     fn submitted(&self, key: &TaskKey, created: bool) -> Result<Submitted, TaskError> {

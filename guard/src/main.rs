@@ -119,6 +119,14 @@ struct SidecarArgs {
     /// status is no longer served; 0: never), so memory stays bounded.
     #[arg(long, default_value_t = 600)]
     forget_after_seconds: u64,
+    /// Most tasks known at once; a PUT of one more answers 429
+    /// `TooManyTasks` until ended tasks are forgotten.
+    #[arg(long, default_value_t = 100_000)]
+    max_tasks: usize,
+    /// Most bytes of pod templates held at once (each as submitted); a PUT
+    /// past it answers 429 `TooManyTasks`.
+    #[arg(long, default_value_t = 512 * 1024 * 1024)]
+    max_template_bytes: usize,
     /// Publish no Kubernetes Event per transition (they cost about four API
     /// writes per task, and kube's event recorder keeps each for six minutes
     /// to aggregate repeats).
@@ -533,6 +541,8 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     config.forget_after =
         (args.forget_after_seconds > 0).then(|| Duration::from_secs(args.forget_after_seconds));
     config.publish_events = !args.no_kube_events;
+    config.max_tasks = args.max_tasks.max(1);
+    config.max_template_bytes = args.max_template_bytes;
     let executor = Executor::start(client.clone(), config);
     let adoption = match (&args.namespace, args.adopt) {
         (Some(ns), true) => {

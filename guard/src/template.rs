@@ -23,7 +23,7 @@ use crate::reconcile::TaskSpec;
 
 /// A pod template as submitted (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Template(Map<String, Value>);
+pub struct Template(Map<String, Value>, usize);
 
 /// The metadata fields a template may carry that belong to one object, not
 /// to a template: dropped from every attempt's pod.
@@ -60,7 +60,15 @@ impl Template {
         if !has_containers {
             return Err(TaskError::Template("it has no spec.containers".into()));
         }
-        Ok(Self(map))
+        // What it takes written out: what the executor's limit on held
+        // templates counts.
+        let bytes = serde_json::to_vec(&map).map_or(0, |v| v.len());
+        Ok(Self(map, bytes))
+    }
+
+    /// Its size as JSON, as submitted.
+    pub fn bytes(&self) -> usize {
+        self.1
     }
 
     /// A template from a typed pod (a library caller's): only what that

@@ -43,6 +43,7 @@ fn query<T>(q: Result<Query<T>, QueryRejection>, expected: &str) -> Answer<T> {
         (status = 400, description = "Malformed body, unusable template or another namespace", body = ApiStatus),
         (status = 409, description = "Submitted with another template (`TemplateConflict`) or settings (`SpecConflict`); with `replace`, not ended yet (`NotEnded`, `CleanupPending`)", body = ApiStatus),
         (status = 413, description = "Body too large", body = ApiStatus),
+        (status = 429, description = "`TooManyTasks`: the executor holds as many tasks, or bytes of templates, as it may; forget ended tasks first", body = ApiStatus),
     ),
     security((), ("bearer" = [])),
 )]

@@ -179,6 +179,75 @@ mod tests {
         }))
     }
 
+    /// PUTs a task with a template of about `pad` bytes; the answer's code
+    /// and reason.
+    async fn put(app: &Router, task: &str, pad: usize) -> (u16, String) {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let body = serde_json::json!({"template": {
+            "metadata": {"annotations": {"pad": "x".repeat(pad)}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        }});
+        let req = axum::http::Request::put(format!("/v1/tasks/ns/{task}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(axum::body::Body::from(body.to_string()));
+        let Ok(req) = req else {
+            return (0, String::new());
+        };
+        let resp = match app.clone().oneshot(req).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        let code = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        (code, v["reason"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// Many submissions cannot exhaust the sidecar's memory: past its task
+    /// count or its template bytes a PUT answers 429 `TooManyTasks`; a task
+    /// it knows is still answered.
+    #[tokio::test]
+    async fn past_its_limits_a_put_is_429_too_many_tasks() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let mut ec = crate::executor::ExecutorConfig::new("unit");
+        ec.max_tasks = 2;
+        ec.max_template_bytes = 10_000;
+        let app = router(Sidecar {
+            executor: Executor::start(client, ec),
+            token: None,
+        });
+        assert_eq!(put(&app, "a", 10).await.0, 201);
+        assert_eq!(put(&app, "b", 10).await.0, 201);
+        assert_eq!(put(&app, "c", 10).await, (429, "TooManyTasks".into()));
+        assert_eq!(
+            put(&app, "a", 10).await.0,
+            200,
+            "a known task is still answered"
+        );
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let mut ec = crate::executor::ExecutorConfig::new("unit");
+        ec.max_template_bytes = 10_000;
+        let app = router(Sidecar {
+            executor: Executor::start(client, ec),
+            token: None,
+        });
+        assert_eq!(put(&app, "a", 6_000).await.0, 201);
+        assert_eq!(put(&app, "b", 6_000).await, (429, "TooManyTasks".into()));
+        assert_eq!(
+            put(&app, "c", 1_000).await.0,
+            201,
+            "a smaller one still fits"
+        );
+    }
+
     async fn status_of(app: Router, path: &str, auth: Option<&str>) -> u16 {
         use tower::ServiceExt;
         let mut req = axum::http::Request::builder().uri(path);

@@ -46,6 +46,10 @@ pub enum Reason {
     MethodNotAllowed,
     /// The body is larger than the sidecar accepts.
     TooLarge,
+    /// The executor holds as many tasks, or as many bytes of templates, as
+    /// it may (`--max-tasks`, `--max-template-bytes`): forget ended tasks,
+    /// then submit again.
+    TooManyTasks,
 }
 
 /// An error answer.
@@ -126,6 +130,9 @@ impl From<TaskError> for ApiStatus {
             TaskError::NotFound(_) => (StatusCode::NOT_FOUND, Reason::NotFound),
             TaskError::Template(_) => (StatusCode::BAD_REQUEST, Reason::BadTemplate),
             TaskError::WrongNamespace { .. } => (StatusCode::BAD_REQUEST, Reason::WrongNamespace),
+            TaskError::TooManyTasks { .. } | TaskError::TemplatesFull { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, Reason::TooManyTasks)
+            }
             TaskError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, Reason::Stopped),
         };
         Self::new(status, reason, e.to_string())

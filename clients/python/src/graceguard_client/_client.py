@@ -21,6 +21,9 @@ CLEANUP_PENDING = "CleanupPending"
 EPOCH_CHANGED = "EpochChanged"
 FENCED = "Fenced"
 NOT_SYNCED = "NotSynced"
+# The sidecar holds as many tasks (or bytes of templates) as it may: forget
+# ended tasks, then submit again.
+TOO_MANY_TASKS = "TooManyTasks"
 UNAUTHORIZED = "Unauthorized"
 
 
