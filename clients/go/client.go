@@ -2,10 +2,13 @@
 // sidecar`): submit pod tasks, follow their events, acknowledge results.
 //
 // Every call takes a context.Context. Calls that fail to connect (the
-// sidecar restarting, its socket not there yet) are retried with
-// exponential backoff; every call is safe to repeat: PUT is idempotent, an
-// acknowledgement names its epoch, and a retry or abort that already took
-// effect answers with the task's status or a NotEnded refusal.
+// sidecar restarting, its socket not there yet, another process taking its
+// instance over) are retried with exponential backoff for about a minute,
+// longer than a failover. A call whose connection broke mid-call is
+// retried too when it is safe to repeat: GET, PUT, DELETE, and an
+// acknowledgement (it names its epoch and sequence numbers). RetryTask is
+// not: it is retried only if it was never sent, and otherwise returns
+// ErrMaybeApplied: read the task's status before retrying it again.
 //
 // Sequence numbers of events belong to an epoch (one sidecar process): use
 // a Cursor, which carries the epoch and tells you when the sidecar
@@ -36,7 +39,8 @@ type Options struct {
 	// Token is the bearer token a TCP listener requires (its --token-file's content).
 	Token string
 	// ConnectRetries is how many times a call that could not connect is
-	// tried again (default 8: about 25 s with the default backoff).
+	// tried again (default 16: about 56 s with the default backoff, longer
+	// than a failover: a Lease duration, 30 s by default, and a start).
 	ConnectRetries int
 	// FirstBackoff is the first wait before a retry (default 100ms; it doubles, at most 5 s).
 	FirstBackoff time.Duration
@@ -60,7 +64,7 @@ func New(o Options) (*Client, error) {
 	}
 	c := &Client{token: o.Token, retries: o.ConnectRetries, backoff: o.FirstBackoff}
 	if c.retries == 0 {
-		c.retries = 8
+		c.retries = 16
 	}
 	if c.backoff == 0 {
 		c.backoff = 100 * time.Millisecond
@@ -88,10 +92,26 @@ func New(o Options) (*Client, error) {
 	return c, nil
 }
 
-// couldNotConnect says whether err means the request never reached a sidecar.
+// ErrMaybeApplied is returned (wrapped) for a RetryTask whose connection
+// broke after it was sent: the sidecar may have applied it. Read the task's
+// status before sending it again.
+var ErrMaybeApplied = errors.New("graceguard: the connection broke after the request was sent; it may have taken effect: read the task's status before repeating it")
+
+// couldNotConnect says whether err means no answer came from a sidecar.
 func couldNotConnect(err error) bool {
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	return neverSent(err) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// repeatable says whether a call may be sent again after its connection
+// broke: all but a task's retry (POST …/retry), which would run it twice.
+func repeatable(method, path string) bool {
+	return method != http.MethodPost || path == "/v1/events/ack"
+}
+
+// neverSent says whether err means the request never left: nothing listened.
+func neverSent(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
 }
 
 // do sends one request, retrying while it cannot connect; it returns the
@@ -108,7 +128,13 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) (in
 	wait := c.backoff
 	for try := 0; ; try++ {
 		code, err := c.once(ctx, method, path, raw, out)
-		if err == nil || !couldNotConnect(err) || try >= c.retries {
+		if err == nil || !couldNotConnect(err) {
+			return code, err
+		}
+		if !repeatable(method, path) && !neverSent(err) {
+			return 0, fmt.Errorf("%w (%s %s: %v)", ErrMaybeApplied, method, path, err)
+		}
+		if try >= c.retries {
 			return code, err
 		}
 		select {

@@ -3,6 +3,7 @@ package graceguard
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -100,6 +101,31 @@ func TestACallIsRetriedUntilTheSidecarListens(t *testing.T) {
 	c2, _ := New(Options{URL: srv.URL})
 	if _, err := c2.RetryTask(context.Background(), "n", "t"); !HasReason(err, ReasonNotEnded) || calls != 1 {
 		t.Fatalf("calls %d, err %v", calls, err)
+	}
+}
+
+// A POST whose connection breaks after it was sent is not sent again (the
+// sidecar may have applied it); a GET is.
+func TestABrokenPostIsNotRepeatedButAGetIs(t *testing.T) {
+	calls := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls[r.Method]++
+		if calls[r.Method] == 1 {
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		_, _ = w.Write([]byte(`{"namespace":"n","task":"t","attempt":1,"pod":"t-1","phase":"Queued"}`))
+	}))
+	defer srv.Close()
+	c, _ := New(Options{URL: srv.URL, FirstBackoff: 10 * time.Millisecond})
+	if _, err := c.RetryTask(context.Background(), "n", "t"); !errors.Is(err, ErrMaybeApplied) || calls["POST"] != 1 {
+		t.Fatalf("POST: calls %d, err %v", calls["POST"], err)
+	}
+	if s, err := c.GetTask(context.Background(), "n", "t"); err != nil || s.Pod != "t-1" || calls["GET"] != 2 {
+		t.Fatalf("GET: calls %d, %+v, %v", calls["GET"], s, err)
 	}
 }
 

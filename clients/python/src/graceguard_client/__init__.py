@@ -27,6 +27,7 @@ from ._client import (
     UNAUTHORIZED,
     Client,
     Cursor,
+    MaybeApplied,
     SidecarError,
 )
 from ._types import (
@@ -55,6 +56,7 @@ __all__ = [
     "UNAUTHORIZED",
     "Batch",
     "Client",
+    "MaybeApplied",
     "Cursor",
     "Event",
     "Outcome",

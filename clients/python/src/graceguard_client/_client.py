@@ -56,15 +56,32 @@ class _UnixConnection(http.client.HTTPConnection):
 
 # Failures that mean the request never reached a sidecar.
 _UNREACHABLE = (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, http.client.RemoteDisconnected)
+# Of those, the ones that mean the request never left: nothing listened.
+_NEVER_SENT = (ConnectionRefusedError, FileNotFoundError)
+
+
+class MaybeApplied(ConnectionError):
+    """A task's retry (POST …/retry) whose connection broke after it was
+    sent: the sidecar may have applied it. Read the task's status before
+    sending it again."""
+
+
+def _repeatable(method: str, path: str) -> bool:
+    """Whether a call may be sent again after its connection broke: all but
+    a task's retry, which would run it twice (an acknowledgement names its
+    epoch and sequence numbers)."""
+    return method != "POST" or path == "/v1/events/ack"
 
 
 class Client:
     """Talks to one sidecar: `Client(socket=PATH)` or `Client(url=URL, token=T)`.
 
     Calls that cannot connect are retried `connect_retries` times with
-    exponential backoff (from `first_backoff` seconds, doubling, at most 5 s);
-    every call is safe to repeat (PUT is idempotent, acknowledgements name
-    their epoch). Refusals raise SidecarError.
+    exponential backoff (from `first_backoff` seconds, doubling, at most 5 s;
+    the default 16 is about 56 s, longer than a failover). A call whose
+    connection broke mid-call is retried too when it is safe to repeat (GET,
+    PUT, DELETE, an acknowledgement); a task's retry only if it was never
+    sent, else MaybeApplied is raised. Refusals raise SidecarError.
     """
 
     def __init__(
@@ -73,7 +90,7 @@ class Client:
         url: Optional[str] = None,
         token: Optional[str] = None,
         timeout: float = 90.0,
-        connect_retries: int = 8,
+        connect_retries: int = 16,
         first_backoff: float = 0.1,
     ) -> None:
         if (socket is None) == (url is None):
@@ -121,7 +138,12 @@ class Client:
         for attempt in range(self._retries + 1):
             try:
                 return self._once(method, path, data)
-            except _UNREACHABLE:
+            except _UNREACHABLE as e:
+                if not _repeatable(method, path) and not isinstance(e, _NEVER_SENT):
+                    raise MaybeApplied(
+                        f"{method} {path}: the connection broke after the request was sent ({e!r}); "
+                        "it may have taken effect: read the task's status before repeating it"
+                    ) from e
                 if attempt == self._retries:
                     raise
                 time.sleep(wait)

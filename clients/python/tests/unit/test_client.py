@@ -17,6 +17,7 @@ from graceguard_client import (
     NOT_FOUND,
     UNAUTHORIZED,
     Client,
+    MaybeApplied,
     PodEvent,
     ResultEvent,
     SidecarError,
@@ -112,6 +113,40 @@ def test_a_call_is_retried_until_the_sidecar_listens_but_a_refusal_is_not() -> N
     with pytest.raises(SidecarError) as e:
         c.retry_task("n", "t")
     assert e.value.reason == NOT_ENDED and len(calls) == before + 1
+
+
+def test_a_broken_post_is_not_repeated_but_a_get_is() -> None:
+    calls: Dict[str, int] = {}
+
+    class H(BaseHTTPRequestHandler):
+        def _any(self) -> None:
+            calls[self.command] = calls.get(self.command, 0) + 1
+            if calls[self.command] == 1:
+                # Read, then hang up without an answer.
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            raw = json.dumps({"namespace": "n", "task": "t", "attempt": 1, "pod": "t-1", "phase": "Queued"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        do_GET = do_POST = _any
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    c = Client(url=f"http://127.0.0.1:{srv.server_address[1]}", first_backoff=0.01)
+    with pytest.raises(MaybeApplied):
+        c.retry_task("n", "t")
+    assert calls["POST"] == 1
+    assert c.get_task("n", "t").pod == "t-1"
+    assert calls["GET"] == 2
+    srv.shutdown()
 
 
 def test_a_cursor_says_when_the_sidecar_restarted() -> None:
