@@ -23,6 +23,14 @@ bound_caches() {
 			for dir in "$CARGO_TARGET_DIR"/*/incremental "$CARGO_TARGET_DIR"/*/*/incremental; do
 				[ -d "$dir" ] && rm -rf "$dir"
 			done
+			# Every rebuild of a changed crate leaves its old artifacts in
+			# deps/ (cargo never removes them): still over, the debug
+			# profile is dropped whole and rebuilt (a few minutes, once).
+			gb=$(($(du -sk "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1) / 1048576))
+			if [ "$gb" -gt "$max" ]; then
+				info "still ${gb} GB: dropping the debug profile's stale artifacts (rebuilt next)"
+				rm -rf "$CARGO_TARGET_DIR/debug"
+			fi
 		fi
 	fi
 	local go

@@ -65,6 +65,7 @@ pub mod pod_record;
 pub mod reconcile;
 pub mod result_finalizer;
 pub mod result_release;
+pub mod run_identity;
 pub mod sidecar;
 pub mod task;
 pub mod template;

@@ -200,10 +200,12 @@ struct RunArgs {
     #[arg(long, value_enum)]
     events: Option<EventsFormat>,
     /// This executor instance's name (labels and Lease). Run again with the
-    /// same instance, a task resumes from its pods instead of starting over;
-    /// the default, `run-<hostname>`, is stable across container restarts.
-    #[arg(long, default_value_t = default_instance())]
-    instance: String,
+    /// same instance, a task resumes from its pods instead of starting over.
+    /// The default is shared by the retries of the step this runs in, read
+    /// from its own pod: `run-job-<job>[-<index>]` in a Job's pod, from the
+    /// workflow and step in an Argo step's, else `run-<hostname>`.
+    #[arg(long, env = "GRACEGUARD_INSTANCE")]
+    instance: Option<String>,
     /// If this task's last run (same instance and task name) ended and its
     /// result was delivered, report that result instead of running it again
     /// (by default a new run starts under the next pod name, as a CronJob
@@ -249,11 +251,24 @@ impl BoundsArgs {
     }
 }
 
-/// `run-<hostname>`: stable across restarts of the same container or host,
-/// so a restarted run resumes its task.
-fn default_instance() -> String {
+/// The instance of a run given none ([`graceguard::run_identity`]): read
+/// from this process's own pod (named as the host, in the client's default
+/// namespace) when it can be; a failed read falls back to the host name.
+async fn default_instance(client: &kube::Client, namespace: &str) -> String {
     let host = graceguard::naming::hostname().unwrap_or_else(|| "local".into());
-    graceguard::naming::task_stem(&format!("run-{host}"))
+    let own = match Api::<Pod>::namespaced(client.clone(), namespace)
+        .get_opt(&host)
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::info!(pod = %host, %namespace, error = %e, "could not read this process's own pod; the instance comes from the host name (pass --instance to choose it)");
+            None
+        }
+    };
+    let (instance, from) = graceguard::run_identity::run_instance(own.as_ref(), &host);
+    eprintln!("graceguard: instance {instance} (from {from}; --instance chooses another)");
+    instance
 }
 
 /// Usage and configuration errors: exit 2.
@@ -440,15 +455,19 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
         .namespace
         .clone()
         .or(manifest_namespace)
-        .unwrap_or(default_ns);
+        .unwrap_or_else(|| default_ns.clone());
     let task = args.name.clone().or(manifest_name).ok_or_else(|| {
         Usage("no task name: pass --name TASK or set metadata.name in the manifest".into())
     })?;
-    graceguard::naming::check_instance(&args.instance).map_err(Usage)?;
-    let holding = args.lease.hold(&client, &namespace, &args.instance).await?;
+    let instance = match args.instance.clone() {
+        Some(i) => i,
+        None => default_instance(&client, &default_ns).await,
+    };
+    graceguard::naming::check_instance(&instance).map_err(Usage)?;
+    let holding = args.lease.hold(&client, &namespace, &instance).await?;
     // The same reconciler as the sidecar's, for one task: a task whose pods
     // this instance made before (a restarted run) is resumed.
-    let mut config = GuardConfig::new(&args.instance);
+    let mut config = GuardConfig::new(&instance);
     config.fence = holding.fence();
     let executor = Guard::new(client.clone(), config).executor(&namespace);
     let key = TaskKey::new(&namespace, &task);
@@ -457,7 +476,7 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
         max_system_failures: args.max_system_failures.max(1),
         bounds: args.bounds.to_bounds(),
         rerun_done: !args.no_rerun,
-        ..TaskSpec::new(&task, &namespace, &args.instance)
+        ..TaskSpec::new(&task, &namespace, &instance)
     };
     executor
         .submit(spec, template)

@@ -146,10 +146,13 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
     let who = format!("--as=system:serviceaccount:{sa_ns}:{sa_name}");
 
     // Exactly get/list/watch on pods and namespaces and on the collision
-    // guard's default kinds and resourcequotas, and patch on pods/status for
-    // the tagger's follow-up; nothing else.
+    // guard's default kinds and resourcequotas, list/watch on leases for the
+    // fencing check, and patch on pods/status for the tagger's follow-up;
+    // nothing else.
     let follow_up = [("patch", "pods --subresource=status")];
     let reads = [
+        ("list", "leases.coordination.k8s.io"),
+        ("watch", "leases.coordination.k8s.io"),
         ("watch", "persistentvolumeclaims"),
         ("get", "services"),
         ("list", "jobs.batch"),
@@ -179,6 +182,8 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         ("list", "nodes"),
         ("create", "pods --subresource=eviction"),
         ("update", "validatingwebhookconfigurations"),
+        ("get", "leases.coordination.k8s.io"),
+        ("update", "leases.coordination.k8s.io"),
     ]
     .into_iter()
     .collect();
@@ -226,8 +231,9 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
             ));
         }
     }
-    // The collision guard's configuration holds pods and the other kinds.
-    assert_eq!(hooks.len(), 5, "{hooks:?}");
+    // The collision guard's configuration holds pods, the other kinds and
+    // the release-fencing check.
+    assert_eq!(hooks.len(), 6, "{hooks:?}");
     assert!(
         hooks
             .iter()
@@ -240,7 +246,9 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
         // mirror pod, not system-critical), one each for the others.
         let want = match name.as_str() {
             "collision-guard.graceguard.io" | "collision-guard-kinds.graceguard.io" => 3,
-            "disruption-tagger.graceguard.io" | "deletion-audit.graceguard.io" => 1,
+            "disruption-tagger.graceguard.io"
+            | "deletion-audit.graceguard.io"
+            | "release-fencing.graceguard.io" => 1,
             _ => 0,
         };
         assert_eq!(

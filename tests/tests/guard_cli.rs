@@ -235,3 +235,100 @@ async fn sigterm_and_sigint_delete_the_running_pod_and_exit_143_and_130() -> R {
     }
     Ok(())
 }
+
+/// A Job retried after its pod died runs `graceguard run` in a new pod under
+/// a new host name. With no `--instance`, the run reads its own pod and takes
+/// the instance its Job's retries share (`run-job-<job>`), so the retry
+/// resumes the task from the pod the first try launched, with no second
+/// Create. Before, each try was `run-<hostname>`: the retry met the first
+/// try's pod holding the task's name as a foreign pod and never finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_jobs_run_resumes_its_task_under_the_jobs_instance() -> R {
+    use k8s_openapi::api::batch::v1::Job;
+    use kube::api::PostParams;
+    let bed = TestBed::start().await?;
+    let ns = bed.namespace("cli-job").await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let manifest = bed.dir().join("nightly.yaml");
+    std::fs::write(&manifest, POD_YAML)?;
+    // The Job the run's own pods belong to (suspended: its controller makes
+    // none), in the namespace the run's kubeconfig defaults to.
+    let jobs: Api<Job> = Api::namespaced(bed.client.clone(), "default");
+    let job: Job = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "nightly-job"},
+        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "run", "image": "graceguard:dev"}]}}},
+    }))?;
+    let job = jobs.create(&PostParams::default(), &job).await?;
+    let own: Api<Pod> = Api::namespaced(bed.client.clone(), "default");
+    let own_pod = |name: &str| -> anyhow::Result<Pod> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "Job", "name": "nightly-job",
+                "uid": job.metadata.uid.clone().unwrap_or_default(), "controller": true,
+            }]},
+            "spec": {"containers": [{"name": "run", "image": "graceguard:dev"}]},
+        }))?)
+    };
+    let bin = workspace_bin("graceguard", "GRACEGUARD_BIN")?;
+    let run_in = |host: &str| -> anyhow::Result<Command> {
+        let mut c = Command::new(&bin);
+        c.env("HOSTNAME", host)
+            .args(["run", "-f"])
+            .arg(&manifest)
+            .args([
+                "--namespace",
+                &ns,
+                "--lease-duration-seconds",
+                "3",
+                "--kubeconfig",
+            ])
+            .arg(bed.kubeconfig_for("alice")?)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        Ok(c)
+    };
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+
+    // The first try launches the task, then its pod dies (SIGKILL).
+    own.create(&PostParams::default(), &own_pod("nightly-job-x7k2p")?)
+        .await?;
+    let mut first = run_in("nightly-job-x7k2p")?.spawn()?;
+    pods::wait_running(&api, "nightly-0").await?;
+    let launched = api.get("nightly-0").await?;
+    let instance = launched
+        .metadata
+        .labels
+        .unwrap_or_default()
+        .get(graceguard::naming::INSTANCE_LABEL)
+        .cloned();
+    assert_eq!(instance.as_deref(), Some("run-job-nightly-job"));
+    first.kill().await?;
+
+    // The retry, in a new pod of the same Job: it resumes the task.
+    own.create(&PostParams::default(), &own_pod("nightly-job-9qzvb")?)
+        .await?;
+    let second = run_in("nightly-job-9qzvb")?.spawn()?;
+    // Once it holds the Lease and follows the task, the pod ends.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    kubelet
+        .end_pod(&ns, "nightly-0", Terminal::Succeeded)
+        .await?;
+    let out = tokio::time::timeout(Duration::from_secs(90), second.wait_with_output()).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the retry finished the task: {stderr}"
+    );
+    assert!(
+        stderr.contains("instance run-job-nightly-job (from its Job"),
+        "{stderr}"
+    );
+    assert!(
+        api.get_opt("nightly-1").await?.is_none(),
+        "resumed, not launched again"
+    );
+    Ok(())
+}
