@@ -158,7 +158,7 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
         Acts::Yes
     };
     let (mut answer, mut rec) = match endpoint {
-        Endpoint::collision_guard => match fencing(app, &req) {
+        Endpoint::collision_guard => match fencing(app, &req, acts) {
             Fenced::Refused(refused) => *refused,
             Fenced::Checked { reason, warning } => {
                 let (mut answer, mut rec) = collision_guard(app, &req, acts).await;
@@ -170,7 +170,7 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
         Endpoint::disruption_tagger => disruption_tagger(app, &req, acts),
         Endpoint::deletion_audit => deletion_audit(app, &req, acts),
         Endpoint::eviction_audit => eviction_audit(app, &req, acts),
-        Endpoint::release_fencing => release_fencing(app, &req),
+        Endpoint::release_fencing => release_fencing(app, &req, acts),
     };
     let elapsed = start.elapsed();
     let (user, groups) = req.user();
@@ -470,7 +470,7 @@ enum Fenced {
 
 /// The fencing check of a pod Create that carries a token
 /// ([`crate::fencing`]). A dry run is answered as the real one would be.
-fn fencing(app: &App, req: &Request) -> Fenced {
+fn fencing(app: &App, req: &Request, acts: Acts) -> Fenced {
     let (Some(terms), Some(token)) = (&app.leases, &req.fencing_token) else {
         return Fenced::Checked {
             reason: None,
@@ -494,20 +494,24 @@ fn fencing(app: &App, req: &Request) -> Fenced {
                 name: object_name(req),
                 ..Default::default()
             };
-            Fenced::Refused(Box::new(refused_for_term(app, rec, reason, status)))
+            Fenced::Refused(Box::new(refused_for_term(app, acts, rec, reason, status)))
         }
     }
 }
 
-/// A write refused because the term it was sent under is over: counted,
-/// recorded and answered.
+/// A write refused because the term it was sent under is over: counted
+/// (dry runs too; never a review graceguard knows the API server did not
+/// send), recorded and answered.
 fn refused_for_term(
     app: &App,
+    acts: Acts,
     mut rec: AuditRecord,
     reason: &'static str,
     status: Box<kube::core::Status>,
 ) -> (Answer, AuditRecord) {
-    app.metrics.fenced_writes_refused.inc();
+    if acts != Acts::Unauthenticated {
+        app.metrics.fenced_writes_refused.inc();
+    }
     rec.reason = reason.into();
     rec.fencing = Some(reason);
     rec.code = Some(status.code);
@@ -525,7 +529,7 @@ fn refused_for_term(
 /// release, refused when the term it was sent under is over. Any other
 /// update (an operator's, a later write) is allowed unchecked; the API
 /// server's matchConditions send only releases here.
-fn release_fencing(app: &App, req: &Request) -> (Answer, AuditRecord) {
+fn release_fencing(app: &App, req: &Request, acts: Acts) -> (Answer, AuditRecord) {
     use graceguard_contract::fencing::RELEASED_UNDER;
     let annotation = |pod: Option<&review::Pod>| {
         pod.and_then(|p| p.metadata.annotations.as_ref())
@@ -558,7 +562,7 @@ fn release_fencing(app: &App, req: &Request) -> (Answer, AuditRecord) {
             };
             (answer, rec)
         }
-        Check::Refuse { reason, status } => refused_for_term(app, rec, reason, status),
+        Check::Refuse { reason, status } => refused_for_term(app, acts, rec, reason, status),
     }
 }
 
