@@ -53,20 +53,33 @@ async fn colliding_creates_are_already_exists_and_charge_no_quota() -> R {
     let uid = api.get(POD).await?.uid().unwrap_or_default();
     kubelet.finish_deletion(&ns, POD).await?;
     pods::wait_gone(&api, POD, &uid).await?;
-    // At once: a terminating holder is never answered from the cache, so the
-    // first Create after the pod is gone is allowed, whether or not the
-    // webhook's watch has seen the deletion yet.
-    let again = pods::create(&api, &pods::task_pod(POD, 60)).await?;
-    assert_eq!(again, CreateOutcome::Created);
+    // Allowed within --confirm-cache-ttl (1 s): a terminating holder's read
+    // is reused for that long while the watch has not delivered its removal
+    // (docs/denials.md), so under load one Create may still be denied.
+    let gone_at = std::time::Instant::now();
+    let mut late_denials = 0;
+    loop {
+        let again = pods::create(&api, &pods::task_pod(POD, 60)).await?;
+        if again == CreateOutcome::Created {
+            break;
+        }
+        assert!(
+            gone_at.elapsed() < Duration::from_secs(2),
+            "still denied {:?} after the pod was gone: {again:?}",
+            gone_at.elapsed()
+        );
+        late_denials += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Every denial was audited with the fields docs/webhook.md documents.
     let denials: Vec<_> = webhook
-        .wait_records("collision_guard", &ns, POD, 51)
+        .wait_records("collision_guard", &ns, POD, 51 + late_denials)
         .await?
         .into_iter()
         .filter(|r| r["event"] == "admission" && r["decision"] == "deny")
         .collect();
-    assert_eq!(denials.len(), 50);
+    assert_eq!(denials.len(), 50 + late_denials);
     let d = &denials[0];
     assert_eq!(d["reason"], "terminating");
     assert_eq!(d["user"], "admin");

@@ -119,6 +119,20 @@ impl Containerd {
             ctr: bins.bin("ctr")?,
             hosts_dir: dir.join("certs.d"),
         };
+        // The socket file appears at bind, a moment before containerd
+        // accepts on it: under load an import in that moment was refused
+        // (CI on d3fef81). Asked until it answers.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while let Err(e) = ctr(&c.ctr, &c.socket, &["version"]) {
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "containerd did not answer on {} within 30 s (its log: {}): {e:#}",
+                    c.socket.display(),
+                    log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         for archive in bins.archives() {
             c.import(archive)?;
         }
