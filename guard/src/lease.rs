@@ -221,7 +221,7 @@ impl Fence {
     }
 
     /// Whether this process may write now and, under a Lease, the term the
-    /// write is sent under ([`Permit::stamp`]): asked immediately before
+    /// write is sent under ([`Permit::token`]): asked immediately before
     /// each write that carries its token (a Create, a finalizer release).
     pub fn permit(&self) -> Option<Permit> {
         match &*self.0.borrow() {
@@ -247,21 +247,9 @@ impl Fence {
 pub struct Permit(Option<Arc<Token>>);
 
 impl Permit {
-    /// Puts the term on the object a write sends, so graceguard's webhook
-    /// can refuse it if it arrives after another process took the Lease
-    /// (`graceguard_contract::fencing`).
-    pub fn stamp(&self, meta: &mut ObjectMeta) {
-        if let Some(token) = &self.0 {
-            meta.annotations
-                .get_or_insert_with(Default::default)
-                .insert(
-                    graceguard_contract::fencing::ANNOTATION.into(),
-                    token.to_string(),
-                );
-        }
-    }
-
-    /// The term, as the annotation's value.
+    /// The term, as the annotation's value, for the write to carry, so
+    /// graceguard's webhook can refuse it if it arrives after another
+    /// process took the Lease (`graceguard_contract::fencing`).
     pub fn token(&self) -> Option<String> {
         self.0.as_ref().map(|t| t.to_string())
     }

@@ -11,6 +11,7 @@
 //! it, never dropped here.
 
 use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::TaskError;
@@ -44,7 +45,7 @@ impl Template {
     /// 400 at submission, not a failed Create later) with at least one
     /// container. Every field is kept, known or not.
     pub fn from_json(value: Value) -> Result<Self, TaskError> {
-        if let Err(e) = serde_json::from_value::<Pod>(value.clone()) {
+        if let Err(e) = Pod::deserialize(&value) {
             return Err(TaskError::Template(format!(
                 "it does not read as a pod: {e}"
             )));
@@ -85,7 +86,7 @@ impl Template {
     /// fields that type does not know hashes as sent, all of them counted.
     pub fn hash(&self) -> String {
         let raw = Value::Object(self.0.clone());
-        let typed = serde_json::from_value::<Pod>(raw.clone())
+        let typed = Pod::deserialize(&raw)
             .ok()
             .and_then(|p| serde_json::to_value(p).ok());
         match typed {

@@ -471,18 +471,14 @@ enum Fenced {
 /// The fencing check of a pod Create that carries a token
 /// ([`crate::fencing`]). A dry run is answered as the real one would be.
 fn fencing(app: &App, req: &Request, acts: Acts) -> Fenced {
-    let (Some(terms), Some(token)) = (&app.leases, &req.fencing_token) else {
+    let (Some(terms), Some(token), true) =
+        (&app.leases, &req.fencing_token, req.is_pods("CREATE", ""))
+    else {
         return Fenced::Checked {
             reason: None,
             warning: None,
         };
     };
-    if !req.is_pods("CREATE", "") {
-        return Fenced::Checked {
-            reason: None,
-            warning: None,
-        };
-    }
     match terms.check(token) {
         Check::Allow { reason, warning } => Fenced::Checked {
             reason: Some(reason),

@@ -170,11 +170,18 @@ mod tests {
     /// A router whose executor points at a closed port: enough for the
     /// checks made before any task reaches the API server.
     fn offline(token: Option<&str>) -> Result<Router, Box<dyn std::error::Error>> {
-        let config = kube::Config::new("http://127.0.0.1:9".parse()?);
-        let client = kube::Client::try_from(config)?;
-        let executor = Executor::start(client, crate::executor::ExecutorConfig::new("unit"));
+        offline_with(crate::executor::ExecutorConfig::new("unit"), token)
+    }
+
+    /// [`offline`] with an executor configured as `config`.
+    fn offline_with(
+        config: crate::executor::ExecutorConfig,
+        token: Option<&str>,
+    ) -> Result<Router, Box<dyn std::error::Error>> {
+        let kube = kube::Config::new("http://127.0.0.1:9".parse()?);
+        let client = kube::Client::try_from(kube)?;
         Ok(router(Sidecar {
-            executor,
+            executor: Executor::start(client, config),
             token: token.map(|t| Arc::new(t.to_string())),
         }))
     }
@@ -214,15 +221,10 @@ mod tests {
     /// it knows is still answered.
     #[tokio::test]
     async fn past_its_limits_a_put_is_429_too_many_tasks() {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
-        let client = kube::Client::try_from(config).expect("a client");
         let mut ec = crate::executor::ExecutorConfig::new("unit");
         ec.max_tasks = 2;
         ec.max_template_bytes = 10_000;
-        let app = router(Sidecar {
-            executor: Executor::start(client, ec),
-            token: None,
-        });
+        let app = offline_with(ec, None).expect("router");
         assert_eq!(put(&app, "a", 10).await.0, 201);
         assert_eq!(put(&app, "b", 10).await.0, 201);
         assert_eq!(put(&app, "c", 10).await, (429, "TooManyTasks".into()));
@@ -231,14 +233,9 @@ mod tests {
             200,
             "a known task is still answered"
         );
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
-        let client = kube::Client::try_from(config).expect("a client");
         let mut ec = crate::executor::ExecutorConfig::new("unit");
         ec.max_template_bytes = 10_000;
-        let app = router(Sidecar {
-            executor: Executor::start(client, ec),
-            token: None,
-        });
+        let app = offline_with(ec, None).expect("router");
         assert_eq!(put(&app, "a", 6_000).await.0, 201);
         assert_eq!(put(&app, "b", 6_000).await, (429, "TooManyTasks".into()));
         assert_eq!(
