@@ -116,3 +116,31 @@ where
     }
     Ok(())
 }
+
+/// Creates `obj` once its name is free again and returns how many times
+/// graceguard denied it first. A terminating holder's read is reused for
+/// --confirm-cache-ttl (1 s in the test bed) while the watch has not yet
+/// delivered its removal (docs/denials.md), so under load a Create right
+/// after the holder went may still be denied; past that window (with 2 s
+/// for the API server's own latency) a denial is a defect.
+pub async fn create_once_free<K>(api: &Api<K>, obj: &K) -> Result<u32>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let gone_at = Instant::now();
+    let mut late_denials = 0;
+    loop {
+        let out = create(api, obj).await?;
+        if out == CreateOutcome::Created {
+            return Ok(late_denials);
+        }
+        ensure!(
+            gone_at.elapsed() < Duration::from_secs(3),
+            "{:?} still denied {:?} after its holder was gone: {out:?}",
+            obj.meta().name,
+            gone_at.elapsed()
+        );
+        late_denials += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -183,10 +183,7 @@ async fn a_configmap_held_by_a_finalizer_is_denied_until_it_is_gone_and_free_nam
         anyhow::ensure!(Instant::now() < deadline, "settings still there");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(
-        objects::create(&api, &cm("settings", false)?).await?,
-        CreateOutcome::Created
-    );
+    objects::create_once_free(&api, &cm("settings", false)?).await?;
     Ok(())
 }
 
