@@ -116,6 +116,29 @@ impl AuditLog {
         Ok(out)
     }
 
+    /// Completed requests written from byte `offset` on, and the offset
+    /// after the last whole line: a long run reads only what is new.
+    pub fn events_from(&self, offset: u64) -> Result<(Vec<AuditEvent>, u64)> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        f.seek(SeekFrom::Start(offset))?;
+        let mut text = String::new();
+        f.read_to_string(&mut text)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        let whole = text.rfind('\n').map_or("", |end| &text[..=end]);
+        let mut out = Vec::new();
+        for line in whole.lines().filter(|l| !l.trim().is_empty()) {
+            let ev: AuditEvent = serde_json::from_str(line).with_context(|| {
+                format!("parsing an audit line of {}: {line}", self.path.display())
+            })?;
+            if ev.stage == "ResponseComplete" {
+                out.push(ev);
+            }
+        }
+        Ok((out, offset + whole.len() as u64))
+    }
+
     /// How many completed requests match `pred`.
     pub fn count(&self, pred: impl Fn(&AuditEvent) -> bool) -> Result<usize> {
         Ok(self.events()?.iter().filter(|e| pred(e)).count())

@@ -140,6 +140,10 @@ pub struct TestBedOptions {
     /// Write the apiserver's audit log (metadata level, every request), so a
     /// test can count requests by verb, resource and user.
     pub audit: bool,
+    /// With `audit`: only this namespace's pod requests are written, nothing
+    /// else, so a bench can time them without paying (in every request's
+    /// latency) for the whole cluster's traffic.
+    pub audit_namespace: Option<String>,
     /// The Kubernetes version to run; `GRACEGUARD_KUBE` (default: the newest) when `None`.
     pub version: Option<KubeVersion>,
     /// Real nodes (`node-1…`: kubelet, containerd, runc, CNI)
@@ -427,9 +431,15 @@ impl TestBed {
                 .arg(format!("--cert-dir={}", path(&pki)))
                 .arg("--v=1");
             if opts.audit {
+                let rules = match &opts.audit_namespace {
+                    Some(ns) => format!(
+                        "- level: Metadata\n  namespaces: [\"{ns}\"]\n  resources: [{{group: \"\", resources: [\"pods\"]}}]\n- level: None\n"
+                    ),
+                    None => "- level: Metadata\n".to_string(),
+                };
                 std::fs::write(
                     d.join("audit-policy.yaml"),
-                    "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n- level: Metadata\n",
+                    format!("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n{rules}"),
                 )?;
                 cmd.arg(format!(
                     "--audit-policy-file={}",

@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 use super::histogram::{self, Buckets};
 use super::procfs;
 use super::stats::{percentile_f64, round3};
+use crate::audit_log::AuditEvent;
 use crate::churn::{self, PodWatch, Shape};
 use crate::helm::{self, Helm};
 use crate::webhook::register_noop_like;
@@ -82,6 +83,14 @@ pub struct Options {
     /// the CA of its certificate.
     pub noop_url: String,
     pub noop_ca_pem: String,
+    /// Runs the API server with its audit log (the workload namespace's pod
+    /// requests at Metadata, nothing else; written before each answer, which
+    /// adds the same cost to every phase) and
+    /// reports each phase's pod DELETEs by client from it, timed to the
+    /// microsecond (`pod_delete_by_client`): the histograms' 5 ms bucket
+    /// cannot tell which deletes a phase slowed. An experiment, off by
+    /// default (`GRACEGUARD_CHURN_API_AUDIT=1`).
+    pub api_audit: bool,
 }
 
 /// The order of the phases in repetition `rep`: rotated, so that none of
@@ -101,9 +110,12 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
         real_nodes: 1,
         pod_network: true,
         hollow_nodes: opts.hollow_nodes,
-        ..Default::default()
+        audit: opts.api_audit,
+        audit_namespace: Some(churn::NS.to_string()),
     })
     .await?;
+    let api_audit = opts.api_audit.then(|| bed.audit_log()).transpose()?;
+    let mut audit_offset = 0;
     log(format!(
         "cluster_churn: control plane, 1 real node and {} hollow nodes Ready in {:.0} s",
         opts.hollow_nodes,
@@ -178,6 +190,9 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 procfs::reset_peak_rss(p)?;
             }
             watch.reset();
+            if let Some(log) = &api_audit {
+                audit_offset = log.events_from(audit_offset)?.1;
+            }
             let t0 = Instant::now();
             let tally = churn::run(
                 &bed.client,
@@ -236,6 +251,11 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             ));
             row["hollow_nodes_rss_bytes"] = json!(hollow_rss);
             row["workload"] = serde_json::to_value(&tally)?;
+            if let Some(log) = &api_audit {
+                let (events, next) = log.events_from(audit_offset)?;
+                audit_offset = next;
+                row["pod_delete_by_client"] = deletes_by_client(&events, churn::NS);
+            }
             log(line(&row));
             rows.push(row);
             phase_no += 1;
@@ -363,6 +383,53 @@ fn put_split(
         })
         .sum();
     row["graceguard_confirmation_gets_per_s"] = json!(round3(made / wall.max(1e-9)));
+}
+
+/// Who sent a pod DELETE, as `pod_delete_by_client` groups them.
+fn client_of(username: &str) -> &str {
+    match username {
+        u if u.starts_with("system:node:") => "kubelet",
+        "system:kube-scheduler" => "scheduler",
+        "system:serviceaccount:kube-system:generic-garbage-collector" => "garbage_collector",
+        "admin" => "workload",
+        u => u,
+    }
+}
+
+/// The workload namespace's pod DELETEs by client, from the API server's
+/// audit events: count, how many were not answered 200, p50 and p99 from
+/// the events' own timestamps (received → response complete, to the
+/// microsecond) and the share done within 5 ms (the first bucket of
+/// `apiserver_request_duration_seconds`, where a p50 is interpolated).
+fn deletes_by_client(events: &[AuditEvent], ns: &str) -> Value {
+    let mut by: BTreeMap<&str, (Vec<f64>, u64)> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.is("delete", "pods", ns)) {
+        let (Some(a), Some(b)) = (e.received_us(), e.completed_us()) else {
+            continue;
+        };
+        let entry = by.entry(client_of(&e.user.username)).or_default();
+        entry.0.push((b - a) as f64 / 1000.0);
+        if e.response_status.as_ref().is_some_and(|s| s.code != 200) {
+            entry.1 += 1;
+        }
+    }
+    let mut all: Vec<f64> = by.values().flat_map(|(v, _)| v.iter().copied()).collect();
+    let mut out = serde_json::Map::new();
+    let mut put = |name: &str, v: &mut Vec<f64>, not_ok: u64| {
+        let within = v.iter().filter(|&&ms| ms <= 5.0).count() as f64;
+        let share = round3(within / (v.len().max(1) as f64));
+        out.insert(
+            name.to_string(),
+            json!({"count": v.len(), "not_200": not_ok, "p50_ms": round3(percentile_f64(v, 50.0)),
+                "p99_ms": round3(percentile_f64(v, 99.0)), "within_5ms": share}),
+        );
+    };
+    let not_ok = by.values().map(|(_, n)| n).sum();
+    put("all", &mut all, not_ok);
+    for (name, (mut v, n)) in by {
+        put(name, &mut v, n);
+    }
+    Value::Object(out)
 }
 
 fn cpu(pids: &[u32]) -> Result<Vec<f64>> {
@@ -588,7 +655,36 @@ mod tests {
             quick: false,
             noop_url: String::new(),
             noop_ca_pem: String::new(),
+            api_audit: false,
         }
+    }
+
+    fn delete_event(user: &str, ns: &str, received: &str, done: &str, code: u16) -> AuditEvent {
+        serde_json::from_value(json!({"stage": "ResponseComplete", "verb": "delete",
+            "objectRef": {"resource": "pods", "namespace": ns, "name": "p"},
+            "user": {"username": user}, "responseStatus": {"code": code},
+            "requestReceivedTimestamp": received, "stageTimestamp": done}))
+        .unwrap_or_else(|e| panic!("an audit event: {e}"))
+    }
+
+    #[test]
+    fn deletes_are_split_by_client_and_timed_from_the_events() {
+        let at = |us: u32| format!("2026-12-06T10:00:00.{us:06}Z");
+        let events = vec![
+            delete_event("admin", "churn", &at(0), &at(3_000), 200),
+            delete_event("admin", "churn", &at(0), &at(9_000), 200),
+            delete_event("system:node:hollow-1", "churn", &at(0), &at(2_000), 200),
+            delete_event("system:node:hollow-2", "churn", &at(0), &at(4_000), 404),
+            delete_event("admin", "elsewhere", &at(0), &at(100_000), 200),
+        ];
+        let v = deletes_by_client(&events, "churn");
+        assert_eq!(v["all"]["count"], json!(4));
+        assert_eq!(v["all"]["within_5ms"], json!(0.75));
+        assert_eq!(v["all"]["not_200"], json!(1));
+        assert_eq!(v["workload"]["count"], json!(2));
+        assert_eq!(v["workload"]["p99_ms"], json!(9.0));
+        assert_eq!(v["kubelet"]["p50_ms"], json!(2.0));
+        assert_eq!(v["kubelet"]["not_200"], json!(1));
     }
 
     fn row(phase: &str, create_p99: f64, startup_p99: f64) -> Value {

@@ -1094,6 +1094,7 @@ async fn cluster_churn(args: &Args) -> Result<()> {
         quick: q,
         noop_url: format!("https://127.0.0.1:{}", noop.port),
         noop_ca_pem: ca.cert_pem(),
+        api_audit: std::env::var("GRACEGUARD_CHURN_API_AUDIT").is_ok_and(|v| v == "1"),
     };
     anyhow::ensure!(
         opts.seconds.is_finite() && opts.seconds >= 1.0,

@@ -254,6 +254,7 @@ async fn serve(dir: &Path, nodes: u8, hollow_nodes: usize) -> Result<()> {
         real_nodes: nodes,
         pod_network: true,
         hollow_nodes,
+        audit_namespace: None,
     })
     .await?;
     let n = bed
