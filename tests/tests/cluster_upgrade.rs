@@ -6,8 +6,9 @@
 //! Throughout, a client keeps creating and deleting pods and the real kubelet
 //! keeps running them, with graceguard registered as the chart registers it.
 //!
-//! It needs the previous minor built too, so `scripts/test` runs this binary
-//! once, on the newest minor (`scripts/matrix` leaves it out).
+//! It needs the previous minor built too, so `scripts/matrix` runs this
+//! binary once, on the newest minor, after every minor's pass (`scripts/test`
+//! builds only the oldest and the newest: docs/testbed.md).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
