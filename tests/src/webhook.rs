@@ -930,3 +930,55 @@ impl WebhookProcess {
         self.proc.stop(Duration::from_secs(25))
     }
 }
+
+/// Of one pod's deletion audit records, those whose review can have begun
+/// its deletion: not yet terminating, at the newest version of the pod any
+/// such review showed. The API server reviews a DELETE again, with the pod as
+/// it then is, when its write meets a newer version (the generic store's
+/// `GuaranteedUpdate` runs the delete validation in every try), so one
+/// deletion can have earlier records, at older versions, that began nothing.
+pub fn deletion_beginnings(records: &[Value]) -> Vec<&Value> {
+    let version = |r: &Value| {
+        r["resource_version"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let not_terminating: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["already_terminating"] == false)
+        .collect();
+    let newest = not_terminating.iter().map(|r| version(r)).max();
+    not_terminating
+        .into_iter()
+        .filter(|r| Some(version(r)) == newest)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::deletion_beginnings;
+    use serde_json::json;
+
+    #[test]
+    fn a_review_repeated_at_a_newer_version_is_the_one_that_can_have_begun_the_deletion() {
+        let records = [
+            // The scheduler's DELETE, first reviewed before its condition was read.
+            json!({"already_terminating": false, "resource_version": "980", "reason": "unexplained"}),
+            json!({"already_terminating": false, "resource_version": "981", "reason": "disruption"}),
+            // The kubelet's final delete (already terminating) never counts.
+            json!({"already_terminating": true, "resource_version": "990"}),
+        ];
+        let began = deletion_beginnings(&records);
+        assert_eq!(began.len(), 1, "{began:?}");
+        assert_eq!(began[0]["reason"], "disruption");
+        // Two reviews at the same version (two clients racing) stay two:
+        // nothing here says which one won.
+        let racing = [
+            json!({"already_terminating": false, "resource_version": "5"}),
+            json!({"already_terminating": false, "resource_version": "5"}),
+        ];
+        assert_eq!(deletion_beginnings(&racing).len(), 2);
+        assert!(deletion_beginnings(&records[2..]).is_empty());
+    }
+}

@@ -83,6 +83,12 @@ pub struct AuditRecord {
     pub already_terminating: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Deletion audit: the `resourceVersion` of the pod the review showed.
+    /// The API server reviews a DELETE again when its write meets a newer
+    /// version of the pod, so one deletion can have several records not
+    /// yet terminating; only the newest version's can have begun it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
     /// Livelock records: denials counted in the window, and its length.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub denials_in_window: Option<u64>,

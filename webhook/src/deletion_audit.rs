@@ -64,6 +64,7 @@ pub fn record(req: &Request) -> AuditRecord {
         already_terminating: Some(meta.is_some_and(|m| m.deletion_timestamp.is_some())),
         disruption_reason: disruption.map(|d| d.reason),
         phase: old.and_then(|o| o.status.as_ref()?.phase.clone()),
+        resource_version: meta.and_then(|m| m.resource_version.clone()),
         ..Default::default()
     }
 }

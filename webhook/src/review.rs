@@ -103,6 +103,9 @@ pub struct Meta {
     pub deletion_timestamp: Option<String>,
     #[serde(default)]
     pub deletion_grace_period_seconds: Option<i64>,
+    /// Orders the versions one DELETE's repeated reviews showed.
+    #[serde(default)]
+    pub resource_version: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -512,6 +512,9 @@ async fn the_deletion_audit_allows_and_reads_who_grace_and_disruption() {
     assert_eq!(rec.already_terminating, Some(false));
     assert_eq!(rec.phase.as_deref(), Some("Pending"));
     assert_eq!(rec.reason, "disruption");
+    // The version the review showed, so the review that began a deletion
+    // can be told from one the API server repeated after a write conflict.
+    assert_eq!(rec.resource_version.as_deref(), Some("205"));
 
     // Without options, the pod's own grace period is what applies.
     let mut no_opts: Value = serde_json::from_slice(&fixture("03-delete-pods.json")).expect("json");
