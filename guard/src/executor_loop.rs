@@ -197,7 +197,13 @@ struct Loop {
     slots: Arc<tokio::sync::Semaphore>,
     tasks: HashMap<TaskKey, Entry>,
     index: PodIndex,
+    /// The pods are known from a list made while this process held its
+    /// Lease: until then nothing is decided. Cleared when the fence closes
+    /// (see [`Loop::fence_changed`]).
     synced: bool,
+    /// The fence closed since the last list: when it opens, the pods are
+    /// listed again before anything is decided.
+    relist_on_reopen: bool,
     /// Answers that came while the fence was closed, applied once it opens.
     deferred: Vec<Answer>,
     /// Pods (uids) whose result finalizer is being let go of.
@@ -244,6 +250,7 @@ pub(crate) fn spawn(
         tasks: HashMap::new(),
         index: PodIndex::default(),
         synced: false,
+        relist_on_reopen: false,
         deferred: Vec::new(),
         releasing: HashSet::new(),
         forgotten: HashSet::new(),
@@ -262,6 +269,17 @@ fn with_hash(mut template: Template, hash: &str) -> Template {
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// What an opened or closed fence asks of the loop.
+#[derive(Debug, PartialEq, Eq)]
+enum Reopened {
+    /// Closed: nothing is decided until it opens.
+    Closed,
+    /// Open; the tasks were reconciled on the pods as known.
+    Acting,
+    /// Open after having been closed: list the pods again first.
+    Relist,
 }
 
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
@@ -285,9 +303,12 @@ impl Loop {
             "{MANAGED_BY_LABEL}={MANAGED_BY},{INSTANCE_LABEL}={}",
             self.config.instance
         );
-        let mut watch = watcher::watcher(api, watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .boxed();
+        let pod_watch = || {
+            watcher::watcher(api.clone(), watcher::Config::default().labels(&selector))
+                .default_backoff()
+                .boxed()
+        };
+        let mut watch = pod_watch();
         let mut fence = self.config.fence.clone();
         loop {
             let wake = self
@@ -315,7 +336,15 @@ impl Loop {
                     None => return,
                 },
                 _ = sleep_until_opt(wake) => self.wake(),
-                _ = fence.changed() => self.fence_changed(),
+                _ = fence.changed() => {
+                    if self.fence_changed() == Reopened::Relist {
+                        // The old stream is dropped with whatever request
+                        // it was waiting on (one sent to an API server that
+                        // went away can wait for the client's 295 s read
+                        // timeout): a new watcher lists the pods now.
+                        watch = pod_watch();
+                    }
+                }
             }
         }
     }
@@ -325,9 +354,25 @@ impl Loop {
         !self.config.fence.holds()
     }
 
-    fn fence_changed(&mut self) {
+    /// The fence closed or opened. While it is closed the pods seen may
+    /// miss what another holder did, and the watch itself may be stuck on
+    /// a connection to an API server that went away (CI saw one wait out
+    /// the API server's restart for minutes): so an open fence after a
+    /// closed one acts only on a new list ([`Reopened::Relist`]).
+    fn fence_changed(&mut self) -> Reopened {
         if self.fenced() {
-            return;
+            if self.synced {
+                self.synced = false;
+                self.relist_on_reopen = true;
+            }
+            return Reopened::Closed;
+        }
+        if std::mem::take(&mut self.relist_on_reopen) {
+            tracing::info!(instance = %self.config.instance, "the fence opened again; listing the pods before acting");
+            for a in std::mem::take(&mut self.deferred) {
+                self.answer(a);
+            }
+            return Reopened::Relist;
         }
         for a in std::mem::take(&mut self.deferred) {
             self.answer(a);
@@ -339,6 +384,7 @@ impl Loop {
         for k in self.index.tasks() {
             self.release(&k);
         }
+        Reopened::Acting
     }
 
     fn watched(&mut self, ev: Result<Event<Pod>, watcher::Error>) {
@@ -351,11 +397,13 @@ impl Loop {
             Ok(Event::InitDone) => {
                 self.index.end_relist();
                 self.take_up_unfinished();
-                let first = !self.synced;
+                let first = !self.stats.synced.swap(true, Ordering::Relaxed);
+                let resumed = !self.synced;
                 self.synced = true;
-                self.stats.synced.store(true, Ordering::Relaxed);
                 if first {
                     tracing::info!(instance = %self.config.instance, pods = self.index.len(), "pod watch synced; resuming tasks");
+                } else if resumed {
+                    tracing::info!(instance = %self.config.instance, pods = self.index.len(), "pods listed again; acting again");
                 }
                 let keys: Vec<TaskKey> = self.tasks.keys().cloned().collect();
                 for k in keys {
