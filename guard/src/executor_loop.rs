@@ -271,17 +271,6 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// What an opened or closed fence asks of the loop.
-#[derive(Debug, PartialEq, Eq)]
-enum Reopened {
-    /// Closed: nothing is decided until it opens.
-    Closed,
-    /// Open; the tasks were reconciled on the pods as known.
-    Acting,
-    /// Open after having been closed: list the pods again first.
-    Relist,
-}
-
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -337,7 +326,7 @@ impl Loop {
                 },
                 _ = sleep_until_opt(wake) => self.wake(),
                 _ = fence.changed() => {
-                    if self.fence_changed() == Reopened::Relist {
+                    if self.fence_changed() {
                         // The old stream is dropped with whatever request
                         // it was waiting on (one sent to an API server that
                         // went away can wait for the client's 295 s read
@@ -354,28 +343,26 @@ impl Loop {
         !self.config.fence.holds()
     }
 
-    /// The fence closed or opened. While it is closed the pods seen may
-    /// miss what another holder did, and the watch itself may be stuck on
-    /// a connection to an API server that went away (CI saw one wait out
+    /// The fence closed or opened; returns whether the pods must be listed
+    /// again before anything is decided. While it is closed the pods seen
+    /// may miss what another holder did, and the watch itself may be stuck
+    /// on a connection to an API server that went away (CI saw one wait out
     /// the API server's restart for minutes): so an open fence after a
-    /// closed one acts only on a new list ([`Reopened::Relist`]).
-    fn fence_changed(&mut self) -> Reopened {
+    /// closed one acts only on a new list.
+    fn fence_changed(&mut self) -> bool {
         if self.fenced() {
             if self.synced {
                 self.synced = false;
                 self.relist_on_reopen = true;
             }
-            return Reopened::Closed;
-        }
-        if std::mem::take(&mut self.relist_on_reopen) {
-            tracing::info!(instance = %self.config.instance, "the fence opened again; listing the pods before acting");
-            for a in std::mem::take(&mut self.deferred) {
-                self.answer(a);
-            }
-            return Reopened::Relist;
+            return false;
         }
         for a in std::mem::take(&mut self.deferred) {
             self.answer(a);
+        }
+        if std::mem::take(&mut self.relist_on_reopen) {
+            tracing::info!(instance = %self.config.instance, "the fence opened again; listing the pods before acting");
+            return true;
         }
         let keys: Vec<TaskKey> = self.tasks.keys().cloned().collect();
         for k in keys {
@@ -384,7 +371,7 @@ impl Loop {
         for k in self.index.tasks() {
             self.release(&k);
         }
-        Reopened::Acting
+        false
     }
 
     fn watched(&mut self, ev: Result<Event<Pod>, watcher::Error>) {
