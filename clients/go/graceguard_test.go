@@ -8,7 +8,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -152,5 +155,93 @@ func TestACursorSaysWhenTheSidecarRestarted(t *testing.T) {
 	}
 	if evs, restarted, err := cur.Next(ctx, 0); err != nil || restarted || len(evs) != 1 || cur.Epoch() != "e2" {
 		t.Fatalf("from the start again: %v %v %v", evs, restarted, err)
+	}
+}
+
+// A sidecar's event log in miniature: events stay until acknowledged;
+// failAcks makes the next acknowledgements answer 503 Fenced.
+type fakeLog struct {
+	mu       sync.Mutex
+	held     []uint64
+	failAcks int
+}
+
+func (l *fakeLog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r.Method == http.MethodPost {
+		if l.failAcks > 0 {
+			l.failAcks--
+			status(w, 503, ReasonFenced)
+			return
+		}
+		var body struct{ Seqs []uint64 }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		kept := l.held[:0]
+		for _, s := range l.held {
+			if !slices.Contains(body.Seqs, s) {
+				kept = append(kept, s)
+			}
+		}
+		l.held = kept
+		_, _ = w.Write([]byte(`{"acked":[]}`))
+		return
+	}
+	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+	evs := []map[string]any{}
+	for _, s := range l.held {
+		if s > after {
+			evs = append(evs, map[string]any{"seq": s, "type": "transition", "namespace": "n", "task": "t", "attempt": 0, "pod": "t-0", "phase": "Queued"})
+		}
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"events": evs, "last_seq": 3, "epoch": "e1"})
+}
+
+func seqsOf(evs []Event) []uint64 {
+	out := []uint64{}
+	for _, e := range evs {
+		out = append(out, e.Seq)
+	}
+	return out
+}
+
+func TestACursorNeverSkipsAnEventItCouldNotAcknowledge(t *testing.T) {
+	log := &fakeLog{held: []uint64{1, 2, 3}}
+	srv := httptest.NewServer(log)
+	defer srv.Close()
+	c, _ := New(Options{URL: srv.URL})
+	cur, ctx := c.Cursor(), context.Background()
+	evs, _, err := cur.Next(ctx, 0)
+	if err != nil || !slices.Equal(seqsOf(evs), []uint64{1, 2, 3}) {
+		t.Fatalf("first page: %v %v", seqsOf(evs), err)
+	}
+	if _, err := cur.Ack(ctx, evs[0]); err != nil || cur.Unacknowledged() != 2 {
+		t.Fatalf("ack 1: %v, %d unacknowledged", err, cur.Unacknowledged())
+	}
+	// The acknowledgement of 2 fails: 2 and 3 (returned, not acknowledged)
+	// come again; 1 does not.
+	log.failAcks = 1
+	if _, err := cur.Ack(ctx, evs[1]); !HasReason(err, ReasonFenced) {
+		t.Fatalf("ack 2: want Fenced, got %v", err)
+	}
+	evs, _, err = cur.Next(ctx, 0)
+	if err != nil || !slices.Equal(seqsOf(evs), []uint64{2, 3}) {
+		t.Fatalf("after a failed ack: %v %v (want 2 and 3 again)", seqsOf(evs), err)
+	}
+	// The caller acknowledges 3 and rewinds for what it could not handle.
+	if _, err := cur.Ack(ctx, evs[1]); err != nil {
+		t.Fatal(err)
+	}
+	cur.Rewind()
+	evs, _, err = cur.Next(ctx, 0)
+	if err != nil || !slices.Equal(seqsOf(evs), []uint64{2}) {
+		t.Fatalf("after Rewind: %v %v (want 2 alone)", seqsOf(evs), err)
+	}
+	if _, err := cur.Ack(ctx, evs...); err != nil || cur.Unacknowledged() != 0 {
+		t.Fatalf("ack 2: %v, %d unacknowledged", err, cur.Unacknowledged())
+	}
+	cur.Rewind()
+	if evs, _, err = cur.Next(ctx, 0); err != nil || len(evs) != 0 {
+		t.Fatalf("all acknowledged: %v %v", seqsOf(evs), err)
 	}
 }

@@ -8,7 +8,7 @@ import json
 import socket as _socket
 import time
 import urllib.parse
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 from ._types import Batch, Event, TaskList, TaskStatus, event_from_json
 
@@ -254,17 +254,28 @@ class Client:
 
 class Cursor:
     """Follows the sidecar's events, carrying the epoch their sequence
-    numbers belong to; tells you when the sidecar restarted."""
+    numbers belong to; tells you when the sidecar restarted. It remembers
+    which events it returned that were not acknowledged yet, so none is
+    skipped for good: an `ack` that fails, or `rewind()`, makes them come
+    again (the sidecar keeps an event until it is acknowledged)."""
 
     def __init__(self, client: Client, limit: int = 500) -> None:
         self._c = client
         self._after = 0
         self._epoch: Optional[str] = None
         self._limit = limit
+        # Returned by next(), not acknowledged through this cursor.
+        self._pending: Set[int] = set()
 
     @property
     def epoch(self) -> Optional[str]:
         return self._epoch
+
+    @property
+    def unacknowledged(self) -> int:
+        """How many events next() returned that no ack through this cursor
+        has acknowledged yet."""
+        return len(self._pending)
 
     def next(self, wait: int = 20) -> Batch:
         """Events after the last ones returned, waiting up to `wait` seconds.
@@ -275,23 +286,50 @@ class Cursor:
         except SidecarError as e:
             if e.reason != EPOCH_CHANGED:
                 raise
-            self._after, self._epoch = 0, None
+            self._start_over()
             return Batch(events=[], restarted=True)
         restarted = self._epoch is not None and page["epoch"] != self._epoch
+        if restarted:
+            self._pending.clear()
         self._epoch = page["epoch"]
         events: List[Event] = [event_from_json(e) for e in page["events"]]
+        self._pending.update(e.seq for e in events)
         if events:
             self._after = events[-1].seq
         return Batch(events=events, restarted=restarted)
 
+    def rewind(self) -> None:
+        """The next next() starts again from the oldest event this cursor
+        returned and nobody acknowledged through it: call it when handling
+        events failed part way. Events acknowledged meanwhile by anyone are
+        gone from the sidecar and do not come again."""
+        if self._pending:
+            self._after = min(self._pending) - 1
+            self._pending.clear()
+
     def ack(self, *events: Event) -> List[Dict[str, Any]]:
         """Acknowledges exactly these events. After a sidecar restart this
-        raises EPOCH_CHANGED and marks nothing: the results come again."""
+        raises EPOCH_CHANGED and marks nothing: the results come again. Any
+        other failure rewinds the cursor (`rewind()`), so what it could not
+        acknowledge comes again from the next next() instead of being
+        skipped."""
         if not events:
             return []
+        seqs = [e.seq for e in events]
         try:
-            return self._c.ack(self._epoch or "", seqs=[e.seq for e in events])
+            acked = self._c.ack(self._epoch or "", seqs=seqs)
         except SidecarError as e:
             if e.reason == EPOCH_CHANGED:
-                self._after, self._epoch = 0, None
+                self._start_over()
+            else:
+                self.rewind()
             raise
+        except OSError:
+            self.rewind()
+            raise
+        self._pending.difference_update(seqs)
+        return acked
+
+    def _start_over(self) -> None:
+        self._after, self._epoch = 0, None
+        self._pending.clear()

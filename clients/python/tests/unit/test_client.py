@@ -6,6 +6,7 @@ import socket
 import tempfile
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from typing import Any, Callable, Dict, Tuple
 
@@ -13,6 +14,7 @@ import pytest
 
 from graceguard_client import (
     EPOCH_CHANGED,
+    FENCED,
     NOT_ENDED,
     NOT_FOUND,
     UNAUTHORIZED,
@@ -168,5 +170,65 @@ def test_a_cursor_says_when_the_sidecar_restarted() -> None:
         assert (b.events, b.restarted, cur.epoch) == ([], True, None)
         b = cur.next(wait=0)
         assert (len(b.events), b.restarted, cur.epoch) == (1, False, "e2")
+    finally:
+        srv.shutdown()
+
+
+def test_a_cursor_never_skips_an_event_it_could_not_acknowledge() -> None:
+    """A sidecar's event log in miniature: events stay until acknowledged;
+    `fail_acks` makes the next acknowledgements answer 503 Fenced."""
+    log: Dict[str, Any] = {"held": [1, 2, 3], "fail_acks": 0}
+
+    class H(BaseHTTPRequestHandler):
+        def _answer(self, code: int, body: Any) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_POST(self) -> None:
+            seqs = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["seqs"]
+            if log["fail_acks"]:
+                log["fail_acks"] -= 1
+                self._answer(*status(503, FENCED))
+                return
+            log["held"] = [s for s in log["held"] if s not in seqs]
+            self._answer(200, {"acked": []})
+
+        def do_GET(self) -> None:
+            after = int(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)["after"][0])
+            evs = [{"seq": s, "type": "transition", "namespace": "n", "task": "t", "attempt": 0, "pod": "t-0", "phase": "Queued"} for s in log["held"] if s > after]
+            self._answer(200, {"events": evs, "last_seq": 3, "epoch": "e1"})
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cur = Client(url=f"http://127.0.0.1:{srv.server_address[1]}").cursor()
+        evs = cur.next(wait=0).events
+        assert [e.seq for e in evs] == [1, 2, 3]
+        cur.ack(evs[0])
+        assert cur.unacknowledged == 2
+        # The acknowledgement of 2 fails: 2 and 3 (returned, not
+        # acknowledged) come again; 1 does not.
+        log["fail_acks"] = 1
+        with pytest.raises(SidecarError) as e:
+            cur.ack(evs[1])
+        assert e.value.reason == FENCED
+        evs = cur.next(wait=0).events
+        assert [e.seq for e in evs] == [2, 3]
+        # The caller acknowledges 3 and rewinds for what it could not handle.
+        cur.ack(evs[1])
+        cur.rewind()
+        evs = cur.next(wait=0).events
+        assert [e.seq for e in evs] == [2]
+        cur.ack(*evs)
+        assert cur.unacknowledged == 0
+        cur.rewind()
+        assert cur.next(wait=0).events == []
     finally:
         srv.shutdown()
