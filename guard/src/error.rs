@@ -10,6 +10,15 @@ use std::time::Duration;
 pub enum TaskError {
     #[error("task {0} is already submitted with a different pod template; use another task name or DELETE it first")]
     TemplateConflict(String),
+    /// Two task names that give the same pod-name stem (a hash collision,
+    /// or names equal once normalized): the second would take the first's
+    /// pods for its own.
+    #[error("task {task:?} would name its pods {stem}-N, and so does task {other:?}, known here or recorded on pods in the namespace; use another task name (or forget the other task and wait for its pods to go)")]
+    StemTaken {
+        task: String,
+        stem: String,
+        other: String,
+    },
     #[error("task {0} is already known with other settings (retries, max_system_failures, bounds, rerun_done); submit the same ones, or use another task name")]
     SpecConflict(String),
     #[error("task {0} is not known to this executor; PUT it first")]

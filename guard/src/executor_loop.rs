@@ -21,7 +21,7 @@ use crate::error::TaskError;
 use crate::events::{EventBody, EventLog};
 use crate::executor_config::ExecutorConfig;
 use crate::kube_events::Publisher;
-use crate::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::naming::{self, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::pod_api::{self, AnswerKind, Released};
 use crate::pod_index::PodIndex;
 use crate::pod_record::{RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
@@ -773,7 +773,13 @@ impl Loop {
         let hash = template.hash();
         if let Some(e) = self.tasks.get_mut(&key) {
             let known_hash = !e.template_hash.is_empty() || e.template.is_some();
-            let conflict = if (known_hash && e.template_hash != hash) || e.spec.task != spec.task {
+            let conflict = if e.spec.task != spec.task {
+                Some(TaskError::StemTaken {
+                    task: spec.task.clone(),
+                    stem: key.task.clone(),
+                    other: e.spec.task.clone(),
+                })
+            } else if known_hash && e.template_hash != hash {
                 Some(TaskError::TemplateConflict(spec.task.clone()))
             } else if !e.spec.same_settings(&spec) {
                 Some(TaskError::SpecConflict(spec.task.clone()))
@@ -781,7 +787,8 @@ impl Loop {
                 None
             };
             match (conflict, replace) {
-                (Some(e), false) => return Err(e),
+                // Replacing is for this task, never another's.
+                (Some(e @ TaskError::StemTaken { .. }), _) | (Some(e), false) => return Err(e),
                 // Ended and no pod of it left running, or refused.
                 (Some(_), true) => self.forget(&key)?,
                 (None, _) => {
@@ -789,6 +796,15 @@ impl Loop {
                     return self.submitted(&key, false);
                 }
             }
+        }
+        // Pods of another task whose name gives the same stem: never taken
+        // for this one's, replaced or not.
+        if let Some(other) = self.index.other_task(&key, &spec.task) {
+            return Err(TaskError::StemTaken {
+                task: spec.task,
+                stem: key.task,
+                other,
+            });
         }
         // Pods of this task made from another template (before a restart).
         if self.index.other_template(&key, &hash) {
@@ -959,6 +975,13 @@ impl Loop {
         };
         let now = now_ms();
         let aborted = std::mem::take(&mut e.aborted);
+        if e.state.is_none() {
+            // Names and labels go on as its pods have them (an older stem).
+            e.spec.stem = self
+                .index
+                .stem(key)
+                .filter(|s| *s != naming::task_stem(&e.spec.task));
+        }
         let (state, first) = match e.state.take() {
             Some(s) => (s, Decision::default()),
             // Aborted before it was launched: no Create, ever; pods it had

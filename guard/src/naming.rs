@@ -46,14 +46,20 @@ fn normalize(s: &str) -> String {
     out.trim_matches('-').to_string()
 }
 
+/// 64 bits of the name's SHA-256, in hex. 64 and not 32: among 10^5 long
+/// task ids in one namespace, two share a 32-bit hash (and would share
+/// pods) with odds of about 2 in 3 (the birthday bound); at 64 bits the odds
+/// stay below 1 in 10^7 for 10^6 ids, and a recorded task name that differs
+/// is refused anyway (`PodIndex::other_task`). Pods made before 0.2.0 carry 8-digit
+/// stems; a task resumed from them keeps theirs ([`crate::TaskSpec::stem`]).
 fn short_hash(s: &str) -> String {
     let d = Sha256::digest(s.as_bytes());
-    d.iter().take(4).map(|b| format!("{b:02x}")).collect()
+    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 /// The task part of pod names: `task` itself when it is already a clean
 /// DNS-1123 label that leaves room for the attempt suffix, else a normalized
-/// prefix plus an 8-hex-digit hash of the original name.
+/// prefix plus a 16-hex-digit hash of the original name.
 pub fn task_stem(task: &str) -> String {
     // Room for "-" and up to 10 attempt digits.
     const ROOM: usize = MAX - 11;
@@ -175,5 +181,16 @@ mod tests {
         // Odd names do not collide with their normalized form.
         assert_ne!(pod_name("Train_Job", 0), pod_name("train-job", 0));
         assert_eq!(pod_name("train-job", 0), "train-job-0");
+    }
+
+    #[test]
+    fn hashed_stems_carry_64_bits_and_keep_a_readable_prefix() {
+        let stem = task_stem(&("Train_".to_string() + &"x".repeat(80)));
+        let (prefix, hash) = stem.rsplit_once('-').unwrap_or_default();
+        assert_eq!(hash.len(), 16, "{stem}");
+        assert!(hash.chars().all(|c| c.is_ascii_hexdigit()), "{stem}");
+        assert!(prefix.starts_with("train-xxx"), "{stem}");
+        assert!(stem.len() <= 52, "{stem}: room for -<attempt>");
+        assert_eq!(task_stem("日本語").len(), "t-".len() + 16);
     }
 }

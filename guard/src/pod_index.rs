@@ -22,6 +22,8 @@ use crate::task::TaskKey;
 struct Indexed {
     view: PodView,
     name: String,
+    /// Its task label: the stem its task's names use.
+    stem: String,
     resource_version: String,
     template_hash: Option<String>,
     /// Its finalizers (a release and a done-mark write them back without
@@ -61,11 +63,26 @@ pub fn disruption_reason(pod: &Pod) -> Option<String> {
         .map(|c| c.reason.clone().unwrap_or_default())
 }
 
+/// The task a pod belongs to: the task its record names when it has one
+/// (so pods whose label holds an older stem of the same name, made before
+/// 0.2.0, are found under the task's key today, and two names whose stems
+/// collide are told apart), else its task label.
+fn key_of(pod: &Pod, record: Option<&PodRecord>) -> Option<TaskKey> {
+    let namespace = pod.namespace()?;
+    match record.and_then(|r| r.spec.as_ref()) {
+        Some(spec) if !spec.task.is_empty() => Some(TaskKey::new(&namespace, &spec.task)),
+        _ => Some(TaskKey {
+            namespace,
+            task: pod.labels().get(TASK_LABEL)?.clone(),
+        }),
+    }
+}
+
 /// The pod as the index keeps it, seen at `now_ms` (local), `before` being
 /// what the index had of it; `None` for a pod without valid task labels.
 fn indexed(pod: &Pod, before: Option<&Indexed>, now_ms: i64) -> Option<(TaskKey, Indexed)> {
     let labels = pod.labels();
-    let task = labels.get(TASK_LABEL)?;
+    let stem = labels.get(TASK_LABEL)?.clone();
     let attempt: u32 = labels.get(ATTEMPT_LABEL)?.parse().ok()?;
     let status = pod.status.as_ref();
     let meta = &pod.metadata;
@@ -93,15 +110,13 @@ fn indexed(pod: &Pod, before: Option<&Indexed>, now_ms: i64) -> Option<(TaskKey,
         done: labels.get(DONE_LABEL).is_some_and(|v| v == "true"),
         record: PodRecord::from_annotations(pod.annotations()),
     };
-    let key = TaskKey {
-        namespace: pod.namespace()?,
-        task: task.clone(),
-    };
+    let key = key_of(pod, view.record.as_ref())?;
     Some((
         key,
         Indexed {
             view,
             name: pod.name_any(),
+            stem,
             resource_version: pod.resource_version().unwrap_or_default(),
             template_hash: pod.annotations().get(TEMPLATE_ANNOTATION).cloned(),
             finalizers: pod.finalizers().to_vec(),
@@ -128,11 +143,8 @@ impl PodIndex {
 
     /// What the index has of `pod` (by its labels and uid).
     fn known(&self, pod: &Pod) -> Option<&Indexed> {
-        let labels = pod.labels();
-        let key = TaskKey {
-            namespace: pod.namespace()?,
-            task: labels.get(TASK_LABEL)?.clone(),
-        };
+        let record = PodRecord::from_annotations(pod.annotations());
+        let key = key_of(pod, record.as_ref())?;
         self.pods.get(&key)?.get(pod.uid()?.as_str())
     }
 
@@ -233,6 +245,26 @@ impl PodIndex {
         })
     }
 
+    /// The task, other than `task`, that pods under `key` record: another
+    /// task whose name gives the same stem, whose pods must not be taken
+    /// for this one's.
+    pub fn other_task(&self, key: &TaskKey, task: &str) -> Option<String> {
+        self.pods.get(key)?.values().find_map(|i| {
+            let recorded = &i.view.record.as_ref()?.spec.as_ref()?.task;
+            (recorded != task).then(|| recorded.clone())
+        })
+    }
+
+    /// The stem the task's newest pod is labelled with (see
+    /// [`crate::TaskSpec::stem`]).
+    pub fn stem(&self, key: &TaskKey) -> Option<String> {
+        let m = self.pods.get(key)?;
+        let newest = m
+            .values()
+            .max_by_key(|i| (i.view.attempt, i.view.created_ms))?;
+        Some(newest.stem.clone())
+    }
+
     /// Tasks whose newest pod records its spec and is not marked done (its
     /// result not yet delivered): what a restarted executor takes up before
     /// anyone submits them again. With the template hash that pod carries.
@@ -330,5 +362,50 @@ mod tests {
         released.metadata.deletion_timestamp = None;
         ix.apply(&released, 3_000);
         assert_eq!(ix.unfinished().len(), 1, "not deleted: taken up");
+    }
+
+    /// A pod of `task` as 0.1.0 made it: labelled with the stem of that
+    /// time (8 hash digits), its record naming the task.
+    fn recorded_pod(task: &str, stem: &str, uid: &str) -> Pod {
+        let mut p = pod(None);
+        p.metadata.uid = Some(uid.into());
+        p.metadata.name = Some(format!("{stem}-0"));
+        let record = PodRecord {
+            spec: Some(crate::reconcile::TaskSpec::new(task, "ns", "i").recorded()),
+            ..Default::default()
+        };
+        let meta = &mut p.metadata;
+        meta.labels
+            .get_or_insert_with(Default::default)
+            .insert(TASK_LABEL.into(), stem.into());
+        meta.annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                crate::pod_record::RECORD_ANNOTATION.into(),
+                record.to_annotation(),
+            );
+        p
+    }
+
+    #[test]
+    fn a_pod_is_the_task_its_record_names_whatever_stem_its_label_holds() {
+        let task = "Nightly_Training.Run_2026_12_06.Shard_0042_of_0128_with_a_long_suffix";
+        let old = "nightly-training-run-2026-12-06-shard-0042-cc32d46d";
+        let mut ix = PodIndex::default();
+        let key = ix.apply(&recorded_pod(task, old, "u1"), 1_000);
+        assert_eq!(key, Some(TaskKey::new("ns", task)));
+        let key = TaskKey::new("ns", task);
+        assert_ne!(key.task, old, "today's stem is another");
+        assert_eq!(ix.views(&key).len(), 1);
+        // The task goes on under the stem its pods have.
+        assert_eq!(ix.stem(&key).as_deref(), Some(old));
+        assert_eq!(ix.other_task(&key, task), None);
+        // Its deletion is found under the same key.
+        assert_eq!(ix.delete(&recorded_pod(task, old, "u1")), Some(key.clone()));
+        assert!(ix.views(&key).is_empty());
+        // Pods recording another task under this key are that task's.
+        ix.apply(&recorded_pod("other", old, "u2"), 2_000);
+        let other = TaskKey::new("ns", "other");
+        assert_eq!(ix.other_task(&other, task).as_deref(), Some("other"));
     }
 }

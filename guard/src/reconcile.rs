@@ -45,6 +45,13 @@ pub struct TaskSpec {
     /// next pod name; false: that result is reported again (see [`resume`]).
     #[serde(default)]
     pub rerun_done: bool,
+    /// The stem of the task's pod names and its task label when its pods
+    /// already use one other than [`naming::task_stem`] gives today (pods
+    /// made before 0.2.0, whose hashes were 8 digits): the executor sets it
+    /// from those pods, so a task resumed across the upgrade keeps one name
+    /// scheme and every action finds its pods. `None`: `task_stem(task)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stem: Option<String>,
 }
 
 impl TaskSpec {
@@ -58,12 +65,20 @@ impl TaskSpec {
             max_system_failures: 3,
             bounds: Bounds::default(),
             rerun_done: false,
+            stem: None,
         }
+    }
+
+    /// The stem of its pod names and the value of its task label.
+    pub fn stem(&self) -> String {
+        self.stem
+            .clone()
+            .unwrap_or_else(|| naming::task_stem(&self.task))
     }
 
     /// The pod name of `attempt`.
     pub fn pod_name(&self, attempt: u32) -> String {
-        naming::pod_name(&self.task, attempt)
+        format!("{}-{attempt}", self.stem())
     }
 
     /// What a pod records of this spec.
@@ -87,6 +102,7 @@ impl TaskSpec {
             max_system_failures: r.max_system_failures.max(1),
             bounds: r.bounds.clone(),
             rerun_done: r.rerun_done,
+            stem: None,
         }
     }
 
@@ -802,7 +818,7 @@ impl<'a> Task<'a> {
     /// `e` carries this attempt's labels (task, attempt, instance).
     fn is_ours(&self, e: &Existing) -> bool {
         let want = [
-            (TASK_LABEL, naming::task_label_value(&self.spec.task)),
+            (TASK_LABEL, self.spec.stem()),
             (ATTEMPT_LABEL, self.s.attempt.to_string()),
             (INSTANCE_LABEL, self.spec.instance.clone()),
         ];

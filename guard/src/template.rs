@@ -16,8 +16,8 @@ use serde_json::{Map, Value};
 
 use crate::error::TaskError;
 use crate::naming::{
-    self, ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL,
-    RESULT_FINALIZER, TASK_LABEL,
+    ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, RESULT_FINALIZER,
+    TASK_LABEL,
 };
 use crate::pod_record::template_hash;
 use crate::reconcile::TaskSpec;
@@ -115,10 +115,7 @@ impl Template {
             meta.insert("name".into(), name.into());
             meta.insert("namespace".into(), spec.namespace.clone().into());
             with_object(meta, "labels", |labels| {
-                labels.insert(
-                    TASK_LABEL.into(),
-                    naming::task_label_value(&spec.task).into(),
-                );
+                labels.insert(TASK_LABEL.into(), spec.stem().into());
                 labels.insert(ATTEMPT_LABEL.into(), attempt.to_string().into());
                 labels.insert(INSTANCE_LABEL.into(), spec.instance.clone().into());
                 labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
@@ -178,15 +175,7 @@ mod tests {
     use serde_json::json;
 
     fn spec() -> TaskSpec {
-        TaskSpec {
-            task: "train".into(),
-            namespace: "team-a".into(),
-            instance: "flyte".into(),
-            retries: 0,
-            max_system_failures: 3,
-            bounds: Default::default(),
-            rerun_done: false,
-        }
+        TaskSpec::new("train", "team-a", "flyte")
     }
 
     /// A field newer than the workspace's k8s-openapi (GA in Kubernetes 1.37).

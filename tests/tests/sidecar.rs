@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
+use kube::{Api, ResourceExt};
 use testbed::audit_log::AuditEvent;
 use testbed::guard_task::{audited_bed, instance_lease, managed_pod, DEAD};
 use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
@@ -796,6 +796,83 @@ async fn a_restarted_sidecar_knows_its_tasks_before_they_are_submitted_again() -
     assert_eq!(st["needs_template"], false, "{st}");
     pods::wait_running(&api, "keep-1").await?;
     assert_eq!(sorted(creates(&bed, &ns)?), ["ends-0", "keep-0", "keep-1"]);
+    Ok(())
+}
+
+/// A task begun before 0.2.0, whose long name's pods carry that version's
+/// 8-digit hash stem, goes on after the upgrade under that stem: the
+/// restarted sidecar finds it by its name, its next attempt is named as its
+/// pods are, and nothing is created twice. (Without the index's key from the
+/// pod's record, the task is not found and runs again under today's stem.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_begun_under_the_32_bit_stems_keeps_its_pod_names() -> R {
+    const TASK: &str = "Nightly_Training.Run_2026_12_06.Shard_0042_of_0128_with_a_long_suffix";
+    // 0.1.0's stem (SHA-256's first 4 bytes) and today's (8 bytes).
+    const OLD: &str = "nightly-training-run-2026-12-06-shard-0042-cc32d46d";
+    assert_eq!(
+        graceguard::naming::task_stem(TASK),
+        "nightly-training-run-2026-12-06-sha-cc32d46d91e48977"
+    );
+    let (bed, ns, template) = bed().await?;
+    let _kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let spec = graceguard::TaskSpec {
+        retries: 1,
+        ..graceguard::TaskSpec::new(TASK, &ns, "exec-l")
+    };
+    let record = graceguard::pod_record::PodRecord {
+        spec: Some(spec.recorded()),
+        ..Default::default()
+    };
+    let mut old = managed_pod(&format!("{OLD}-0"), "exec-l");
+    old.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            graceguard::pod_record::RECORD_ANNOTATION.into(),
+            record.to_annotation(),
+        );
+    api.create(&Default::default(), &old).await?;
+    pods::wait_running(&api, &format!("{OLD}-0")).await?;
+
+    let sidecar = SidecarProcess::start(&bed, "exec-l", &ns).await?;
+    let (code, st) = sidecar
+        .request("GET", &format!("/v1/tasks/{ns}/{TASK}"), None)
+        .await?;
+    assert_eq!(code, 200, "known from its pod: {st}");
+    assert_eq!(st["pod"], format!("{OLD}-0"), "{st}");
+    let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    let body = serde_json::json!({"template": tpl, "retries": 1});
+    let (code, st) = sidecar
+        .request("PUT", &format!("/v1/tasks/{ns}/{TASK}"), Some(&body))
+        .await?;
+    assert_eq!(code, 200, "the same task, submitted again: {st}");
+
+    // Its pod is deleted (a system failure): the next attempt keeps the stem.
+    pods::delete_gracefully(&api, &format!("{OLD}-0"), Some(0)).await?;
+    let next = format!("{OLD}-1");
+    pods::wait_running(&api, &next).await?;
+    let p = api.get(&next).await?;
+    assert_eq!(
+        p.labels()
+            .get(graceguard::naming::TASK_LABEL)
+            .map(String::as_str),
+        Some(OLD),
+        "labelled as its earlier pods"
+    );
+    let (_, st) = sidecar
+        .request("GET", &format!("/v1/tasks/{ns}/{TASK}"), None)
+        .await?;
+    assert_eq!(
+        (st["attempt"].as_u64(), st["pod"].as_str()),
+        (Some(1), Some(next.as_str())),
+        "{st}"
+    );
+    assert_eq!(
+        creates(&bed, &ns)?,
+        [next],
+        "one Create, under the old stem"
+    );
     Ok(())
 }
 

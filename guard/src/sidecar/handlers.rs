@@ -72,6 +72,7 @@ pub async fn put_task(
         max_system_failures: put.max_system_failures.max(1),
         bounds: put.bounds,
         rerun_done: put.rerun_done,
+        stem: None,
     };
     let template = Template::from_json(put.template)?;
     let Submitted { status, created } = s.executor.put(spec, template, q.replace).await?;

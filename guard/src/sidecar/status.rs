@@ -123,7 +123,9 @@ impl IntoResponse for ApiStatus {
 impl From<TaskError> for ApiStatus {
     fn from(e: TaskError) -> Self {
         let (status, reason) = match &e {
-            TaskError::TemplateConflict(_) => (StatusCode::CONFLICT, Reason::TemplateConflict),
+            TaskError::TemplateConflict(_) | TaskError::StemTaken { .. } => {
+                (StatusCode::CONFLICT, Reason::TemplateConflict)
+            }
             TaskError::SpecConflict(_) => (StatusCode::CONFLICT, Reason::SpecConflict),
             TaskError::NotEnded(_) => (StatusCode::CONFLICT, Reason::NotEnded),
             TaskError::CleanupPending(_) => (StatusCode::CONFLICT, Reason::CleanupPending),
