@@ -148,7 +148,7 @@ impl Adopter {
     pub fn new(client: Client, namespace: &str, lease_namespace: &str, instance: &str) -> Self {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{DONE_LABEL}!=true");
-        let events = watcher::watcher(pods.clone(), watcher::Config::default().labels(&selector))
+        let events = watcher::watcher(pods.clone(), crate::api_timeouts::watch_config(&selector))
             .default_backoff()
             .boxed();
         Self {

@@ -22,6 +22,10 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// A guard acting through `client`. Build it from a config passed
+    /// through [`crate::api_timeouts::bounded`]: without a read timeout a
+    /// connection that goes silent can hold a call, and the executor's view
+    /// of its pods, for minutes.
     pub fn new(client: Client, config: GuardConfig) -> Self {
         Self { client, config }
     }

@@ -15,6 +15,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::api_timeouts;
 use crate::backoff::{at_least, NamespaceBackoffs, Probe};
 use crate::classify::CreateRefusal;
 use crate::error::TaskError;
@@ -293,7 +294,7 @@ impl Loop {
             self.config.instance
         );
         let pod_watch = || {
-            watcher::watcher(api.clone(), watcher::Config::default().labels(&selector))
+            watcher::watcher(api.clone(), api_timeouts::watch_config(&selector))
                 .default_backoff()
                 .boxed()
         };

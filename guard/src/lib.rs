@@ -44,6 +44,7 @@
 //! ```
 
 pub mod adoption;
+pub mod api_timeouts;
 pub mod backoff;
 pub mod bounds;
 pub mod classify;

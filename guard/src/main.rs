@@ -347,7 +347,7 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<(kube::Client, String), 
         })?,
     };
     let ns = config.default_namespace.clone();
-    let c = kube::Client::try_from(config)
+    let c = kube::Client::try_from(graceguard::api_timeouts::bounded(config))
         .map_err(|e| Usage(format!("cannot build a Kubernetes client: {e}")))?;
     c.apiserver_version().await.map_err(|e| {
         Usage(format!(
@@ -702,7 +702,17 @@ async fn cancel(client: &kube::Client, executor: &Executor, key: &TaskKey, code:
     // The executor deletes it in the background; this makes sure it was
     // asked before waiting (a second delete of the same uid is harmless).
     delete_exact(&api, &status.pod, &uid).await;
-    let gone = await_condition(api, &status.pod, conditions::is_deleted(&uid));
+    // kube's await_condition watches with the default 290 s timeout, which
+    // the client's read timeout (api_timeouts) cuts while the pod stays
+    // quiet: each cut starts it again.
+    let gone = async {
+        while let Err(e) =
+            await_condition(api.clone(), &status.pod, conditions::is_deleted(&uid)).await
+        {
+            tracing::debug!(error = %e, "watching the pod's deletion again");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    };
     if tokio::time::timeout(Duration::from_secs(300), gone)
         .await
         .is_err()

@@ -5,7 +5,8 @@
 //! connection: confirmation reads (1 s, then the Create is allowed), follow-up
 //! reads and patches (5 s each, retried), and the watches behind the indexes
 //! (re-opened every `WATCH_TIMEOUT_SECS`, abandoned 5 s past it when silent).
-//! Both Kubernetes versions.
+//! The guard's sidecar likewise sees its pods again while it keeps its
+//! Lease (`graceguard::api_timeouts`). Both Kubernetes versions.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -14,8 +15,10 @@ use anyhow::Context;
 use graceguard_webhook::meta_index::WATCH_TIMEOUT_SECS;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use testbed::kubelet::{Kubelet, KubeletOptions};
+use testbed::guard_task::audited_bed;
+use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
+use testbed::sidecar::SidecarProcess;
 use testbed::stall::StallingProxy;
 use testbed::webhook::{WebhookProcess, ALL_HOOKS};
 use testbed::TestBed;
@@ -119,5 +122,83 @@ async fn after_its_connections_go_silent_graceguard_denies_tags_and_indexes_agai
     // kube's default (290 s + 5 s) would keep the index stale past this.
     let left = (bound + Duration::from_secs(40)).saturating_sub(stalled.elapsed());
     until_graceguard_denies(&api, "newcomer", left.max(Duration::from_secs(5))).await?;
+    Ok(())
+}
+
+/// The guard's sidecar reaches the API server through the proxy, and its
+/// connections go silent while its Lease (600 s) cannot lapse, so its fence
+/// stays open and nothing else makes it list again: the end of its task's
+/// pod must reach it over a new connection within the guard's own bounds
+/// (`api_timeouts`: a silent watch given up 20 s in, a call on a silent
+/// pooled connection 25 s after it was sent), not kube's 295 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_whose_connections_go_silent_sees_its_pods_again_while_it_holds_its_lease() -> R {
+    use graceguard::api_timeouts::{READ_TIMEOUT, WATCH_TIMEOUT_SECS as GUARD_WATCH_SECS};
+    let (bed, ns) = audited_bed("silent").await?;
+    let upstream: SocketAddr = bed
+        .url
+        .strip_prefix("https://")
+        .unwrap_or(&bed.url)
+        .parse()
+        .context("the bed's API server address")?;
+    let proxy = StallingProxy::start(upstream).await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let sidecar = SidecarProcess::start_via(
+        &bed,
+        ("silent", &ns, "silent"),
+        bed.kubeconfig_via("alice", &proxy.url())?,
+        600,
+    )
+    .await?;
+    let template = serde_json::to_value(pods::task_pod("template", 30))?;
+    let task = format!("/v1/tasks/{ns}/t");
+    let (code, st) = sidecar
+        .request(
+            "PUT",
+            &task,
+            Some(&serde_json::json!({ "template": template })),
+        )
+        .await?;
+    anyhow::ensure!(code == 201, "PUT: {code} {st}");
+    let phase = || async {
+        let (_, st) = sidecar.request("GET", &task, None).await?;
+        anyhow::Ok(st["phase"].as_str().unwrap_or_default().to_string())
+    };
+    let started = Instant::now();
+    while phase().await? != "Running" {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "the task never ran; the sidecar's log: {}",
+            sidecar.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let frozen = proxy.stall().await;
+    let stalled = Instant::now();
+    assert!(
+        frozen >= 1,
+        "no connection was open to freeze (the pod watch at least)"
+    );
+    kubelet.end_pod(&ns, "t-0", Terminal::Succeeded).await?;
+    // The watch given up, then a few silent pooled connections at one read
+    // timeout each, and room for a loaded machine; kube's defaults take
+    // 295 s before the first retry.
+    let bound = Duration::from_secs(u64::from(GUARD_WATCH_SECS) + 5) + READ_TIMEOUT * 4;
+    while phase().await? != "Succeeded" {
+        anyhow::ensure!(
+            stalled.elapsed() < bound,
+            "the sidecar did not see its pod end within {bound:?} of its connections going silent ({frozen} frozen); its log: {}",
+            sidecar.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let seen = stalled.elapsed();
+    let (_, health) = sidecar.request("GET", "/healthz", None).await?;
+    assert_eq!(
+        health["holds_lease"], true,
+        "it recovered by its own bounds, not by losing its Lease and listing again: {health}"
+    );
+    println!("the pod's end reached the sidecar {seen:?} after {frozen} connections went silent");
     Ok(())
 }
