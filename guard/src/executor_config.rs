@@ -40,6 +40,13 @@ pub struct ExecutorConfig {
     /// task whose template would pass it is refused. Default 512 MiB: with
     /// templates of up to 2 MiB each, the sidecar's memory stays bounded.
     pub max_template_bytes: usize,
+    /// How long a deleted pod is kept for a result nobody acknowledges
+    /// (`None`: until it is). Past it the result finalizer lets go, with a
+    /// Warning event `ResultHeldTooLong` on the pod: an executor that stops
+    /// reading its events must not keep pods in the API for ever. Default
+    /// 7 days; the alert `GraceguardSidecarResultsUnacknowledged` fires
+    /// long before.
+    pub max_result_hold: Option<Duration>,
 }
 
 impl ExecutorConfig {
@@ -59,6 +66,7 @@ impl ExecutorConfig {
             forget_after: Some(Duration::from_secs(600)),
             max_tasks: 100_000,
             max_template_bytes: 512 * 1024 * 1024,
+            max_result_hold: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 }

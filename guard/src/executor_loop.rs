@@ -29,7 +29,7 @@ use crate::pod_record::{RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::reconcile::{
     self, apply, reconcile, resume, Action, Decision, Input, PodView, TaskSpec, TaskState,
 };
-use crate::result_finalizer::{releasable, Keep};
+use crate::result_finalizer::{held_too_long, releasable, Keep};
 use crate::task::{Submitted, TaskKey, TaskStatus};
 use crate::template::{annotate, Template};
 
@@ -587,8 +587,15 @@ impl Loop {
         // Only a process holding the Lease writes, except in a namespace
         // being deleted (its Lease may go with it): releasing there decides
         // nothing for anyone.
+        let too_long = match (keep, self.config.max_result_hold) {
+            (Keep::NewestUntilDone, Some(limit)) => {
+                let limit_ms = i64::try_from(limit.as_millis()).unwrap_or(i64::MAX);
+                held_too_long(&pods, now_ms(), limit_ms)
+            }
+            _ => Vec::new(),
+        };
         let go = match !self.fenced() || terminating {
-            true => releasable(&pods, keep),
+            true => [releasable(&pods, keep), too_long.clone()].concat(),
             false => Vec::new(),
         };
         for v in held {
@@ -600,6 +607,17 @@ impl Loop {
             }
             if !self.releasing.insert(v.uid.clone()) {
                 continue;
+            }
+            if too_long.contains(&v.uid) && !releasable(&pods, keep).contains(&v.uid) {
+                let limit = self.config.max_result_hold.unwrap_or_default();
+                let message = format!(
+                    "ResultHeldTooLong: pod {} was deleted and kept {}s for a result nobody acknowledged; letting it go (the result is still served by this process until it restarts). Make the executor read and acknowledge /v1/events, or raise --max-result-hold-seconds",
+                    v.name,
+                    limit.as_secs()
+                );
+                tracing::warn!(namespace = %key.namespace, pod = %v.name, "{message}");
+                self.events
+                    .warning(&key.namespace, &v.name, "ResultHeldTooLong".into(), message);
             }
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
             let tx = self.answers_tx.clone();

@@ -127,6 +127,11 @@ struct SidecarArgs {
     /// past it answers 429 `TooManyTasks`.
     #[arg(long, default_value_t = 512 * 1024 * 1024)]
     max_template_bytes: usize,
+    /// Keep a deleted task pod this long at most for a result nobody
+    /// acknowledges, then let it go with a Warning event
+    /// `ResultHeldTooLong` (0: until acknowledged). Default 7 days.
+    #[arg(long, default_value_t = 7 * 24 * 3600)]
+    max_result_hold_seconds: u64,
     /// Publish no Kubernetes Event per transition (they cost about four API
     /// writes per task, and kube's event recorder keeps each for six minutes
     /// to aggregate repeats).
@@ -562,6 +567,8 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     config.publish_events = !args.no_kube_events;
     config.max_tasks = args.max_tasks.max(1);
     config.max_template_bytes = args.max_template_bytes;
+    config.max_result_hold = (args.max_result_hold_seconds > 0)
+        .then(|| Duration::from_secs(args.max_result_hold_seconds));
     let executor = Executor::start(client.clone(), config);
     let adoption = match (&args.namespace, args.adopt) {
         (Some(ns), true) => {

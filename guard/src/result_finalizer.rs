@@ -37,6 +37,23 @@ pub fn releasable(pods: &[PodView], keep: Keep) -> Vec<String> {
         .collect()
 }
 
+/// The uids of `pods` kept past the bound: deleted, their grace over more
+/// than `limit_ms` ago (by this process's clock, [`PodView::deletion_ms`]),
+/// and still held for a result nobody acknowledged. An executor that never
+/// acknowledges would otherwise keep them in the API for ever; letting go
+/// loses only what a restart could have delivered again (this process
+/// still serves the result from its log).
+pub fn held_too_long(pods: &[PodView], now_ms: i64, limit_ms: i64) -> Vec<String> {
+    pods.iter()
+        .filter(|p| !p.done)
+        .filter(|p| {
+            p.deletion_ms
+                .is_some_and(|end| now_ms.saturating_sub(end) >= limit_ms)
+        })
+        .map(|p| p.uid.clone())
+        .collect()
+}
+
 /// Whether `finalizers` holds graceguard's.
 pub fn holds(finalizers: &[String]) -> bool {
     finalizers.iter().any(|f| f == RESULT_FINALIZER)
@@ -88,6 +105,18 @@ mod tests {
         r.sort();
         assert_eq!(r, ["a", "b"]);
         assert!(releasable(&[], Keep::Nothing).is_empty());
+    }
+
+    #[test]
+    fn a_deleted_pod_is_held_no_longer_than_the_bound() {
+        let mut deleted = pod("a", 0, false);
+        deleted.deletion_ms = Some(10_000);
+        let running = pod("b", 1, false);
+        let mut done = pod("c", 2, true);
+        done.deletion_ms = Some(0);
+        let pods = [deleted, running, done];
+        assert!(held_too_long(&pods, 10_000 + 59_999, 60_000).is_empty());
+        assert_eq!(held_too_long(&pods, 10_000 + 60_000, 60_000), ["a"]);
     }
 
     #[test]

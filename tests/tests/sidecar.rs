@@ -520,6 +520,78 @@ async fn a_result_outlives_its_pods_deletion_while_the_sidecar_is_down() -> R {
     Ok(())
 }
 
+/// A result nobody acknowledges keeps its deleted pod no longer than
+/// `--max-result-hold-seconds`: the finalizer then lets go, with a Warning
+/// event `ResultHeldTooLong` on the pod, and the result is still served from
+/// the sidecar's log (its acknowledgement no longer finds a pod to mark).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_nobody_acknowledges_keeps_its_deleted_pod_no_longer_than_the_bound() -> R {
+    const HOLD: u64 = 6;
+    let (bed, ns, template) = bed().await?;
+    let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
+    let sidecar = SidecarProcess::start_with_args(
+        &bed,
+        "exec-h",
+        &ns,
+        &["--max-result-hold-seconds", &HOLD.to_string()],
+    )
+    .await?;
+    let (code, st) = sidecar
+        .request(
+            "PUT",
+            &format!("/v1/tasks/{ns}/held"),
+            Some(&serde_json::json!({"template": tpl})),
+        )
+        .await?;
+    assert_eq!(code, 201, "created: {st}");
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    pods::wait_running(&api, "held-0").await?;
+    let uid = api.get("held-0").await?.metadata.uid.unwrap_or_default();
+    kubelet.end_pod(&ns, "held-0", Terminal::Succeeded).await?;
+    let result = result_of(&sidecar, "held").await?;
+    // Deleted (a TTL, PodGC) while nobody acknowledges: kept a while...
+    pods::delete_gracefully(&api, "held-0", Some(0)).await?;
+    let deleted = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = api.get_opt("held-0").await?;
+    assert!(
+        kept.as_ref().is_some_and(holds_result),
+        "kept within the bound: {kept:?}"
+    );
+    // ...then let go: past the bound, within one recheck (10 s) and slack.
+    pods::wait_gone(&api, "held-0", &uid).await?;
+    let gone_after = deleted.elapsed();
+    assert!(
+        gone_after >= Duration::from_secs(HOLD),
+        "let go after {gone_after:?}, before the {HOLD} s bound"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(bed.client.clone(), &ns);
+    eventually(
+        Duration::from_secs(10),
+        "a ResultHeldTooLong Warning on held-0",
+        || async {
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("ResultHeldTooLong")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.regarding.and_then(|r| r.name).as_deref() == Some("held-0")
+                }))
+        },
+    )
+    .await?;
+    // The result is still served, and can still be acknowledged.
+    let again = result_of(&sidecar, "held").await?;
+    assert_eq!(again["seq"], result["seq"], "{again}");
+    ack(&sidecar, &again).await?;
+    assert_eq!(creates(&bed, &ns)?, ["held-0"], "no re-run");
+    Ok(())
+}
+
 /// Waits until `ns` is gone (kube-controller-manager's namespace controller
 /// deletes its content).
 async fn wait_namespace_emptied(bed: &TestBed, ns: &str) -> R {
