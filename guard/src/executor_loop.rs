@@ -25,7 +25,7 @@ use crate::kube_events::Publisher;
 use crate::naming::{self, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::pod_api::{self, AnswerKind, Released};
 use crate::pod_index::PodIndex;
-use crate::pod_record::{RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
+use crate::pod_record::{PodRecord, RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::reconcile::{
     self, apply, reconcile, resume, Action, Decision, Input, PodView, TaskSpec, TaskState,
 };
@@ -298,6 +298,9 @@ impl Loop {
                 .default_backoff()
                 .boxed()
         };
+        // Before the first list: pods taken over count their deadline by it.
+        let offset = crate::server_clock::offset_ms(&self.client, now_ms).await;
+        self.index.set_server_offset(offset);
         let mut watch = pod_watch();
         let mut fence = self.config.fence.clone();
         loop {
@@ -1187,6 +1190,12 @@ impl Loop {
                     return;
                 }
                 let mut pod = template.pod_for(spec, &name, attempt);
+                // What the task has spent, by this process's clock, as sent.
+                let spent = record.started_ms.map(|s| now_ms().saturating_sub(s).max(0));
+                let record = PodRecord {
+                    spent_ms: spent,
+                    ..record
+                };
                 annotate(&mut pod, RECORD_ANNOTATION, &record.to_annotation());
                 let client = self.client.clone();
                 tokio::spawn(async move {

@@ -67,6 +67,7 @@ pub mod reconcile;
 pub mod result_finalizer;
 pub mod result_release;
 pub mod run_identity;
+pub mod server_clock;
 pub mod sidecar;
 pub mod task;
 pub mod template;

@@ -47,6 +47,9 @@ type ByTask = HashMap<TaskKey, BTreeMap<String, Indexed>>;
 #[derive(Default)]
 pub struct PodIndex {
     pods: ByTask,
+    /// The API server's clock minus this process's
+    /// ([`crate::server_clock`]), once measured.
+    server_offset_ms: Option<i64>,
     /// A re-list in progress: replaces `pods` when it is complete.
     relist: Option<ByTask>,
 }
@@ -80,7 +83,12 @@ fn key_of(pod: &Pod, record: Option<&PodRecord>) -> Option<TaskKey> {
 
 /// The pod as the index keeps it, seen at `now_ms` (local), `before` being
 /// what the index had of it; `None` for a pod without valid task labels.
-fn indexed(pod: &Pod, before: Option<&Indexed>, now_ms: i64) -> Option<(TaskKey, Indexed)> {
+fn indexed(
+    pod: &Pod,
+    before: Option<&Indexed>,
+    now_ms: i64,
+    server_offset_ms: Option<i64>,
+) -> Option<(TaskKey, Indexed)> {
     let labels = pod.labels();
     let stem = labels.get(TASK_LABEL)?.clone();
     let attempt: u32 = labels.get(ATTEMPT_LABEL)?.parse().ok()?;
@@ -96,6 +104,27 @@ fn indexed(pod: &Pod, before: Option<&Indexed>, now_ms: i64) -> Option<(TaskKey,
             .and_then(|b| b.deletion_ms)
             .map_or(end, |was| was.min(end))
     });
+    let record = PodRecord::from_annotations(pod.annotations());
+    // The task's start by this process's clock: what it had spent at the
+    // Create, before the API server created the pod (server's clock,
+    // turned into this process's by the measured offset).
+    let task_started_ms = match (&record, &meta.creation_timestamp, server_offset_ms) {
+        (
+            Some(PodRecord {
+                spent_ms: Some(spent),
+                ..
+            }),
+            Some(created),
+            Some(offset),
+        ) => Some(
+            created
+                .0
+                .as_millisecond()
+                .saturating_sub(offset)
+                .saturating_sub(*spent),
+        ),
+        _ => None,
+    };
     let view = PodView {
         uid: pod.uid()?,
         attempt,
@@ -108,7 +137,8 @@ fn indexed(pod: &Pod, before: Option<&Indexed>, now_ms: i64) -> Option<(TaskKey,
         finished: meta.deletion_timestamp.is_some()
             && meta.deletion_grace_period_seconds == Some(0),
         done: labels.get(DONE_LABEL).is_some_and(|v| v == "true"),
-        record: PodRecord::from_annotations(pod.annotations()),
+        record,
+        task_started_ms,
     };
     let key = key_of(pod, view.record.as_ref())?;
     Some((
@@ -136,6 +166,11 @@ impl Indexed {
 }
 
 impl PodIndex {
+    /// The API server's clock minus this process's, measured.
+    pub fn set_server_offset(&mut self, offset_ms: Option<i64>) {
+        self.server_offset_ms = offset_ms;
+    }
+
     /// A re-list begins: its pods are gathered apart.
     pub fn begin_relist(&mut self) {
         self.relist = Some(HashMap::new());
@@ -150,7 +185,7 @@ impl PodIndex {
 
     /// A pod of the re-list, seen at `now_ms`.
     pub fn relisted(&mut self, pod: &Pod, now_ms: i64) {
-        let Some((key, ix)) = indexed(pod, self.known(pod), now_ms) else {
+        let Some((key, ix)) = indexed(pod, self.known(pod), now_ms, self.server_offset_ms) else {
             return;
         };
         if let Some(buf) = self.relist.as_mut() {
@@ -168,7 +203,7 @@ impl PodIndex {
     /// A pod was added or changed (seen at `now_ms`); its task, if it is a
     /// task pod.
     pub fn apply(&mut self, pod: &Pod, now_ms: i64) -> Option<TaskKey> {
-        let (key, ix) = indexed(pod, self.known(pod), now_ms)?;
+        let (key, ix) = indexed(pod, self.known(pod), now_ms, self.server_offset_ms)?;
         self.pods
             .entry(key.clone())
             .or_default()
@@ -178,7 +213,7 @@ impl PodIndex {
 
     /// A pod was deleted; its task, if it is a task pod.
     pub fn delete(&mut self, pod: &Pod) -> Option<TaskKey> {
-        let (key, ix) = indexed(pod, None, 0)?;
+        let (key, ix) = indexed(pod, None, 0, None)?;
         if let Some(m) = self.pods.get_mut(&key) {
             m.remove(&ix.view.uid);
             if m.is_empty() {
@@ -407,5 +442,47 @@ mod tests {
         ix.apply(&recorded_pod("other", old, "u2"), 2_000);
         let other = TaskKey::new("ns", "other");
         assert_eq!(ix.other_task(&other, task).as_deref(), Some("other"));
+    }
+
+    #[test]
+    fn a_taken_over_task_starts_by_this_processs_clock_never_another_hosts() {
+        // The launching host's clock was an hour ahead: its recorded start
+        // is an hour late. The pod says the task had spent 30 s when its
+        // Create was sent; the API server created it at 2099-01-01T00:00Z
+        // by its clock, which runs 2 s ahead of this process's.
+        let created = k8s_openapi::jiff::Timestamp::from_second(4_070_908_800)
+            .map(|t| t.as_millisecond())
+            .unwrap_or_default();
+        let record = PodRecord {
+            started_ms: Some(created - 30_000 + 3_600_000),
+            spent_ms: Some(30_000),
+            spec: Some(crate::reconcile::TaskSpec::new("t", "ns", "i").recorded()),
+            ..Default::default()
+        };
+        let mut p = pod(None);
+        p.metadata.annotations = Some(
+            [(
+                crate::pod_record::RECORD_ANNOTATION.to_string(),
+                record.to_annotation(),
+            )]
+            .into(),
+        );
+        let mut ix = PodIndex::default();
+        ix.set_server_offset(Some(2_000));
+        let key = ix.apply(&p, 0).unwrap_or_else(|| TaskKey::new("ns", "t"));
+        let view = &ix.views(&key)[0];
+        assert_eq!(view.task_started_ms, Some(created - 2_000 - 30_000));
+        let state = crate::reconcile::restore(&ix.views(&key), 0);
+        assert_eq!(
+            state.started_ms,
+            created - 32_000,
+            "not the recorded, skewed start"
+        );
+        // Unmeasured: the record's start is all there is.
+        let mut ix = PodIndex::default();
+        ix.apply(&p, 0);
+        assert_eq!(ix.views(&key)[0].task_started_ms, None);
+        let state = crate::reconcile::restore(&ix.views(&key), 0);
+        assert_eq!(state.started_ms, created - 30_000 + 3_600_000);
     }
 }

@@ -27,8 +27,17 @@ pub struct PodRecord {
     pub user_failures: u32,
     pub system_failures: u32,
     pub consecutive_system_failures: u32,
-    /// When the task was first launched (ms since the epoch).
+    /// When the task was first launched (ms since the epoch), by the clock
+    /// of the process that launched it: another host's clock for a
+    /// process that takes the task over, so only a fallback
+    /// ([`Self::spent_ms`]).
     pub started_ms: Option<i64>,
+    /// How long the task had run when this pod's Create was sent, by the
+    /// sending process's monotonic clock. With the pod's creationTimestamp
+    /// and the API server's clock (both the server's), a process that takes
+    /// the task over counts its deadline without reading another host's
+    /// clock ([`crate::pod_index`]). Absent on pods before 0.2.0.
+    pub spent_ms: Option<i64>,
     /// The task as submitted (absent on pods of older versions).
     pub spec: Option<RecordedSpec>,
 }
@@ -86,6 +95,7 @@ mod tests {
             system_failures: 2,
             consecutive_system_failures: 1,
             started_ms: Some(1_700_000_000_000),
+            spent_ms: Some(42_000),
             spec: Some(RecordedSpec {
                 task: "Train_A".into(),
                 retries: 2,

@@ -135,6 +135,11 @@ pub struct PodView {
     pub finished: bool,
     /// What the task had spent when this pod was created.
     pub record: Option<PodRecord>,
+    /// When the task started, by this process's clock, from what the pod
+    /// says the task had spent and when the API server created it (by the
+    /// API server's clock, whose offset from this process's clock was
+    /// measured): `None` where either is unknown.
+    pub task_started_ms: Option<i64>,
 }
 
 impl PodView {
@@ -349,7 +354,13 @@ pub fn restore(pods: &[PodView], now_ms: i64) -> TaskState {
         consecutive_system_failures: r.consecutive_system_failures,
         transient_retries: 0,
         phase: Phase::Queued,
-        started_ms: r.started_ms.unwrap_or(newest.created_ms),
+        // By this process's clock where the pod says enough; else the
+        // launching process's record (another host's clock, after a
+        // failover), else when this process first saw the pod.
+        started_ms: newest
+            .task_started_ms
+            .or(r.started_ms)
+            .unwrap_or(newest.created_ms),
         pod: PodTrack::Created {
             uid: newest.uid.clone(),
             seen: true,
@@ -743,6 +754,8 @@ impl<'a> Task<'a> {
             system_failures: self.s.system_failures,
             consecutive_system_failures: self.s.consecutive_system_failures,
             started_ms: Some(self.s.started_ms),
+            // Stamped by the executor when it sends the Create.
+            spent_ms: None,
             spec: Some(self.spec.recorded()),
         };
         self.d.actions.push(Action::Create {

@@ -21,6 +21,7 @@ fn pod(uid: &str, attempt: u32, phase: &str) -> PodView {
         done: false,
         finished: false,
         record: None,
+        task_started_ms: None,
     }
 }
 
@@ -554,6 +555,7 @@ fn a_restarted_executor_resumes_from_the_newest_pod_without_a_create() {
         system_failures: 1,
         consecutive_system_failures: 1,
         started_ms: Some(T0 - 5_000),
+        spent_ms: None,
         spec: None,
     };
     let old = PodView {
@@ -614,6 +616,7 @@ fn each_create_carries_the_record_a_restart_needs() {
             system_failures: 0,
             consecutive_system_failures: 0,
             started_ms: Some(T0),
+            spent_ms: None,
             spec: Some(r.spec.recorded()),
         }
     );

@@ -83,6 +83,7 @@ mod tests {
             done,
             finished: false,
             record: None,
+            task_started_ms: None,
         }
     }
 

@@ -431,7 +431,16 @@ where
 /// The first `result` event for `task`, read from 0 (up to 30 s), with
 /// its epoch.
 async fn result_of(sidecar: &SidecarProcess, task: &str) -> anyhow::Result<serde_json::Value> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    result_of_within(sidecar, task, Duration::from_secs(30)).await
+}
+
+/// [`result_of`], waiting up to `within`.
+async fn result_of_within(
+    sidecar: &SidecarProcess,
+    task: &str,
+    within: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    let deadline = std::time::Instant::now() + within;
     loop {
         let (_, batch) = sidecar
             .request("GET", "/v1/events?after=0&wait=1", None)
@@ -449,7 +458,7 @@ async fn result_of(sidecar: &SidecarProcess, task: &str) -> anyhow::Result<serde
         }
         anyhow::ensure!(
             std::time::Instant::now() < deadline,
-            "no result for {task} within 30 s: {batch}"
+            "no result for {task} within {within:?}: {batch}"
         );
     }
 }
@@ -944,6 +953,54 @@ async fn a_task_begun_under_the_32_bit_stems_keeps_its_pod_names() -> R {
         creates(&bed, &ns)?,
         [next],
         "one Create, under the old stem"
+    );
+    Ok(())
+}
+
+/// A task taken over from another process counts its deadline from what
+/// its pod says it had spent and when the API server created it, never from
+/// the other host's clock: here the launching host's clock ran an hour
+/// ahead, so its recorded start is an hour late, and the 15 s deadline still
+/// ends the task about 15 s after its pod was created (with the recorded
+/// start, an hour later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_taken_over_counts_its_deadline_by_the_api_servers_clock() -> R {
+    let (bed, ns, _) = bed().await?;
+    let _kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let spec = graceguard::TaskSpec {
+        bounds: graceguard::Bounds {
+            deadline_seconds: Some(15),
+            ..Default::default()
+        },
+        ..graceguard::TaskSpec::new("late", &ns, "exec-d")
+    };
+    let skewed = k8s_openapi::jiff::Timestamp::now().as_millisecond() + 3_600_000;
+    let record = graceguard::pod_record::PodRecord {
+        started_ms: Some(skewed),
+        spent_ms: Some(0),
+        spec: Some(spec.recorded()),
+        ..Default::default()
+    };
+    let mut pod = managed_pod("late-0", "exec-d");
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            graceguard::pod_record::RECORD_ANNOTATION.into(),
+            record.to_annotation(),
+        );
+    api.create(&Default::default(), &pod).await?;
+    let created = std::time::Instant::now();
+    pods::wait_running(&api, "late-0").await?;
+    let sidecar = SidecarProcess::start(&bed, "exec-d", &ns).await?;
+    let result = result_of_within(&sidecar, "late", Duration::from_secs(90)).await?;
+    let reason = result["outcome"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("DeadlineExceeded"), "{result}");
+    let after = created.elapsed();
+    assert!(
+        after >= Duration::from_secs(14),
+        "ended {after:?} after its pod was created, before its 15 s deadline"
     );
     Ok(())
 }
