@@ -24,6 +24,7 @@ pub mod control_plane;
 pub mod disruptions;
 pub mod executor;
 pub mod faults;
+pub mod fencing;
 pub mod go_build;
 pub mod guard_chaos;
 pub mod guard_task;

@@ -479,3 +479,56 @@ async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion
     }
     Ok(())
 }
+
+/// The fence on a real node (kubelet, containerd, runc): the stalled-holder
+/// scenario ([`testbed::fencing::stalled_holder`]) with a task that runs a
+/// container. A's Create, sent in time and delivered after B took the
+/// Lease, is refused; B, given the task, runs it on the node to its end:
+/// one pod stored, one container run, one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_holder_on_a_real_node_never_runs_its_task_twice() -> R {
+    let (bed, ns) = bed("fence", 1).await?;
+    let template = serde_json::to_value(container_pod(&bed, "template", 30, "echo ran")?)?;
+    let held =
+        testbed::fencing::stalled_holder(&bed, &ns, ("fence", "work"), template.clone()).await?;
+    let (code, st) = held
+        .b
+        .request(
+            "PUT",
+            &format!("/v1/tasks/{ns}/work"),
+            Some(&serde_json::json!({ "template": template })),
+        )
+        .await?;
+    anyhow::ensure!(code == 201, "B accepted the task: {code} {st}");
+    let deadline = Instant::now() + 2 * MIN;
+    let result = loop {
+        let (_, batch) = held
+            .b
+            .request("GET", "/v1/events?after=0&wait=5", None)
+            .await?;
+        let found = batch["events"].as_array().and_then(|es| {
+            es.iter()
+                .find(|e| e["type"] == "result" && e["task"] == "work")
+                .cloned()
+        });
+        if let Some(r) = found {
+            break r;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "B delivered no result for the task within 2 min: {batch}; B's log: {}",
+            held.b.log()
+        );
+    };
+    assert_eq!(result["outcome"]["succeeded"], true, "{result}");
+    assert_eq!(result["outcome"]["attempts"], 1, "{result}");
+    let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    assert_eq!(api.logs("work-0", &Default::default()).await?.trim(), "ran");
+    let stored = bed.audit_log()?.count(|e: &AuditEvent| {
+        e.is("create", "pods", &ns)
+            && e.user.username == "alice"
+            && e.response_status.as_ref().is_some_and(|s| s.code == 201)
+    })?;
+    assert_eq!(stored, 1, "one pod of the task reached the store (B's)");
+    Ok(())
+}
