@@ -659,7 +659,7 @@ impl TestBed {
                 // Real pods make Services worth routing: kube-proxy reads
                 // EndpointSlices (and users' tools still read Endpoints).
                 if real_nodes {
-                    ",node-lifecycle-controller,endpointslice-controller,endpoints-controller"
+                    ",node-lifecycle-controller,endpointslice-controller,endpoints-controller,daemonset-controller"
                 } else {
                     ""
                 }
@@ -800,6 +800,49 @@ impl TestBed {
                 "this bed has no real nodes: start it with TestBedOptions {{ real_nodes: 1, .. }}"
             ),
         }
+    }
+
+    /// A real node joins the running bed (`node-2`, `node-3`, … after those
+    /// it started with): a certificate for its address from the bed's CA,
+    /// its kubelet acting as `system:node:<name>`, its static pods
+    /// `static_pods`. Returns its name once it is Ready.
+    pub async fn join_node(
+        &mut self,
+        static_pods: &[k8s_openapi::api::core::v1::Pod],
+    ) -> Result<String> {
+        let (k, ip) = match &self.nodes {
+            Some(n) => {
+                let k = u8::try_from(n.nodes.len() + 1)?;
+                (k, n.slot.node_ip(k))
+            }
+            None => bail!(
+                "this bed has no real nodes to join: start it with TestBedOptions {{ real_nodes: 1, .. }}"
+            ),
+        };
+        let name = format!("node-{k}");
+        let pair = self
+            .ca
+            .issue_server(std::slice::from_ref(&name), &[ip.into()])?;
+        let pki = self.dir().join("pki");
+        let (tls_cert, tls_key) = (
+            pki.join(format!("{name}.crt")),
+            pki.join(format!("{name}.key")),
+        );
+        std::fs::write(&tls_cert, &pair.cert_pem)?;
+        std::fs::write(&tls_key, &pair.key_pem)?;
+        let creds = crate::node::NodeCredentials {
+            kubeconfig: self.kubeconfig_for(&name)?,
+            tls_cert,
+            tls_key,
+        };
+        let (client, client_ca) = (self.client.clone(), self.ca_file());
+        let Some(nodes) = self.nodes.as_mut() else {
+            bail!("the bed's real nodes are gone");
+        };
+        nodes
+            .join(k, &client, &client_ca, &creds, static_pods)
+            .await?;
+        Ok(name)
     }
 
     /// The bed's directory (logs, certificates, kubeconfigs).

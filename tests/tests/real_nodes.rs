@@ -532,3 +532,121 @@ async fn a_stalled_holder_on_a_real_node_never_runs_its_task_twice() -> R {
     assert_eq!(stored, 1, "one pod of the task reached the store (B's)");
     Ok(())
 }
+
+/// `failurePolicy: Fail` with every replica lost cannot keep a node from
+/// joining (the pattern of kyverno#2869). graceguard is installed by its
+/// chart with the collision guard on Fail and its replicas never running
+/// (no node matches their selector): an ordinary pod in a covered namespace
+/// is refused. Then node-2 joins, a real kubelet acting as
+/// `system:node:node-2` under NodeRestriction: it registers and turns Ready,
+/// the mirror pods of its static pods (one in kube-system, one in the
+/// covered namespace) are created and run, and a kube-system DaemonSet's
+/// pod starts on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_fail_with_every_replica_lost_a_node_joins_and_runs_its_system_pods() -> R {
+    let mut bed = TestBed::start_with(TestBedOptions {
+        real_nodes: 1,
+        ..Default::default()
+    })
+    .await?;
+    let helm = testbed::helm::Helm::for_bed(&bed)?;
+    let chart = testbed::helm::chart_dir().display().to_string();
+    helm.ok(&[
+        "install",
+        "graceguard",
+        &chart,
+        "-n",
+        "graceguard",
+        "--create-namespace",
+        "--set",
+        "webhooks.collisionGuard.failurePolicy=Fail",
+        "--set",
+        "nodeSelector.graceguard\\.io/never=scheduled",
+    ])?;
+    let ns = bed.namespace("team").await?;
+    let team: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match team.create(&dry, &pods::task_pod_on("plain", 1, None)).await {
+            Err(kube::Error::Api(s)) if s.message.contains("collision-guard.graceguard.io") => break,
+            other => anyhow::ensure!(
+                Instant::now() < deadline,
+                "an ordinary pod was not refused 30 s after the Fail webhook was installed: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let image = bed.task_image()?;
+    let agent = |name: &str, namespace: &str| -> anyhow::Result<Pod> {
+        let mut pod = pods::task_pod_on(name, 1, None);
+        pods::run_in(&mut pod, &image, "sleep 3600");
+        pod.metadata.namespace = Some(namespace.to_string());
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.restart_policy = Some("Always".into());
+        }
+        Ok(pod)
+    };
+    let mut template = agent("node-agent", "kube-system")?;
+    template.metadata = kube::api::ObjectMeta {
+        labels: Some([("app".to_string(), "node-agent".to_string())].into()),
+        ..Default::default()
+    };
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "node-agent", "namespace": "kube-system"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "node-agent"}},
+            "template": {"metadata": template.metadata, "spec": template.spec},
+        },
+    }))?;
+    Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(bed.client.clone(), "kube-system")
+        .create(&Default::default(), &ds)
+        .await?;
+    let node = bed
+        .join_node(&[
+            agent("static-system", "kube-system")?,
+            agent("static-team", &ns)?,
+        ])
+        .await?;
+    anyhow::ensure!(node == "node-2", "the joining node is {node}");
+
+    let running_on = |api: Api<Pod>, what: String| async move {
+        let deadline = Instant::now() + 2 * MIN;
+        loop {
+            let found = api
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("node-2")
+                        && p.name_any().starts_with(&what)
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                });
+            if let Some(p) = found {
+                return anyhow::Ok(p.name_any());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "no {what} pod Running on node-2 within 2 min under Fail with no replica"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let system: Api<Pod> = Api::namespaced(bed.client.clone(), "kube-system");
+    running_on(system.clone(), "node-agent-".into()).await?;
+    let mirror = running_on(system, "static-system-node-2".into()).await?;
+    assert_eq!(mirror, "static-system-node-2");
+    let mirror = running_on(team.clone(), "static-team-node-2".into()).await?;
+    assert_eq!(mirror, "static-team-node-2");
+    // Still in force for everyone else.
+    assert!(matches!(
+        team.create(&dry, &pods::task_pod_on("plain-again", 1, None)).await,
+        Err(kube::Error::Api(s)) if s.message.contains("collision-guard.graceguard.io")
+    ));
+    Ok(())
+}

@@ -85,14 +85,17 @@ fn config(spec: &KubeletSpec, dir: &Path, port: u16) -> serde_json::Value {
         "containerLogMaxSize": "1Mi",
         "containerLogMaxFiles": 2,
         "volumePluginDir": dir.join("volume-plugins").display().to_string(),
-        "staticPodPath": "",
+        // A node's static pods (their mirror pods are the node's own
+        // Creates); empty but for a node that joins with some.
+        "staticPodPath": dir.join("manifests").display().to_string(),
     })
 }
 
 impl KubeletProc {
     /// Starts the kubelet inside `ns`, with its files under `dir`.
     pub fn start(ns: &MountNs, bins: &NodeBins, spec: &KubeletSpec, dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir.join("manifests"))
+            .with_context(|| format!("creating {}", dir.display()))?;
         std::fs::write(dir.join("resolv.conf"), "")?;
         let port = free_port()?;
         let cfg = dir.join("kubelet-config.json");

@@ -165,6 +165,37 @@ impl RealNodes {
         Ok(())
     }
 
+    /// Node `node-<k>` joins the running bed with `creds`, its kubelet
+    /// starting `static_pods` (each as `<name>.json` in its manifest
+    /// directory); returns once every node is Ready.
+    pub async fn join(
+        &mut self,
+        k: u8,
+        admin: &Client,
+        client_ca: &Path,
+        creds: &NodeCredentials,
+        static_pods: &[k8s_openapi::api::core::v1::Pod],
+    ) -> Result<()> {
+        if k == 0 || k > slot::MAX_NODES {
+            bail!(
+                "a bed has at most {} real nodes; node-{k} cannot join",
+                slot::MAX_NODES
+            );
+        }
+        let manifests = self.dir.join(format!("node-{k}/kubelet/manifests"));
+        std::fs::create_dir_all(&manifests)
+            .with_context(|| format!("creating {}", manifests.display()))?;
+        for pod in static_pods {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            std::fs::write(
+                manifests.join(format!("{name}.json")),
+                serde_json::to_vec(pod)?,
+            )?;
+        }
+        self.start_node(k, client_ca, creds)?;
+        self.wait_ready(admin).await
+    }
+
     /// Waits until every node reports Ready (their kubelets registered them
     /// and the runtime and network are up).
     async fn wait_ready(&mut self, admin: &Client) -> Result<()> {
