@@ -997,10 +997,15 @@ async fn a_task_taken_over_counts_its_deadline_by_the_api_servers_clock() -> R {
     let result = result_of_within(&sidecar, "late", Duration::from_secs(90)).await?;
     let reason = result["outcome"]["reason"].as_str().unwrap_or_default();
     assert!(reason.starts_with("DeadlineExceeded"), "{result}");
+    // The server's timestamps have whole seconds: the pod's creation is
+    // truncated (up to 1 s early) and the Date header read at its middle
+    // (half a second either way), and `created` is taken after the Create's
+    // answer; so the deadline may end up to about 2 s before 15 s by this
+    // test's clock, never anything like the hour of skew.
     let after = created.elapsed();
     assert!(
-        after >= Duration::from_secs(14),
-        "ended {after:?} after its pod was created, before its 15 s deadline"
+        after >= Duration::from_secs(12),
+        "ended {after:?} after its pod was created, well before its 15 s deadline"
     );
     Ok(())
 }
