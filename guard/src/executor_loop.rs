@@ -590,16 +590,20 @@ impl Loop {
         // Only a process holding the Lease writes, except in a namespace
         // being deleted (its Lease may go with it): releasing there decides
         // nothing for anyone.
-        let too_long = match (keep, self.config.max_result_hold) {
-            (Keep::NewestUntilDone, Some(limit)) => {
-                let limit_ms = i64::try_from(limit.as_millis()).unwrap_or(i64::MAX);
-                held_too_long(&pods, now_ms(), limit_ms)
+        let (go, too_long) = match !self.fenced() || terminating {
+            true => {
+                let go = releasable(&pods, keep);
+                // Kept only for a result nobody acknowledged, past the bound.
+                let mut too_long = match (keep, self.config.max_result_hold) {
+                    (Keep::NewestUntilDone, Some(limit)) => {
+                        held_too_long(&pods, now_ms(), millis(limit))
+                    }
+                    _ => Vec::new(),
+                };
+                too_long.retain(|uid| !go.contains(uid));
+                ([go, too_long.clone()].concat(), too_long)
             }
-            _ => Vec::new(),
-        };
-        let go = match !self.fenced() || terminating {
-            true => [releasable(&pods, keep), too_long.clone()].concat(),
-            false => Vec::new(),
+            false => (Vec::new(), Vec::new()),
         };
         for v in held {
             if !go.contains(&v.uid) {
@@ -611,7 +615,7 @@ impl Loop {
             if !self.releasing.insert(v.uid.clone()) {
                 continue;
             }
-            if too_long.contains(&v.uid) && !releasable(&pods, keep).contains(&v.uid) {
+            if too_long.contains(&v.uid) {
                 let limit = self.config.max_result_hold.unwrap_or_default();
                 let message = format!(
                     "ResultHeldTooLong: pod {} was deleted and kept {}s for a result nobody acknowledged; letting it go (the result is still served by this process until it restarts). Make the executor read and acknowledge /v1/events, or raise --max-result-hold-seconds",

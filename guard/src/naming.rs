@@ -80,7 +80,13 @@ pub fn task_stem(task: &str) -> String {
 
 /// The pod name of `attempt` of `task`.
 pub fn pod_name(task: &str, attempt: u32) -> String {
-    format!("{}-{attempt}", task_stem(task))
+    pod_name_from_stem(&task_stem(task), attempt)
+}
+
+/// The pod name of `attempt` of the task whose names use `stem` (today's
+/// [`task_stem`], or the one its pods already carry).
+pub fn pod_name_from_stem(stem: &str, attempt: u32) -> String {
+    format!("{stem}-{attempt}")
 }
 
 /// `task` as a label value (the stem: always valid, and stable).

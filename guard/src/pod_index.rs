@@ -81,14 +81,16 @@ fn key_of(pod: &Pod, record: Option<&PodRecord>) -> Option<TaskKey> {
     }
 }
 
-/// The pod as the index keeps it, seen at `now_ms` (local), `before` being
-/// what the index had of it; `None` for a pod without valid task labels.
+/// The pod as the index keeps it, seen at `now_ms` (local), with its record
+/// (read once by the caller); `before` is what the index had of it; `None`
+/// for a pod without valid task labels.
 fn indexed(
     pod: &Pod,
+    record: Option<PodRecord>,
     before: Option<&Indexed>,
     now_ms: i64,
     server_offset_ms: Option<i64>,
-) -> Option<(TaskKey, Indexed)> {
+) -> Option<Indexed> {
     let labels = pod.labels();
     let stem = labels.get(TASK_LABEL)?.clone();
     let attempt: u32 = labels.get(ATTEMPT_LABEL)?.parse().ok()?;
@@ -104,7 +106,6 @@ fn indexed(
             .and_then(|b| b.deletion_ms)
             .map_or(end, |was| was.min(end))
     });
-    let record = PodRecord::from_annotations(pod.annotations());
     // The task's start by this process's clock: what it had spent at the
     // Create, before the API server created the pod (server's clock,
     // turned into this process's by the measured offset).
@@ -140,18 +141,14 @@ fn indexed(
         record,
         task_started_ms,
     };
-    let key = key_of(pod, view.record.as_ref())?;
-    Some((
-        key,
-        Indexed {
-            view,
-            name: pod.name_any(),
-            stem,
-            resource_version: pod.resource_version().unwrap_or_default(),
-            template_hash: pod.annotations().get(TEMPLATE_ANNOTATION).cloned(),
-            finalizers: pod.finalizers().to_vec(),
-        },
-    ))
+    Some(Indexed {
+        view,
+        name: pod.name_any(),
+        stem,
+        resource_version: pod.resource_version().unwrap_or_default(),
+        template_hash: pod.annotations().get(TEMPLATE_ANNOTATION).cloned(),
+        finalizers: pod.finalizers().to_vec(),
+    })
 }
 
 impl Indexed {
@@ -176,16 +173,19 @@ impl PodIndex {
         self.relist = Some(HashMap::new());
     }
 
-    /// What the index has of `pod` (by its labels and uid).
-    fn known(&self, pod: &Pod) -> Option<&Indexed> {
+    /// `pod` as the index keeps it, seen at `now_ms`, with what the index
+    /// had of it (its record read once: it names the task).
+    fn index(&self, pod: &Pod, now_ms: i64) -> Option<(TaskKey, Indexed)> {
         let record = PodRecord::from_annotations(pod.annotations());
         let key = key_of(pod, record.as_ref())?;
-        self.pods.get(&key)?.get(pod.uid()?.as_str())
+        let before = self.pods.get(&key).and_then(|m| m.get(pod.uid()?.as_str()));
+        let ix = indexed(pod, record, before, now_ms, self.server_offset_ms)?;
+        Some((key, ix))
     }
 
     /// A pod of the re-list, seen at `now_ms`.
     pub fn relisted(&mut self, pod: &Pod, now_ms: i64) {
-        let Some((key, ix)) = indexed(pod, self.known(pod), now_ms, self.server_offset_ms) else {
+        let Some((key, ix)) = self.index(pod, now_ms) else {
             return;
         };
         if let Some(buf) = self.relist.as_mut() {
@@ -203,7 +203,7 @@ impl PodIndex {
     /// A pod was added or changed (seen at `now_ms`); its task, if it is a
     /// task pod.
     pub fn apply(&mut self, pod: &Pod, now_ms: i64) -> Option<TaskKey> {
-        let (key, ix) = indexed(pod, self.known(pod), now_ms, self.server_offset_ms)?;
+        let (key, ix) = self.index(pod, now_ms)?;
         self.pods
             .entry(key.clone())
             .or_default()
@@ -213,9 +213,12 @@ impl PodIndex {
 
     /// A pod was deleted; its task, if it is a task pod.
     pub fn delete(&mut self, pod: &Pod) -> Option<TaskKey> {
-        let (key, ix) = indexed(pod, None, 0, None)?;
+        pod.labels().get(ATTEMPT_LABEL)?.parse::<u32>().ok()?;
+        let record = PodRecord::from_annotations(pod.annotations());
+        let key = key_of(pod, record.as_ref())?;
+        let uid = pod.uid()?;
         if let Some(m) = self.pods.get_mut(&key) {
-            m.remove(&ix.view.uid);
+            m.remove(&uid);
             if m.is_empty() {
                 self.pods.remove(&key);
             }

@@ -78,7 +78,7 @@ impl TaskSpec {
 
     /// The pod name of `attempt`.
     pub fn pod_name(&self, attempt: u32) -> String {
-        format!("{}-{attempt}", self.stem())
+        naming::pod_name_from_stem(&self.stem(), attempt)
     }
 
     /// What a pod records of this spec.

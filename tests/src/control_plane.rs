@@ -873,6 +873,21 @@ impl TestBed {
         Ok(self.ca.issue_server(dns, ips)?)
     }
 
+    /// The API server's address (`bed.url` without its scheme), for a proxy
+    /// in front of it.
+    pub fn apiserver_addr(&self) -> Result<std::net::SocketAddr> {
+        self.url
+            .strip_prefix("https://")
+            .unwrap_or(&self.url)
+            .parse()
+            .with_context(|| {
+                format!(
+                    "the bed's API server URL {} is not https://ADDRESS:PORT",
+                    self.url
+                )
+            })
+    }
+
     /// The CA that signed the apiserver's certificate.
     pub fn ca_file(&self) -> PathBuf {
         self.dir().join("pki/ca.crt")

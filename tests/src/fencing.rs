@@ -104,11 +104,7 @@ pub async fn stalled_holder(
 ) -> Result<StalledHolder> {
     let webhook = WebhookProcess::start(bed, &[]).await?;
     webhook.register(bed, &[Hook::CollisionGuard]).await?;
-    let upstream: std::net::SocketAddr = bed
-        .url
-        .strip_prefix("https://")
-        .unwrap_or(&bed.url)
-        .parse()?;
+    let upstream = bed.apiserver_addr()?;
     let proxy = HoldingProxy::start(upstream).await?;
     let a = SidecarProcess::start_via(
         bed,

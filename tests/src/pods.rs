@@ -240,3 +240,72 @@ pub fn disruption_label(pod: &Pod) -> Option<&str> {
         .get("graceguard.io/disruption")
         .map(String::as_str)
 }
+
+/// A Create as `api` sends it, dry run (nothing stored): `Ok` when admitted,
+/// else the API server's message (`<code> <message>`).
+pub async fn admitted(api: &Api<Pod>, pod: &Pod) -> anyhow::Result<Result<(), String>> {
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match api.create(&dry, pod).await {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(s)) => Ok(Err(format!("{} {}", s.code, s.message))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Dry-runs `pod`'s Create until it is refused (a webhook configuration
+/// just written takes the API server a moment); the refusal's message.
+pub async fn wait_refused(
+    api: &Api<Pod>,
+    pod: &Pod,
+    within: std::time::Duration,
+) -> anyhow::Result<String> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Err(why) = admitted(api, pod).await? {
+            return Ok(why);
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "pod {} was still admitted {within:?} after the test expected a refusal",
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits up to `within` for a Warning event (events.k8s.io) of `reason` on
+/// pod `pod` in `namespace`.
+pub async fn wait_warning(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+    reason: &str,
+    within: std::time::Duration,
+) -> anyhow::Result<()> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), namespace);
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let warned = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .any(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.and_then(|r| r.name).as_deref() == Some(pod)
+            });
+        if warned {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no {reason} Warning event on {namespace}/{pod} within {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

@@ -191,6 +191,35 @@ impl SidecarProcess {
         ))
     }
 
+    /// The first `result` event for `task`, read from sequence 0, with its
+    /// epoch; waits up to `within`.
+    pub async fn result_of(
+        &self,
+        task: &str,
+        within: std::time::Duration,
+    ) -> Result<serde_json::Value> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let (_, batch) = self
+                .request("GET", "/v1/events?after=0&wait=1", None)
+                .await?;
+            let found = batch["events"].as_array().and_then(|es| {
+                es.iter()
+                    .find(|e| e["type"] == "result" && e["task"] == task)
+                    .cloned()
+            });
+            if let Some(mut r) = found {
+                r["epoch"] = batch["epoch"].clone();
+                return Ok(r);
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "no result for {task} within {within:?}: {batch}; the sidecar's log: {}",
+                self.log()
+            );
+        }
+    }
+
     /// What the running process has logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()

@@ -273,20 +273,6 @@ async fn the_chart_installs_and_its_service_account_reads_what_it_indexes_and_on
     Ok(())
 }
 
-/// A Create as `api` sends it, dry run (nothing stored): `Ok` when admitted,
-/// else the API server's message.
-async fn admitted(api: &Api<Pod>, pod: &Pod) -> anyhow::Result<Result<(), String>> {
-    let dry = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    match api.create(&dry, pod).await {
-        Ok(_) => Ok(Ok(())),
-        Err(kube::Error::Api(s)) => Ok(Err(format!("{} {}", s.code, s.message))),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// `failurePolicy: Fail` with every replica gone (here none ever runs: no
 /// kubelet) cannot lock the cluster. With `excludeNamespaces` overridden to a
 /// list without kube-system (which used to drop it), an ordinary named pod in
@@ -318,19 +304,7 @@ async fn under_fail_with_no_replica_up_a_joining_nodes_system_pods_are_admitted(
     // The API server picks the configuration up within a moment; then an
     // ordinary pod is refused: no replica answers and the policy is Fail.
     let plain = pods::task_pod_on("plain", 1, None);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let refusal = loop {
-        match admitted(&team, &plain).await? {
-            Err(why) => break why,
-            Ok(()) => {
-                anyhow::ensure!(
-                    std::time::Instant::now() < deadline,
-                    "an ordinary pod was still admitted 30 s after the Fail webhook was installed"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-            }
-        }
-    };
+    let refusal = pods::wait_refused(&team, &plain, std::time::Duration::from_secs(30)).await?;
     assert!(
         refusal.contains("collision-guard.graceguard.io"),
         "{refusal}"
@@ -339,7 +313,7 @@ async fn under_fail_with_no_replica_up_a_joining_nodes_system_pods_are_admitted(
     // kube-system, though excludeNamespaces no longer lists it.
     let system: Api<Pod> = Api::namespaced(bed.client.clone(), "kube-system");
     assert_eq!(
-        admitted(&system, &pods::task_pod_on("kube-proxy-x", 1, None)).await?,
+        pods::admitted(&system, &pods::task_pod_on("kube-proxy-x", 1, None)).await?,
         Ok(())
     );
     // The cluster-critical classes, in a covered namespace (under a quota
@@ -362,7 +336,7 @@ async fn under_fail_with_no_replica_up_a_joining_nodes_system_pods_are_admitted(
         // The quota's status is filled by its controller a moment later.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
-            match admitted(&team, &pod).await? {
+            match pods::admitted(&team, &pod).await? {
                 Ok(()) => break,
                 Err(why) if why.contains("graceguard") => {
                     panic!("{class} refused by graceguard: {why}")
@@ -405,7 +379,7 @@ async fn under_fail_with_no_replica_up_a_joining_nodes_system_pods_are_admitted(
         .map_err(|e| anyhow::anyhow!("the node's mirror pod was refused: {e}"))?;
     // The same pod without the mirror annotation, from a user: refused.
     assert!(
-        admitted(&team, &pods::task_pod_on("static-web-copy", 1, None))
+        pods::admitted(&team, &pods::task_pod_on("static-web-copy", 1, None))
             .await?
             .is_err()
     );

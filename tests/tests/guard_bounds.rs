@@ -95,28 +95,14 @@ async fn stuck_pending_then_stuck_terminating_are_bounded() -> R {
         "one delete per timed-out pod"
     );
     // The Warning event on the stuck pod says what happened.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(bed.client.clone(), &ns);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let warned = events
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("TerminatingTooLong")
-                    && e.type_.as_deref() == Some("Warning")
-                    && e.regarding.and_then(|r| r.name).as_deref() == Some("stuck-0")
-            });
-        if warned {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no TerminatingTooLong Warning event on stuck-0"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    pods::wait_warning(
+        &bed.client,
+        &ns,
+        "stuck-0",
+        "TerminatingTooLong",
+        Duration::from_secs(10),
+    )
+    .await?;
     Ok(())
 }
 

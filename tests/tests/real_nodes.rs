@@ -500,26 +500,7 @@ async fn a_stalled_holder_on_a_real_node_never_runs_its_task_twice() -> R {
         )
         .await?;
     anyhow::ensure!(code == 201, "B accepted the task: {code} {st}");
-    let deadline = Instant::now() + 2 * MIN;
-    let result = loop {
-        let (_, batch) = held
-            .b
-            .request("GET", "/v1/events?after=0&wait=5", None)
-            .await?;
-        let found = batch["events"].as_array().and_then(|es| {
-            es.iter()
-                .find(|e| e["type"] == "result" && e["task"] == "work")
-                .cloned()
-        });
-        if let Some(r) = found {
-            break r;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "B delivered no result for the task within 2 min: {batch}; B's log: {}",
-            held.b.log()
-        );
-    };
+    let result = held.b.result_of("work", 2 * MIN).await?;
     assert_eq!(result["outcome"]["succeeded"], true, "{result}");
     assert_eq!(result["outcome"]["attempts"], 1, "{result}");
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
@@ -565,21 +546,12 @@ async fn under_fail_with_every_replica_lost_a_node_joins_and_runs_its_system_pod
     ])?;
     let ns = bed.namespace("team").await?;
     let team: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    let dry = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match team.create(&dry, &pods::task_pod_on("plain", 1, None)).await {
-            Err(kube::Error::Api(s)) if s.message.contains("collision-guard.graceguard.io") => break,
-            other => anyhow::ensure!(
-                Instant::now() < deadline,
-                "an ordinary pod was not refused 30 s after the Fail webhook was installed: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let plain = pods::task_pod_on("plain", 1, None);
+    let refusal = pods::wait_refused(&team, &plain, Duration::from_secs(30)).await?;
+    assert!(
+        refusal.contains("collision-guard.graceguard.io"),
+        "{refusal}"
+    );
 
     let image = bed.task_image()?;
     let agent = |name: &str, namespace: &str| -> anyhow::Result<Pod> {
@@ -644,9 +616,12 @@ async fn under_fail_with_every_replica_lost_a_node_joins_and_runs_its_system_pod
     let mirror = running_on(team.clone(), "static-team-node-2".into()).await?;
     assert_eq!(mirror, "static-team-node-2");
     // Still in force for everyone else.
-    assert!(matches!(
-        team.create(&dry, &pods::task_pod_on("plain-again", 1, None)).await,
-        Err(kube::Error::Api(s)) if s.message.contains("collision-guard.graceguard.io")
-    ));
+    let again = pods::admitted(&team, &pods::task_pod_on("plain-again", 1, None)).await?;
+    assert!(
+        again
+            .as_ref()
+            .is_err_and(|why| why.contains("collision-guard.graceguard.io")),
+        "{again:?}"
+    );
     Ok(())
 }

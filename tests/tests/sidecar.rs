@@ -428,39 +428,9 @@ where
     }
 }
 
-/// The first `result` event for `task`, read from 0 (up to 30 s), with
-/// its epoch.
+/// The first `result` event for `task` (up to 30 s), with its epoch.
 async fn result_of(sidecar: &SidecarProcess, task: &str) -> anyhow::Result<serde_json::Value> {
-    result_of_within(sidecar, task, Duration::from_secs(30)).await
-}
-
-/// [`result_of`], waiting up to `within`.
-async fn result_of_within(
-    sidecar: &SidecarProcess,
-    task: &str,
-    within: Duration,
-) -> anyhow::Result<serde_json::Value> {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        let (_, batch) = sidecar
-            .request("GET", "/v1/events?after=0&wait=1", None)
-            .await?;
-        let found = batch["events"]
-            .as_array()
-            .and_then(|es| {
-                es.iter()
-                    .find(|e| e["type"] == "result" && e["task"] == task)
-            })
-            .cloned();
-        if let Some(mut r) = found {
-            r["epoch"] = batch["epoch"].clone();
-            return Ok(r);
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "no result for {task} within {within:?}: {batch}"
-        );
-    }
+    sidecar.result_of(task, Duration::from_secs(30)).await
 }
 
 /// Acknowledges `result` (as [`result_of`] returns it); the answer's body.
@@ -575,22 +545,12 @@ async fn a_result_nobody_acknowledges_keeps_its_deleted_pod_no_longer_than_the_b
         gone_after >= Duration::from_secs(HOLD),
         "let go after {gone_after:?}, before the {HOLD} s bound"
     );
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(bed.client.clone(), &ns);
-    eventually(
+    pods::wait_warning(
+        &bed.client,
+        &ns,
+        "held-0",
+        "ResultHeldTooLong",
         Duration::from_secs(10),
-        "a ResultHeldTooLong Warning on held-0",
-        || async {
-            Ok(events
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("ResultHeldTooLong")
-                        && e.type_.as_deref() == Some("Warning")
-                        && e.regarding.and_then(|r| r.name).as_deref() == Some("held-0")
-                }))
-        },
     )
     .await?;
     // The result is still served, and can still be acknowledged.
@@ -994,7 +954,7 @@ async fn a_task_taken_over_counts_its_deadline_by_the_api_servers_clock() -> R {
     let created = std::time::Instant::now();
     pods::wait_running(&api, "late-0").await?;
     let sidecar = SidecarProcess::start(&bed, "exec-d", &ns).await?;
-    let result = result_of_within(&sidecar, "late", Duration::from_secs(90)).await?;
+    let result = sidecar.result_of("late", Duration::from_secs(90)).await?;
     let reason = result["outcome"]["reason"].as_str().unwrap_or_default();
     assert!(reason.starts_with("DeadlineExceeded"), "{result}");
     // The server's timestamps have whole seconds: the pod's creation is

@@ -8,10 +8,8 @@
 //! The guard's sidecar likewise sees its pods again while it keeps its
 //! Lease (`graceguard::api_timeouts`). Both Kubernetes versions.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use graceguard_webhook::meta_index::WATCH_TIMEOUT_SECS;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -59,12 +57,7 @@ async fn until_graceguard_denies(
 async fn after_its_connections_go_silent_graceguard_denies_tags_and_indexes_again() -> R {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("stall").await?;
-    let upstream: SocketAddr = bed
-        .url
-        .strip_prefix("https://")
-        .unwrap_or(&bed.url)
-        .parse()
-        .context("the bed's API server address")?;
+    let upstream = bed.apiserver_addr()?;
     let proxy = StallingProxy::start(upstream).await?;
     let kubeconfig = format!(
         "--kubeconfig={}",
@@ -135,12 +128,7 @@ async fn after_its_connections_go_silent_graceguard_denies_tags_and_indexes_agai
 async fn a_sidecar_whose_connections_go_silent_sees_its_pods_again_while_it_holds_its_lease() -> R {
     use graceguard::api_timeouts::{READ_TIMEOUT, WATCH_TIMEOUT_SECS as GUARD_WATCH_SECS};
     let (bed, ns) = audited_bed("silent").await?;
-    let upstream: SocketAddr = bed
-        .url
-        .strip_prefix("https://")
-        .unwrap_or(&bed.url)
-        .parse()
-        .context("the bed's API server address")?;
+    let upstream = bed.apiserver_addr()?;
     let proxy = StallingProxy::start(upstream).await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let sidecar = SidecarProcess::start_via(
