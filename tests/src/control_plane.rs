@@ -25,6 +25,7 @@ use tempfile::TempDir;
 use crate::audit_log::AuditLog;
 use crate::binaries::{ControlPlaneBins, KubeVersion};
 use crate::process::{free_port, tail, Managed};
+use crate::node::slot::Family;
 
 /// Someone the bed's API server knows, by bearer token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +154,10 @@ pub struct TestBedOptions {
     /// reach it through the `kubernetes` Service) and kube-proxy runs, so
     /// Services work from pods and from the API server (`scripts/cluster`).
     pub pod_network: bool,
+    /// With `pod_network`: the family of every address on the bed's network
+    /// (pods, nodes, the API server, Services). [`Family::V6`] makes an IPv6
+    /// single-stack cluster, as a user running one has.
+    pub ip_family: Family,
     /// Hollow nodes (`hollow-1…`, kubemark's hollow kubelet: see
     /// [`crate::node::hollow`]) beside the real ones; needs `real_nodes` ≥ 1.
     pub hollow_nodes: usize,
@@ -243,7 +248,7 @@ pub struct TestBed {
     pub version: KubeVersion,
     /// An admin client.
     pub client: Client,
-    /// https://127.0.0.1:PORT
+    /// https://ADDRESS:PORT (`[ADDRESS]` for IPv6)
     pub url: String,
     /// A kubeconfig for the admin user (also usable by kubectl).
     pub kubeconfig: PathBuf,
@@ -276,6 +281,12 @@ impl TestBed {
             0 => None,
             _ => Some(crate::node::slot::Slot::acquire()?),
         };
+        if opts.ip_family == Family::V6 {
+            match slot.as_mut() {
+                Some(slot) if opts.pod_network => slot.family = Family::V6,
+                _ => bail!("an IPv6 bed is a pod network: ask for real_nodes ≥ 1 and pod_network too"),
+            }
+        }
         // etcd fsyncs every write; tmpfs keeps that cheap when it exists.
         let dir = match Path::new("/dev/shm").is_dir() {
             true => tempfile::Builder::new()
@@ -310,18 +321,10 @@ impl TestBed {
         if let Some(slot) = slot.as_mut() {
             service_cidr = slot.service_cidr();
             if opts.pod_network {
-                listen = slot.apiserver_ip().into();
-                crate::node::network::add_local_address(slot, slot.apiserver_ip())?;
-                // The `kubernetes` Service's ClusterIP: the range's first address.
-                let first = slot.service_cidr();
-                let base: std::net::Ipv4Addr = first
-                    .split('/')
-                    .next()
-                    .unwrap_or_default()
-                    .parse()
-                    .context("reading the slot's Service range")?;
+                listen = slot.apiserver_ip();
+                crate::node::network::add_local_address(slot, listen)?;
                 serving_ips.push(listen);
-                serving_ips.push(std::net::Ipv4Addr::from(u32::from(base) + 1).into());
+                serving_ips.push(slot.kubernetes_service_ip());
                 for d in [
                     "kubernetes",
                     "kubernetes.default",
@@ -383,7 +386,7 @@ impl TestBed {
         let (apiserver, apiserver_cmd, url) = loop {
             tries += 1;
             let port = free_port()?;
-            let url = format!("https://{listen}:{port}");
+            let url = format!("https://{}", std::net::SocketAddr::new(listen, port));
             let path = |p: &Path| p.display().to_string();
             let mut cmd = Command::new(&bins.kube_apiserver);
             cmd.arg(format!("--etcd-servers={etcd_url}"))
@@ -508,8 +511,7 @@ impl TestBed {
             )
             .await?;
             if opts.pod_network {
-                let pods = nodes.slot.pod_subnet();
-                nodes.start_kube_proxy(&bed.kubeconfig_for("kube-proxy")?, &pods)?;
+                nodes.start_kube_proxy(&bed.kubeconfig_for("kube-proxy")?)?;
             }
             if opts.hollow_nodes > 0 {
                 let mut hollow = Vec::new();

@@ -2,7 +2,8 @@
 //! API server calls graceguard over IPv6 (`https://[::1]:PORT`, the way it
 //! reaches a Service on an IPv6 single-stack cluster), while IPv4 clients
 //! (the kubelet's probes here, on 127.0.0.1) are served by the same socket.
-//! The bed's pod network is IPv4: this is loopback, not an IPv6 pod network.
+//! This is loopback; `helm_install`'s `on_an_ipv6_single_stack_cluster_…`
+//! runs the chart on an IPv6 pod network.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;

@@ -17,6 +17,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use testbed::helm::{self, chart_dir, CreateLoop, Expect, Helm};
 use testbed::pods::{self, CreateOutcome};
+use testbed::node::slot::Family;
 use testbed::{quota, TestBed, TestBedOptions};
 
 type R = anyhow::Result<()>;
@@ -713,6 +714,115 @@ async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same() -> R {
         "3m",
     ])?;
     assert_nothing_left(&bed).await?;
+    Ok(())
+}
+
+/// The peers of graceguard's audit records of a denied Create of `name`, from
+/// every webhook pod's log.
+async fn denial_peers(bed: &TestBed, name: &str) -> Vec<String> {
+    webhook_records(bed, name)
+        .await
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["name"] == name && r["decision"] == "deny")
+        .map(|r| r["peer"].as_str().unwrap_or("(none)").to_string())
+        .collect()
+}
+
+/// Every ready webhook pod has an IPv6 address (on its node's address when
+/// `host_network`); returns how many there are.
+async fn ready_on_ipv6(bed: &TestBed, host_network: bool) -> anyhow::Result<usize> {
+    let running = ready_webhook_pods(bed).await?;
+    for p in &running {
+        let status = p.status.as_ref().context("a Ready pod has a status")?;
+        let ip: std::net::IpAddr = status
+            .pod_ip
+            .as_deref()
+            .unwrap_or_default()
+            .parse()
+            .with_context(|| format!("pod {} has no pod IP", p.name_any()))?;
+        anyhow::ensure!(
+            ip.is_ipv6(),
+            "pod {} got {ip} on an IPv6 single-stack cluster",
+            p.name_any()
+        );
+        if host_network {
+            anyhow::ensure!(
+                status.pod_ip == status.host_ip,
+                "host-network pod {} is at {ip}, not its node's {:?}",
+                p.name_any(),
+                status.host_ip
+            );
+        }
+    }
+    Ok(running.len())
+}
+
+/// An IPv6 single-stack cluster (pods, nodes, Services and the API server
+/// on IPv6 only, as `scripts/cluster up --ipv6` makes it): the chart's
+/// defaults pass the kubelets' probes at the pods' IPv6 addresses, and the
+/// API server reaches the webhook through its IPv6 Service (a collision
+/// denied uncharged; the review came from an IPv6 peer). Then the rollout to
+/// the host network, where each replica binds its node's IPv6 address
+/// (`$(POD_IP):PORT`, no brackets), with every Create of a looping client
+/// denied throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_an_ipv6_single_stack_cluster_the_chart_serves_on_the_pod_and_the_host_network() -> R {
+    let bed = TestBed::start_with(TestBedOptions {
+        real_nodes: 2,
+        pod_network: true,
+        ip_family: Family::V6,
+        ..Default::default()
+    })
+    .await?;
+    anyhow::ensure!(
+        bed.apiserver_addr()?.is_ipv6(),
+        "the bed's API server is at {}",
+        bed.url
+    );
+    let helm = Helm::for_bed(&bed)?;
+    let image = helm::image("GRACEGUARD_IMAGES", "graceguard-webhook")?;
+    helm::load(&bed, &image.archive)?;
+    helm.install(RELEASE, NS, &[])?;
+    assert_eq!(
+        ready_on_ipv6(&bed, false).await?,
+        2,
+        "the chart's 2 replicas are not both Ready: the kubelets' probes reach them over IPv6"
+    );
+    let svc: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(bed.client.clone(), NS);
+    let spec = svc.get(FULLNAME).await?.spec.unwrap_or_default();
+    assert_eq!(
+        spec.ip_families.as_deref(),
+        Some(&["IPv6".to_string()][..]),
+        "the chart's Service is not IPv6: {:?}",
+        spec.cluster_ip
+    );
+    ca_bundles(&bed).await?;
+    let (ns, _users) = helm_test_then_a_collision(&bed, &helm).await?;
+    let peers = denial_peers(&bed, "held").await;
+    assert!(
+        !peers.is_empty()
+            && peers
+                .iter()
+                .all(|p| p.parse::<std::net::Ipv6Addr>().is_ok()),
+        "the denial's reviews did not all come over IPv6: peers {peers:?}"
+    );
+
+    let sent = upgrade_under_load(
+        &bed,
+        &helm,
+        &ns,
+        "held",
+        &upgrade_setting("hostNetwork=true"),
+    )
+    .await?;
+    assert!(sent >= 12, "only {sent} Creates were sent during the rollout");
+    assert_eq!(
+        ready_on_ipv6(&bed, true).await?,
+        2,
+        "both replicas must be Ready on the nodes' IPv6 addresses"
+    );
+    assert_denied_without_charge(&bed, &ns, "held").await?;
     Ok(())
 }
 

@@ -112,6 +112,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
         hollow_nodes: opts.hollow_nodes,
         audit: opts.api_audit,
         audit_namespace: Some(churn::NS.to_string()),
+        ..Default::default()
     })
     .await?;
     let api_audit = opts.api_audit.then(|| bed.audit_log()).transpose()?;

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
-use testbed::node::slot;
+use testbed::node::slot::{self, Family};
 use testbed::{process::tail, KubeVersion, TestBed, TestBedOptions};
 
 #[derive(Parser)]
@@ -51,6 +51,10 @@ enum Cmd {
         /// a core each, idle).
         #[arg(long, default_value_t = 0)]
         hollow_nodes: usize,
+        /// An IPv6 single-stack cluster: pods, nodes, the API server and
+        /// Services on IPv6 addresses only (from 2001:2::/48).
+        #[arg(long)]
+        ipv6: bool,
         /// Print the cluster's description as one JSON object.
         #[arg(long)]
         json: bool,
@@ -76,6 +80,8 @@ enum Cmd {
         nodes: u8,
         #[arg(long, default_value_t = 0)]
         hollow_nodes: usize,
+        #[arg(long)]
+        ipv6: bool,
     },
 }
 
@@ -86,15 +92,17 @@ async fn main() {
         Cmd::Up {
             nodes,
             hollow_nodes,
+            ipv6,
             json,
-        } => up(&args.state_dir, nodes, hollow_nodes, json).await,
+        } => up(&args.state_dir, nodes, hollow_nodes, ipv6, json).await,
         Cmd::Load { ref archives } => load(&args.state_dir, archives),
         Cmd::Down { all } => down(&args.state_dir, all),
         Cmd::Status => status(&args.state_dir),
         Cmd::Serve {
             nodes,
             hollow_nodes,
-        } => serve(&args.state_dir, nodes, hollow_nodes).await,
+            ipv6,
+        } => serve(&args.state_dir, nodes, hollow_nodes, ipv6).await,
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
@@ -133,7 +141,7 @@ fn read_description(dir: &Path) -> Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))
 }
 
-async fn up(dir: &Path, nodes: u8, hollow_nodes: usize, json_out: bool) -> Result<()> {
+async fn up(dir: &Path, nodes: u8, hollow_nodes: usize, ipv6: bool, json_out: bool) -> Result<()> {
     if let Some(pid) = supervisor(dir) {
         bail!("a cluster already runs with state dir {} (supervisor pid {pid}); `scripts/cluster down` first, or pass another --state-dir", dir.display());
     }
@@ -146,6 +154,7 @@ async fn up(dir: &Path, nodes: u8, hollow_nodes: usize, json_out: bool) -> Resul
         .arg("serve")
         .arg(format!("--nodes={nodes}"))
         .arg(format!("--hollow-nodes={hollow_nodes}"))
+        .args(ipv6.then_some("--ipv6"))
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
@@ -245,7 +254,7 @@ async fn probe(bed: &TestBed, image: &str) -> Result<()> {
     Ok(())
 }
 
-async fn serve(dir: &Path, nodes: u8, hollow_nodes: usize) -> Result<()> {
+async fn serve(dir: &Path, nodes: u8, hollow_nodes: usize, ipv6: bool) -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let bed = TestBed::start_with(TestBedOptions {
@@ -253,6 +262,7 @@ async fn serve(dir: &Path, nodes: u8, hollow_nodes: usize) -> Result<()> {
         version: None,
         real_nodes: nodes,
         pod_network: true,
+        ip_family: if ipv6 { Family::V6 } else { Family::V4 },
         hollow_nodes,
         audit_namespace: None,
     })

@@ -76,6 +76,15 @@ pub const KUBELET_CHAINS: &[(&str, &str)] = &[
     ("mangle", "KUBE-IPTABLES-HINT"),
 ];
 
+/// The chains `kube-proxy --cleanup` leaves behind (its canaries, and the
+/// masquerade mark it shares with the kubelet), in both families.
+pub const KUBE_PROXY_LEFTOVER_CHAINS: &[(&str, &str)] = &[
+    ("mangle", "KUBE-PROXY-CANARY"),
+    ("nat", "KUBE-PROXY-CANARY"),
+    ("filter", "KUBE-PROXY-CANARY"),
+    ("nat", "KUBE-MARK-MASQ"),
+];
+
 /// Deletes a chain and every rule that jumps to it, in `iptables` and `ip6tables`.
 fn delete_chain(table: &str, chain: &str) {
     for tool in ["iptables", "ip6tables"] {
@@ -118,10 +127,10 @@ pub fn sweep(ledger: &Ledger) -> Result<()> {
             }
         }
     }
-    // The kubelet's chains are shared by every kubelet on the machine: the
-    // last bed to leave removes them.
-    if ledger.kubelet_ran && !others_running(ledger.slot) {
-        for (table, chain) in KUBELET_CHAINS {
+    // The kubelet's chains (and kube-proxy's leftovers) are shared by every
+    // bed on the machine: the last bed to leave removes them.
+    if (ledger.kubelet_ran || !ledger.kube_proxies.is_empty()) && !others_running(ledger.slot) {
+        for (table, chain) in KUBELET_CHAINS.iter().chain(KUBE_PROXY_LEFTOVER_CHAINS) {
             delete_chain(table, chain);
         }
     }

@@ -1,7 +1,9 @@
 //! kube-proxy for the machine's network namespace, in iptables mode: it makes
 //! ClusterIPs reachable from the host (the API server calling a webhook
 //! Service) and from pods. NodePorts only on the bed's own addresses, no
-//! conntrack tuning (its sysctls are the machine's), no masquerade.
+//! conntrack tuning (its sysctls are the machine's), no masquerade. Its own
+//! addresses are loopback of the bed's family: kube-proxy takes the family of
+//! its bind address as the cluster's primary one.
 
 use std::path::{Path, PathBuf};
 
@@ -9,7 +11,7 @@ use anyhow::{Context, Result};
 use serde_json::json;
 
 use super::mountns::MountNs;
-use super::slot::POD_SUPERNET;
+use super::slot::{Family, Slot};
 use crate::process::{free_port, Managed};
 
 pub struct KubeProxy {
@@ -23,9 +25,13 @@ impl KubeProxy {
         bin: &Path,
         kubeconfig: &Path,
         node: &str,
-        cluster_cidr: &str,
+        slot: &Slot,
         dir: &Path,
     ) -> Result<Self> {
+        let loopback = match slot.family {
+            Family::V4 => "127.0.0.1",
+            Family::V6 => "[::1]",
+        };
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let cfg = json!({
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
@@ -33,11 +39,11 @@ impl KubeProxy {
             "mode": "iptables",
             "clientConnection": {"kubeconfig": kubeconfig.display().to_string()},
             "hostnameOverride": node,
-            "clusterCIDR": cluster_cidr,
-            "bindAddress": "127.0.0.1",
-            "healthzBindAddress": format!("127.0.0.1:{}", free_port()?),
-            "metricsBindAddress": format!("127.0.0.1:{}", free_port()?),
-            "nodePortAddresses": [POD_SUPERNET],
+            "clusterCIDR": slot.pod_subnet(),
+            "bindAddress": loopback.trim_matches(['[', ']']),
+            "healthzBindAddress": format!("{loopback}:{}", free_port()?),
+            "metricsBindAddress": format!("{loopback}:{}", free_port()?),
+            "nodePortAddresses": [slot.supernet()],
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
             "iptables": {"masqueradeAll": false, "localhostNodePorts": false},
         });

@@ -2,7 +2,7 @@
 //! Node authorizer and NodeRestriction judge it), its own ports, root
 //! directory, certificates and cgroup root, the node's containerd.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -15,7 +15,7 @@ use crate::process::{free_port, Managed};
 /// How to run one kubelet.
 pub struct KubeletSpec<'a> {
     pub name: &'a str,
-    pub node_ip: Ipv4Addr,
+    pub node_ip: IpAddr,
     /// A kubeconfig with the node's identity.
     pub kubeconfig: &'a Path,
     /// The CA that signs the API server's kubelet client certificate.

@@ -24,7 +24,7 @@ pub mod mountns;
 pub mod network;
 pub mod slot;
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -44,7 +44,7 @@ use crate::process::tail;
 /// One real node.
 pub struct RealNode {
     pub name: String,
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub kubelet: KubeletProc,
     pub containerd: Containerd,
     pub dir: PathBuf,
@@ -289,7 +289,7 @@ impl RealNodes {
         Ok(())
     }
 
-    pub fn start_kube_proxy(&mut self, kubeconfig: &Path, cluster_cidr: &str) -> Result<()> {
+    pub fn start_kube_proxy(&mut self, kubeconfig: &Path) -> Result<()> {
         self.proxy_lock = Some(slot::ProxyLock::acquire(Duration::from_secs(1200))?);
         let bin = self.bins.bin("kube-proxy")?;
         self.slot.record(|l| l.kube_proxies.push(bin.clone()))?;
@@ -303,7 +303,7 @@ impl RealNodes {
             &bin,
             kubeconfig,
             &node,
-            cluster_cidr,
+            &self.slot,
             &self.dir.join("kube-proxy"),
         )?;
         self.kube_proxy = Some(kp);

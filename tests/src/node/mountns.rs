@@ -5,7 +5,8 @@
 //! and `/var/log/pods`, sets `vm.overcommit_memory`, `vm.panic_on_oom`,
 //! `kernel.panic`, `kernel.panic_on_oops` and `kernel.keys.*`; containerd and
 //! its shims write `/run/containerd` and `/run/netns`; the CNI bridge plugin
-//! turns on `net.ipv4.ip_forward`; kube-proxy sets conntrack and
+//! turns on `net.ipv4.ip_forward` (`net.ipv6.conf.all.forwarding` on an
+//! IPv6 network); kube-proxy sets conntrack and
 //! `route_localnet` sysctls. `kernel.panic_on_oops=1` alone would make any
 //! kernel oops panic the machine CI shares. So every node process (containerd,
 //! shims, runc, CNI plugins, kubelet, kube-proxy) runs in one private mount
@@ -39,6 +40,8 @@ pub const STAND_IN_SYSCTLS: &[&str] = &[
     "net/ipv4/ip_forward",
     "net/ipv4/conf/all/forwarding",
     "net/ipv4/conf/all/route_localnet",
+    "net/ipv6/conf/all/forwarding",
+    "net/ipv6/conf/default/forwarding",
     "net/netfilter/nf_conntrack_max",
     "net/netfilter/nf_conntrack_tcp_timeout_established",
     "net/netfilter/nf_conntrack_tcp_timeout_close_wait",

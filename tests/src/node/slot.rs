@@ -9,11 +9,19 @@
 //! * node `k`'s address 198.19.n.k (on `lo`), the API server's 198.19.n.100,
 //!   the Service range 198.19.n.128/25.
 //!
+//! With [`Family::V6`] (an IPv6 single-stack bed) the same plan comes from
+//! 2001:2::/48 (RFC 5180's IPv6 benchmarking range), slot `n` written `NN`
+//! in two hex digits:
+//! * pod subnet 2001:2:0:NN00::/60 (gateway ::1), node `k` allocating from
+//!   2001:2:0:NN0k::2-ffff;
+//! * node `k`'s address 2001:2:0:NNf0::k, the API server's
+//!   2001:2:0:NNf0::100, the Service range 2001:2:0:NNf1::/112.
+//!
 //! Before a slot is used, what its [`Ledger`] says a previous holder made (one
 //! that was killed before it could clean up) is removed.
 
 use std::fs::{File, OpenOptions};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -29,6 +37,17 @@ pub const MAX_SLOTS: u8 = 60;
 pub const MAX_NODES: u8 = 4;
 /// Every pod address of every slot.
 pub const POD_SUPERNET: &str = "198.18.0.0/15";
+/// Every address of every IPv6 slot.
+pub const POD_SUPERNET_V6: &str = "2001:2::/48";
+
+/// The IP family of a bed's network: pods, nodes, the API server and
+/// Services all have addresses of this one family (single-stack).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Family {
+    #[default]
+    V4,
+    V6,
+}
 
 /// What a bed made on the machine, written before each thing is made so a
 /// sweep after a crash finds it all.
@@ -53,6 +72,8 @@ pub struct Ledger {
 /// [`crate::node::cleanup::sweep`] does that first).
 pub struct Slot {
     pub n: u8,
+    /// The family of every address below ([`Family::V4`] unless the bed asks).
+    pub family: Family,
     lock: File,
     ledger_path: PathBuf,
     pub ledger: Ledger,
@@ -127,6 +148,7 @@ impl Slot {
         let ledger_path = Path::new(RUN_DIR).join(format!("slot-{n}.json"));
         let slot = Self {
             n,
+            family: Family::V4,
             lock,
             ledger_path,
             ledger: Ledger {
@@ -192,36 +214,82 @@ impl Slot {
         self.n.saturating_mul(4)
     }
 
+    /// Address `low` in the IPv6 slot's `/64` number `net` (0x00–0xff).
+    fn v6(&self, net: u16, low: u16) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 2, 0, u16::from(self.n) << 8 | net, 0, 0, 0, low)
+    }
+
+    /// Every address of the bed's family the bed may use (pods' routes,
+    /// kube-proxy's NodePort addresses).
+    pub fn supernet(&self) -> &'static str {
+        match self.family {
+            Family::V4 => POD_SUPERNET,
+            Family::V6 => POD_SUPERNET_V6,
+        }
+    }
+
     /// The bridge's address and prefix (the pods' gateway).
-    pub fn gateway(&self) -> (Ipv4Addr, u8) {
-        (Ipv4Addr::new(198, 18, self.base(), 1), 22)
+    pub fn gateway(&self) -> (IpAddr, u8) {
+        match self.family {
+            Family::V4 => (Ipv4Addr::new(198, 18, self.base(), 1).into(), 22),
+            Family::V6 => (self.v6(0, 1).into(), 60),
+        }
     }
 
     pub fn pod_subnet(&self) -> String {
-        format!("198.18.{}.0/22", self.base())
+        match self.family {
+            Family::V4 => format!("198.18.{}.0/22", self.base()),
+            Family::V6 => format!("{}/60", self.v6(0, 0)),
+        }
     }
 
     /// The addresses node `k` (1-based) hands its pods.
-    pub fn pod_range(&self, k: u8) -> (Ipv4Addr, Ipv4Addr) {
-        let third = self.base() + (k.clamp(1, MAX_NODES) - 1);
-        (
-            Ipv4Addr::new(198, 18, third, 2),
-            Ipv4Addr::new(198, 18, third, 254),
-        )
+    pub fn pod_range(&self, k: u8) -> (IpAddr, IpAddr) {
+        let k = k.clamp(1, MAX_NODES);
+        match self.family {
+            Family::V4 => {
+                let third = self.base() + (k - 1);
+                (
+                    Ipv4Addr::new(198, 18, third, 2).into(),
+                    Ipv4Addr::new(198, 18, third, 254).into(),
+                )
+            }
+            Family::V6 => (
+                self.v6(u16::from(k), 2).into(),
+                self.v6(u16::from(k), 0xffff).into(),
+            ),
+        }
     }
 
     /// Node `k`'s address (kubelet's node IP, on `lo`).
-    pub fn node_ip(&self, k: u8) -> Ipv4Addr {
-        Ipv4Addr::new(198, 19, self.n, k)
+    pub fn node_ip(&self, k: u8) -> IpAddr {
+        match self.family {
+            Family::V4 => Ipv4Addr::new(198, 19, self.n, k).into(),
+            Family::V6 => self.v6(0xf0, u16::from(k)).into(),
+        }
     }
 
     /// The API server's address on the bed's network, when pods must reach it.
-    pub fn apiserver_ip(&self) -> Ipv4Addr {
-        Ipv4Addr::new(198, 19, self.n, 100)
+    pub fn apiserver_ip(&self) -> IpAddr {
+        match self.family {
+            Family::V4 => Ipv4Addr::new(198, 19, self.n, 100).into(),
+            Family::V6 => self.v6(0xf0, 0x100).into(),
+        }
     }
 
     pub fn service_cidr(&self) -> String {
-        format!("198.19.{}.128/25", self.n)
+        match self.family {
+            Family::V4 => format!("198.19.{}.128/25", self.n),
+            Family::V6 => format!("{}/112", self.v6(0xf1, 0)),
+        }
+    }
+
+    /// The `kubernetes` Service's ClusterIP: the Service range's first address.
+    pub fn kubernetes_service_ip(&self) -> IpAddr {
+        match self.family {
+            Family::V4 => Ipv4Addr::new(198, 19, self.n, 129).into(),
+            Family::V6 => self.v6(0xf1, 1).into(),
+        }
     }
 
     /// The cgroup name the bed's node daemons run in.
