@@ -24,8 +24,8 @@ use tempfile::TempDir;
 
 use crate::audit_log::AuditLog;
 use crate::binaries::{ControlPlaneBins, KubeVersion};
-use crate::process::{free_port, tail, Managed};
 use crate::node::slot::Family;
+use crate::process::{free_port, tail, Managed};
 
 /// Someone the bed's API server knows, by bearer token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,7 +284,9 @@ impl TestBed {
         if opts.ip_family == Family::V6 {
             match slot.as_mut() {
                 Some(slot) if opts.pod_network => slot.family = Family::V6,
-                _ => bail!("an IPv6 bed is a pod network: ask for real_nodes ≥ 1 and pod_network too"),
+                _ => bail!(
+                    "an IPv6 bed is a pod network: ask for real_nodes ≥ 1 and pod_network too"
+                ),
             }
         }
         // etcd fsyncs every write; tmpfs keeps that cheap when it exists.

@@ -16,8 +16,8 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use testbed::helm::{self, chart_dir, CreateLoop, Expect, Helm};
-use testbed::pods::{self, CreateOutcome};
 use testbed::node::slot::Family;
+use testbed::pods::{self, CreateOutcome};
 use testbed::{quota, TestBed, TestBedOptions};
 
 type R = anyhow::Result<()>;
@@ -816,7 +816,10 @@ async fn on_an_ipv6_single_stack_cluster_the_chart_serves_on_the_pod_and_the_hos
         &upgrade_setting("hostNetwork=true"),
     )
     .await?;
-    assert!(sent >= 12, "only {sent} Creates were sent during the rollout");
+    assert!(
+        sent >= 12,
+        "only {sent} Creates were sent during the rollout"
+    );
     assert_eq!(
         ready_on_ipv6(&bed, true).await?,
         2,
