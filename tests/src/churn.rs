@@ -1,25 +1,31 @@
 //! The `cluster_churn` workload of `scripts/bench`: what a busy cluster does
-//! to its pods, on hollow nodes ([`crate::node::hollow`]), for a fixed time:
+//! to its pods, on hollow nodes ([`crate::node::hollow`]), on a fixed
+//! schedule, so that every phase does the same work and a slower path shows
+//! as latency, never as fewer samples:
 //!
 //! * a Deployment whose pods are deleted gracefully at a steady rate (its
 //!   ReplicaSet controller re-creates them);
 //! * Jobs created every 2 s and deleted 10 s later (the garbage collector
 //!   deletes their pods);
-//! * scheduler preemptions: a low-priority pod fills a hollow node's CPU and
-//!   a high-priority one that fits only there preempts it;
-//! * a drain: one hollow node cordoned and every workload pod on it evicted
-//!   through the Eviction API, then uncordoned;
-//! * executors re-creating names: each creates its pod, deletes it
-//!   gracefully once Running and re-creates the same name at once, retrying
-//!   a refused Create every 50 ms (Flyte's pattern; the namespace's
-//!   `graceguard.io/mode=conflict` makes graceguard answer at once rather than
-//!   hold the Create, so every phase answers the collision with an immediate
-//!   409 and the latency compared is the webhook's own, not a deliberate wait).
+//! * scheduler preemptions, one started every [`Shape::preempt_every`], each
+//!   on its own hollow node: a low-priority pod (the victim) fills the node's
+//!   CPU and a high-priority one (the preemptor) that fits only there
+//!   preempts it;
+//! * a drain a third into the phase: one hollow node cordoned and every
+//!   workload pod on it evicted through the Eviction API, timed until the
+//!   node is empty, then uncordoned;
+//! * executors re-creating names: each deletes its pod gracefully every
+//!   [`Shape::executor_every`] (staggered) and re-creates the same name at
+//!   once, retrying a 409 every 50 ms and a 429 after its `retryAfterSeconds`
+//!   as client-go does (Flyte's pattern, under whatever mode the chart's
+//!   defaults give graceguard).
 //!
-//! Besides, it watches the namespace for the pod startup latency: from the
-//! watch event that first shows a pod to the one that shows every container
-//! running, both seen by the same watch (Kubernetes' pod startup SLI, on
-//! nodes with no image pulls).
+//! Besides, it watches the namespace, per kind of pod (its `app` label: see
+//! [`KINDS`]), for the pod startup latency (from the watch event that first
+//! shows a pod to the one that shows every container running, both seen by
+//! the same watch: Kubernetes' pod startup SLI, on nodes with no image
+//! pulls) and the deletion-to-gone time (from the first event that shows
+//! its deletion begun to its removal).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Display;
@@ -44,6 +50,19 @@ pub const NS: &str = "churn";
 pub const WEB: &str = "churn-web";
 const LOW: &str = "churn-low";
 const HIGH: &str = "churn-high";
+/// The kinds of pod, by their `app` label.
+pub const APP_JOB: &str = "churn-job";
+pub const APP_PREEMPTOR: &str = "churn-preemptor";
+pub const APP_VICTIM: &str = "churn-victim";
+pub const APP_EXECUTOR: &str = "churn-executor";
+/// Every kind, as the report names them: (report key, `app` label).
+pub const KINDS: [(&str, &str); 5] = [
+    ("deployment", WEB),
+    ("job", APP_JOB),
+    ("preemptor", APP_PREEMPTOR),
+    ("victim", APP_VICTIM),
+    ("executor", APP_EXECUTOR),
+];
 /// A hollow node has 1 CPU: two of these never fit together.
 const PREEMPTION_CPU: &str = "700m";
 
@@ -58,6 +77,10 @@ pub struct Shape {
     pub job_pods: u32,
     /// Executors re-creating their pod's name.
     pub executors: u32,
+    /// A preemption starts this often (each on its own node).
+    pub preempt_every: Duration,
+    /// Each executor deletes and re-creates its pod this often.
+    pub executor_every: Duration,
 }
 
 impl Shape {
@@ -69,6 +92,8 @@ impl Shape {
             deletes_per_s: if quick { 2.0 } else { 5.0 },
             job_pods: 3,
             executors: if quick { 2 } else { 5 },
+            preempt_every: Duration::from_secs(2),
+            executor_every: Duration::from_secs(10),
         }
     }
 }
@@ -79,15 +104,29 @@ pub struct Tally {
     pub deployment_pod_deletes: u64,
     pub jobs_created: u64,
     pub jobs_deleted: u64,
+    /// Preemptions started (the schedule's count).
     pub preemptions_tried: u64,
     /// A high-priority pod ran where the low one was, which was deleted.
     pub preemptions: u64,
+    /// Each completed preemption: the preemptor's Create sent → it ran (ms).
+    #[serde(skip)]
+    pub preemption_ms: Vec<f64>,
     pub drains: u64,
+    /// Cordon → no workload pod left on the node (ms); none if the phase
+    /// ended first.
+    pub drain_ms: Option<f64>,
     pub evictions: u64,
+    /// Graceful deletes of their pods by the executors (the schedule's count).
+    pub executor_deletes: u64,
     /// Creates by the executors that made a pod.
     pub executor_creates: u64,
-    /// Creates by the executors refused because the name was still held.
+    /// Creates by the executors refused because the name was still held:
+    /// 409 (retried after 50 ms) and 429 (retried after its Retry-After).
     pub executor_conflicts: u64,
+    pub executor_retry_afters: u64,
+    /// Each executor's delete sent → its new pod ran (ms).
+    #[serde(skip)]
+    pub executor_relaunch_ms: Vec<f64>,
     pub errors: u64,
     /// The first few errors, for the report.
     pub first_errors: Vec<String>,
@@ -117,6 +156,9 @@ struct Seen {
     node: Option<String>,
     terminating: bool,
     running: bool,
+    /// When the watch first showed it running.
+    ran_at: Option<Instant>,
+    uid: Option<String>,
 }
 
 #[derive(Default)]
@@ -126,7 +168,12 @@ struct WatchState {
     /// so a pod deleted while the watch was broken is not kept for ever.
     listing: Option<HashMap<String, Seen>>,
     first_seen: HashMap<String, Instant>,
-    startup_ms: Vec<f64>,
+    /// Startup latencies (ms), with the pod's `app`.
+    startup_ms: Vec<(String, f64)>,
+    /// Pods whose deletion has begun, by uid: their `app` and since when.
+    leaving: HashMap<String, (String, Instant)>,
+    /// Deletion-to-gone times (ms), with the pod's `app`.
+    gone_ms: Vec<(String, f64)>,
 }
 
 /// The namespace's pods as one watch sees them, and their startup latencies.
@@ -164,7 +211,12 @@ impl PodWatch {
                     watcher::Event::InitApply(p) => st.apply(&p, false),
                     watcher::Event::Delete(p) => {
                         st.pods.remove(&p.name_any());
-                        st.first_seen.remove(&p.uid().unwrap_or_default());
+                        let uid = p.uid().unwrap_or_default();
+                        st.first_seen.remove(&uid);
+                        if let Some((app, since)) = st.leaving.remove(&uid) {
+                            st.gone_ms
+                                .push((app, since.elapsed().as_secs_f64() * 1000.0));
+                        }
                     }
                     watcher::Event::Init => st.listing = Some(HashMap::new()),
                     watcher::Event::InitDone => {
@@ -184,6 +236,8 @@ impl PodWatch {
         if let Ok(mut st) = self.0.lock() {
             st.startup_ms.clear();
             st.first_seen.clear();
+            st.gone_ms.clear();
+            st.leaving.clear();
         }
     }
 
@@ -208,8 +262,41 @@ impl PodWatch {
     pub fn startup_ms(&self) -> Vec<f64> {
         self.0
             .lock()
-            .map(|st| st.startup_ms.clone())
+            .map(|st| st.startup_ms.iter().map(|(_, ms)| *ms).collect())
             .unwrap_or_default()
+    }
+
+    /// The startup latencies (ms) since the last reset of pods of `app`.
+    pub fn startup_ms_of(&self, app: &str) -> Vec<f64> {
+        self.0
+            .lock()
+            .map(|st| {
+                st.startup_ms
+                    .iter()
+                    .filter(|(a, _)| a == app)
+                    .map(|(_, ms)| *ms)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The deletion-to-gone times (ms) since the last reset of pods of `app`.
+    pub fn gone_ms_of(&self, app: &str) -> Vec<f64> {
+        self.0
+            .lock()
+            .map(|st| {
+                st.gone_ms
+                    .iter()
+                    .filter(|(a, _)| a == app)
+                    .map(|(_, ms)| *ms)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// When the watch first showed `name` running, if it has.
+    fn ran_at(&self, name: &str) -> Option<Instant> {
+        self.get(name).and_then(|s| s.ran_at)
     }
 
     fn snapshot(&self) -> Vec<(String, Seen)> {
@@ -233,6 +320,18 @@ impl PodWatch {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
             if self.get(name).is_some_and(|s| s.running && !s.terminating) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// Waits until `name` is gone (true) or `limit` passes (false).
+    async fn wait_gone(&self, name: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if self.get(name).is_none() {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -264,22 +363,37 @@ impl WatchState {
         {
             self.first_seen.insert(uid.clone(), Instant::now());
         }
+        let app = p.labels().get("app").cloned().unwrap_or_default();
         if running {
             if let Some(t) = self.first_seen.remove(&uid) {
-                self.startup_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                self.startup_ms
+                    .push((app.clone(), t.elapsed().as_secs_f64() * 1000.0));
             }
+        }
+        let terminating = p.metadata.deletion_timestamp.is_some();
+        if live && terminating && !self.leaving.contains_key(&uid) {
+            self.leaving.insert(uid, (app.clone(), Instant::now()));
         }
         let pods = match self.listing.as_mut() {
             Some(listing) if !live => listing,
             _ => &mut self.pods,
         };
+        let name = p.name_any();
+        // The first time it ran; a pod of the same name made again runs anew.
+        let ran_at = match pods.get(&name) {
+            Some(before) if before.ran_at.is_some() && before.uid == p.uid() => before.ran_at,
+            _ => None,
+        }
+        .or(running.then(Instant::now));
         pods.insert(
-            p.name_any(),
+            name,
             Seen {
-                app: p.labels().get("app").cloned().unwrap_or_default(),
+                app,
                 node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-                terminating: p.metadata.deletion_timestamp.is_some(),
+                terminating,
                 running,
+                ran_at,
+                uid: p.uid(),
             },
         );
     }
@@ -330,7 +444,13 @@ pub async fn set_up(client: &Client, shape: Shape, watch: &PodWatch) -> Result<(
         .create(&PostParams::default(), &dep)
         .await
         .context("creating the churn Deployment")?;
-    let want = usize::try_from(shape.web_replicas)?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for name in executor_names(shape) {
+        pods.create(&PostParams::default(), &executor_pod(&name)?)
+            .await
+            .with_context(|| format!("creating executor pod {name}"))?;
+    }
+    let want = usize::try_from(shape.web_replicas + shape.executors)?;
     // Generous: on two shared cores the scheduler and 50 kubelets start
     // them all at once; only a failure waits this long.
     let limit = 120 + 2 * u64::from(shape.web_replicas);
@@ -339,14 +459,14 @@ pub async fn set_up(client: &Client, shape: Shape, watch: &PodWatch) -> Result<(
         let running = watch
             .snapshot()
             .iter()
-            .filter(|(_, s)| s.app == WEB && s.running && !s.terminating)
+            .filter(|(_, s)| (s.app == WEB || s.app == APP_EXECUTOR) && s.running && !s.terminating)
             .count();
         if running >= want {
             return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "only {running} of the Deployment's {want} pods ran on the hollow nodes within {limit} s"
+            "only {running} of the Deployment's and executors' {want} pods ran on the hollow nodes within {limit} s"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -390,11 +510,12 @@ pub async fn run(
             deadline,
             phase,
         )),
-        tokio::spawn(preempt(
+        tokio::spawn(preemptions(
             pods.clone(),
             watch.clone(),
             t.clone(),
             preempt_on,
+            schedule(seconds, shape.preempt_every, Duration::from_secs(15)),
             deadline,
             phase,
         )),
@@ -407,12 +528,25 @@ pub async fn run(
             seconds,
         )),
     ];
-    for k in 0..shape.executors {
+    // Staggered: one executor's turn every executor_every / executors.
+    let names = executor_names(shape);
+    let stagger = shape.executor_every / shape.executors.max(1);
+    for (k, name) in (0u32..).zip(names) {
+        let offset = stagger * k;
+        let starts: Vec<Duration> = schedule(
+            seconds - offset.as_secs_f64(),
+            shape.executor_every,
+            Duration::from_secs(8),
+        )
+        .into_iter()
+        .map(|at| at + offset)
+        .collect();
         tasks.push(tokio::spawn(executor(
             pods.clone(),
             watch.clone(),
             t.clone(),
-            format!("exec-{k}"),
+            name,
+            starts,
             deadline,
         )));
     }
@@ -475,7 +609,7 @@ async fn jobs(client: Client, t: Shared, pods_per_job: u32, deadline: Instant, p
             "metadata": {"name": name},
             "spec": {
                 "parallelism": pods_per_job, "completions": pods_per_job, "backoffLimit": 0,
-                "template": {"metadata": {"labels": {"app": "churn-job"}}, "spec": hollow_spec(None, json!({"restartPolicy": "Never"}))},
+                "template": {"metadata": {"labels": {"app": APP_JOB}}, "spec": hollow_spec(None, json!({"restartPolicy": "Never"}))},
             },
         }));
         match job {
@@ -508,8 +642,13 @@ async fn jobs(client: Client, t: Shared, pods_per_job: u32, deadline: Instant, p
 }
 
 fn priority_pod(name: &str, node: &str, class: &str) -> Result<Pod, serde_json::Error> {
+    let app = if class == HIGH {
+        APP_PREEMPTOR
+    } else {
+        APP_VICTIM
+    };
     serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": "churn-preempt"}},
+        "metadata": {"name": name, "labels": {"app": app}},
         "spec": hollow_spec(Some(node), json!({
             "priorityClassName": class,
             "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
@@ -518,48 +657,106 @@ fn priority_pod(name: &str, node: &str, class: &str) -> Result<Pod, serde_json::
     }))
 }
 
-async fn preempt(
+/// The times in a phase of `seconds` at which scheduled work starts, every
+/// `every` from 0, keeping `room` (at most 15 s, at most half the phase)
+/// before its end for the last one to finish.
+pub fn schedule(seconds: f64, every: Duration, room_max: Duration) -> Vec<Duration> {
+    let phase = Duration::from_secs_f64(seconds.max(0.0));
+    if phase.is_zero() {
+        return Vec::new();
+    }
+    let room = room_max.min(phase / 2);
+    let step = every.max(Duration::from_millis(100));
+    let mut out = Vec::new();
+    let mut at = Duration::ZERO;
+    while at + room <= phase {
+        out.push(at);
+        at += step;
+    }
+    out
+}
+
+/// One preemption started at each of `starts`, on the nodes in turn; a node
+/// takes its next preemption only once its last one is cleaned up.
+async fn preemptions(
     pods: Api<Pod>,
     watch: PodWatch,
     t: Shared,
     nodes: Vec<String>,
+    starts: Vec<Duration>,
     deadline: Instant,
     phase: usize,
 ) {
+    let t0 = Instant::now();
+    let locks: Vec<Arc<tokio::sync::Mutex<()>>> = nodes.iter().map(|_| Arc::default()).collect();
+    let mut running = Vec::new();
+    for (i, at) in starts.into_iter().enumerate() {
+        tokio::time::sleep_until((t0 + at).into()).await;
+        let (node, lock) = (
+            nodes[i % nodes.len()].clone(),
+            locks[i % nodes.len()].clone(),
+        );
+        let (pods, watch, t) = (pods.clone(), watch.clone(), t.clone());
+        running.push(tokio::spawn(async move {
+            let _node = lock.lock().await;
+            preempt(&pods, &watch, &t, &node, &format!("{phase}-{i}"), deadline).await;
+        }));
+    }
+    for r in running {
+        if let Err(e) = r.await {
+            failed(&t, "a preemption task", e);
+        }
+    }
+}
+
+/// A victim on `node`, then a preemptor that fits only in its place: times
+/// the preemptor's Create → Running, then deletes both at once.
+async fn preempt(
+    pods: &Api<Pod>,
+    watch: &PodWatch,
+    t: &Shared,
+    node: &str,
+    id: &str,
+    deadline: Instant,
+) {
     let now = DeleteParams::default().grace_period(0);
-    let mut i = 0;
-    while Instant::now() + Duration::from_secs(5) < deadline {
-        let node = &nodes[i % nodes.len()];
-        let (low, high) = (format!("low-{phase}-{i}"), format!("high-{phase}-{i}"));
-        i += 1;
-        tally(&t, |t| t.preemptions_tried += 1);
-        let made = async {
-            pods.create(&PostParams::default(), &priority_pod(&low, node, LOW)?)
-                .await?;
-            if !watch.wait_running(&low, within(deadline, 15)).await {
-                if Instant::now() >= deadline {
-                    return Ok(()); // the phase ended first
-                }
-                anyhow::bail!("the low-priority pod {low} did not run on {node} within 15 s");
-            }
-            pods.create(&PostParams::default(), &priority_pod(&high, node, HIGH)?)
-                .await?;
-            if watch.wait_leaving(&low, within(deadline, 15)).await
-                && watch.wait_running(&high, within(deadline, 15)).await
-            {
-                tally(&t, |t| t.preemptions += 1);
-            }
-            Ok(())
-        };
-        if let Err(e) = made.await {
-            failed(&t, "a preemption", e);
+    let (low, high) = (format!("low-{id}"), format!("high-{id}"));
+    tally(t, |t| t.preemptions_tried += 1);
+    let made = async {
+        pods.create(&PostParams::default(), &priority_pod(&low, node, LOW)?)
+            .await?;
+        if !watch.wait_running(&low, within(deadline, 15)).await {
+            anyhow::bail!(
+                "the low-priority pod {low} did not run on {node} within 15 s or the phase"
+            );
         }
-        for name in [&high, &low] {
-            match pods.delete(name, &now).await {
-                Ok(_) | Err(kube::Error::Api(_)) => {}
-                Err(e) => failed(&t, "deleting a preemption pod", e),
-            }
+        let sent = Instant::now();
+        pods.create(&PostParams::default(), &priority_pod(&high, node, HIGH)?)
+            .await?;
+        if watch.wait_leaving(&low, within(deadline, 15)).await
+            && watch.wait_running(&high, within(deadline, 15)).await
+        {
+            let ran = watch.ran_at(&high).unwrap_or_else(Instant::now);
+            let ms = ran.saturating_duration_since(sent).as_secs_f64() * 1000.0;
+            tally(t, |t| {
+                t.preemptions += 1;
+                t.preemption_ms.push(ms);
+            });
         }
+        Ok(())
+    };
+    if let Err(e) = made.await {
+        failed(t, "a preemption", e);
+    }
+    for name in [&high, &low] {
+        match pods.delete(name, &now).await {
+            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Err(e) => failed(t, "deleting a preemption pod", e),
+        }
+    }
+    // The node is free for its next preemption once both are gone.
+    for name in [&high, &low] {
+        watch.wait_gone(name, within(deadline, 15)).await;
     }
 }
 
@@ -576,6 +773,7 @@ async fn drain(
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client, NS);
     let cordon = |on: bool| json!({"spec": {"unschedulable": on}});
+    let started = Instant::now();
     if let Err(e) = nodes
         .patch(&node, &PatchParams::default(), &Patch::Merge(cordon(true)))
         .await
@@ -597,15 +795,21 @@ async fn drain(
         }
     }
     // Drained: nothing of the workload left on the node (or the phase ends).
-    while Instant::now() < deadline
-        && watch
-            .snapshot()
-            .iter()
-            .any(|(_, s)| s.node.as_deref() == Some(node.as_str()) && s.app != "churn-preempt")
-    {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let on_it = || {
+        watch.snapshot().iter().any(|(_, s)| {
+            s.node.as_deref() == Some(node.as_str())
+                && s.app != APP_PREEMPTOR
+                && s.app != APP_VICTIM
+        })
+    };
+    while Instant::now() < deadline && on_it() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tally(&t, |t| t.drains += 1);
+    let drained = !on_it();
+    tally(&t, |t| {
+        t.drains += 1;
+        t.drain_ms = drained.then(|| started.elapsed().as_secs_f64() * 1000.0);
+    });
     if let Err(e) = nodes
         .patch(&node, &PatchParams::default(), &Patch::Merge(cordon(false)))
         .await
@@ -614,33 +818,90 @@ async fn drain(
     }
 }
 
-async fn executor(pods: Api<Pod>, watch: PodWatch, t: Shared, name: String, deadline: Instant) {
-    let pod: Pod = match serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"app": "churn-executor"}},
+fn executor_pod(name: &str) -> Result<Pod, serde_json::Error> {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": APP_EXECUTOR}},
         "spec": hollow_spec(None, json!({"restartPolicy": "Never"})),
-    })) {
+    }))
+}
+
+/// The executors' pod names.
+pub fn executor_names(shape: Shape) -> Vec<String> {
+    (0..shape.executors).map(|k| format!("exec-{k}")).collect()
+}
+
+/// Creates `name` as an executor does, until it is made or `deadline`:
+/// a 409 (the name still held) again after 50 ms, a 429 after its
+/// `retryAfterSeconds`, as client-go waits. Whether it was made.
+async fn create_until_made(pods: &Api<Pod>, t: &Shared, name: &str, deadline: Instant) -> bool {
+    let pod = match executor_pod(name) {
         Ok(p) => p,
-        Err(e) => return failed(&t, "building an executor pod", e),
+        Err(e) => {
+            failed(t, "building an executor pod", e);
+            return false;
+        }
     };
     while Instant::now() < deadline {
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => tally(&t, |t| t.executor_creates += 1),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                tally(&t, |t| t.executor_conflicts += 1);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+        let wait = match crate::pods::create(pods, &pod).await {
+            Ok(crate::pods::CreateOutcome::Created) => {
+                tally(t, |t| t.executor_creates += 1);
+                return true;
+            }
+            Ok(crate::pods::CreateOutcome::Refused { code: 409, .. }) => {
+                tally(t, |t| t.executor_conflicts += 1);
+                Duration::from_millis(50)
+            }
+            Ok(crate::pods::CreateOutcome::Refused {
+                code: 429,
+                retry_after_seconds,
+                ..
+            }) => {
+                tally(t, |t| t.executor_retry_afters += 1);
+                Duration::from_secs(u64::from(retry_after_seconds.max(1)))
+            }
+            Ok(refused) => {
+                failed(t, "an executor's Create", format!("{refused:?}"));
+                Duration::from_millis(200)
             }
             Err(e) => {
-                failed(&t, "an executor's Create", e);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
+                failed(t, "an executor's Create", e);
+                Duration::from_millis(200)
             }
-        }
-        watch.wait_running(&name, within(deadline, 15)).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        tokio::time::sleep(wait.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+    false
+}
+
+/// Executor `name`: at each of `starts`, deletes its pod gracefully and
+/// re-creates the name at once; times the delete → the new pod running.
+async fn executor(
+    pods: Api<Pod>,
+    watch: PodWatch,
+    t: Shared,
+    name: String,
+    starts: Vec<Duration>,
+    deadline: Instant,
+) {
+    let t0 = Instant::now();
+    for at in starts {
+        tokio::time::sleep_until((t0 + at).into()).await;
+        let sent = Instant::now();
         match pods.delete(&name, &DeleteParams::default()).await {
-            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Ok(_) => tally(&t, |t| t.executor_deletes += 1),
+            Err(kube::Error::Api(s)) if s.code == 404 => {} // evicted by the drain
             Err(e) => failed(&t, "an executor's delete", e),
+        }
+        if !create_until_made(&pods, &t, &name, deadline).await {
+            return;
+        }
+        // Its new pod running (the old one ran before `sent`).
+        while Instant::now() < deadline && watch.ran_at(&name).is_none_or(|r| r < sent) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if let Some(ran) = watch.ran_at(&name).filter(|r| *r >= sent) {
+            let ms = ran.saturating_duration_since(sent).as_secs_f64() * 1000.0;
+            tally(&t, |t| t.executor_relaunch_ms.push(ms));
         }
     }
 }

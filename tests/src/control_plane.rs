@@ -354,7 +354,7 @@ impl TestBed {
         let mut node_creds = Vec::new();
         if let Some(slot) = slot.as_ref() {
             for k in 1..=opts.real_nodes {
-                let pair = ca.issue_server(&[format!("node-{k}")], &[slot.node_ip(k).into()])?;
+                let pair = ca.issue_server(&[format!("node-{k}")], &[slot.node_ip(k)])?;
                 let (crt, key) = (
                     pki.join(format!("node-{k}.crt")),
                     pki.join(format!("node-{k}.key")),
@@ -824,9 +824,7 @@ impl TestBed {
             ),
         };
         let name = format!("node-{k}");
-        let pair = self
-            .ca
-            .issue_server(std::slice::from_ref(&name), &[ip.into()])?;
+        let pair = self.ca.issue_server(std::slice::from_ref(&name), &[ip])?;
         let pki = self.dir().join("pki");
         let (tls_cert, tls_key) = (
             pki.join(format!("{name}.crt")),
