@@ -160,20 +160,28 @@ async fn a_killed_webhook_fails_open() -> R {
     Ok(())
 }
 
-/// Create -> AlreadyExists -> Create ... of `name` at ~12/s for 5 s, as
-/// flyteorg/flyte#8066 does; every answer must be AlreadyExists. Returns the
-/// Creates sent (at least 40).
-async fn recreate_loop(api: &Api<Pod>, name: &str) -> anyhow::Result<usize> {
+/// Create -> AlreadyExists -> Create ... of `name` at ~12/s for 5 s and at
+/// least 40 Creates (a loaded machine answers slower: the count is kept, the
+/// loop lasts longer), as flyteorg/flyte#8066 does; every answer must be
+/// AlreadyExists. Returns the Creates sent and how long the loop ran.
+async fn recreate_loop(api: &Api<Pod>, name: &str) -> anyhow::Result<(usize, Duration)> {
     let start = Instant::now();
     let mut sent = 0;
-    while start.elapsed() < Duration::from_secs(5) {
+    while start.elapsed() < Duration::from_secs(5) || sent < 40 {
         let out = pods::create(api, &pods::task_pod(name, 60)).await?;
         assert!(out.is_already_exists(), "{out:?}");
         sent += 1;
         tokio::time::sleep(Duration::from_millis(83)).await;
     }
-    assert!(sent >= 40, "only {sent} creates were sent");
-    Ok(sent)
+    Ok((sent, start.elapsed()))
+}
+
+/// The confirmation GETs a loop of `took` may cost: one per cache lifetime
+/// (1 s) it lasted, the first read and one at a lifetime's edge.
+fn gets_allowed(took: Duration) -> usize {
+    usize::try_from(took.as_secs())
+        .unwrap_or(usize::MAX)
+        .saturating_add(3)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +192,7 @@ async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets_whether_its_
     assert_eq!(r.already_exists, 1, "{r:?}");
     let alice = bed.client_as("alice").await?;
     let api: Api<Pod> = Api::namespaced(alice, &ns);
-    let sent = recreate_loop(&api, POD).await?;
+    let (sent, took) = recreate_loop(&api, POD).await?;
     webhook
         .wait_records("collision_guard", &ns, POD, sent + 1)
         .await?;
@@ -213,8 +221,8 @@ async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets_whether_its_
     };
     let terminating_gets = gets(POD)?;
     assert!(
-        (1..=8).contains(&terminating_gets),
-        "{terminating_gets} confirmation GETs for {} denials of a terminating holder",
+        (1..=gets_allowed(took)).contains(&terminating_gets),
+        "{terminating_gets} confirmation GETs for {} denials of a terminating holder in {took:?}",
         sent + 1
     );
     // The wrong-denial bound: once the holder is gone (here force-deleted),
@@ -236,14 +244,14 @@ async fn a_looping_client_is_named_once_and_costs_a_handful_of_gets_whether_its_
         pods::create(&admin, &pods::task_pod(live, 60)).await?,
         CreateOutcome::Created
     );
-    let live_sent = recreate_loop(&api, live).await?;
+    let (live_sent, live_took) = recreate_loop(&api, live).await?;
     webhook
         .wait_records("collision_guard", &ns, live, live_sent + 1)
         .await?;
     let live_gets = gets(live)?;
     assert!(
-        (1..=8).contains(&live_gets),
-        "{live_gets} confirmation GETs for {live_sent} denials of a live holder"
+        (1..=gets_allowed(live_took)).contains(&live_gets),
+        "{live_gets} confirmation GETs for {live_sent} denials of a live holder in {live_took:?}"
     );
     Ok(())
 }
