@@ -644,17 +644,20 @@ pub fn summarize(rows: &[Value], opts: &Options) -> Value {
         _ => None,
     };
     met.insert("pod_startup_p99_within_noise".into(), json!(within_noise));
-    let (per_run, every_run_met) = every_run(rows);
+    let (gg_per_run, every_run_met) = per_run(rows, "graceguard", "noop");
+    // The same figures between the two phases graceguard is not in: how far
+    // apart runs that differ only in noise are, beside the ratios judged.
+    let (noise_per_run, _) = per_run(rows, "noop", "none");
     json!({"group": "cluster_churn", "summary": true, "hollow_nodes": opts.hollow_nodes, "repetitions": opts.repetitions,
         "seconds": opts.seconds, "phases": phases, "ratios_graceguard_over_noop": gg_noop, "ratios_noop_over_none": noop_none,
-        "ratios_graceguard_over_noop_per_run": per_run,
+        "ratios_graceguard_over_noop_per_run": gg_per_run, "ratios_noop_over_none_per_run": noise_per_run,
         "targets": {"latency_p99_ratio_max": LATENCY_RATIO_TARGET, "met": met, "every_run_met": every_run_met}})
 }
 
-/// For each of [`EVERY_RUN_TARGETED`]: graceguard ÷ no-op per repetition
-/// (paired by repetition), and whether every repetition is within the
-/// target (none when a run lacks the figure).
-fn every_run(rows: &[Value]) -> (Value, Value) {
+/// For each of [`EVERY_RUN_TARGETED`]: `a` ÷ `b` per repetition (paired by
+/// repetition), and whether every repetition is within the target (none
+/// when a run lacks the figure).
+fn per_run(rows: &[Value], a: &str, b: &str) -> (Value, Value) {
     let of = |phase: &str, rep: &Value, key: &str| {
         rows.iter()
             .find(|r| r["phase"] == phase && &r["repetition"] == rep)
@@ -662,19 +665,17 @@ fn every_run(rows: &[Value]) -> (Value, Value) {
     };
     let reps: Vec<&Value> = rows
         .iter()
-        .filter(|r| r["phase"] == "graceguard")
+        .filter(|r| r["phase"] == a)
         .map(|r| &r["repetition"])
         .collect();
     let (mut ratios, mut met) = (serde_json::Map::new(), serde_json::Map::new());
     for key in EVERY_RUN_TARGETED {
         let each: Vec<Option<f64>> = reps
             .iter()
-            .map(
-                |rep| match (of("graceguard", rep, key), of("noop", rep, key)) {
-                    (Some(g), Some(n)) if n > 0.0 => Some(round3(g / n)),
-                    _ => None,
-                },
-            )
+            .map(|rep| match (of(a, rep, key), of(b, rep, key)) {
+                (Some(x), Some(y)) if y > 0.0 => Some(round3(x / y)),
+                _ => None,
+            })
             .collect();
         let all = (!each.is_empty() && each.iter().all(Option::is_some))
             .then(|| each.iter().flatten().all(|r| *r <= LATENCY_RATIO_TARGET));
@@ -728,11 +729,13 @@ fn summary_line(s: &Value) -> String {
     };
     format!(
         "cluster_churn  graceguard ÷ no-op per run: {}; every run within {}: {}\n\
+         cluster_churn  no-op ÷ none per run (the noise between two phases without graceguard): {}\n\
          cluster_churn  graceguard ÷ no-op, medians over {} runs, p99: create {} delete {} patch status {} startup {}; targets met: {}\n\
          cluster_churn  where graceguard's time goes, medians, p99 ms as the API server timed the call / as graceguard answered it: collision guard {}/{}, deletion audit {}/{}; {} confirmation GETs/s",
         s["ratios_graceguard_over_noop_per_run"],
         LATENCY_RATIO_TARGET,
         s["targets"]["every_run_met"],
+        s["ratios_noop_over_none_per_run"],
         s["repetitions"],
         f("pod_create_p99_ms"), f("pod_delete_p99_ms"), f("pod_patch_status_p99_ms"), f("pod_startup_p99_ms"),
         s["targets"]["met"],
