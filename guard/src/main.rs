@@ -468,7 +468,7 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
         Some(i) => i,
         None => default_instance(&client, &default_ns).await,
     };
-    graceguard::naming::check_instance(&instance).map_err(Usage)?;
+    graceguard::naming::check_instance(&instance).map_err(|e| Usage(e.to_string()))?;
     let holding = args.lease.hold(&client, &namespace, &instance).await?;
     // The same reconciler as the sidecar's, for one task: a task whose pods
     // this instance made before (a restarted run) is resumed.
@@ -525,7 +525,7 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
         )
         .init();
     let stop = stop_signal()?;
-    graceguard::naming::check_instance(&args.instance).map_err(Usage)?;
+    graceguard::naming::check_instance(&args.instance).map_err(|e| Usage(e.to_string()))?;
     let listen = match (&args.socket, args.listen) {
         (Some(p), _) => Listen::Socket(p.clone()),
         (None, Some(addr)) if !addr.ip().is_loopback() => {
@@ -590,7 +590,7 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
         Some(addr) => Some(tokio::spawn(
             graceguard::sidecar::serve_metrics(addr, state.clone(), stopped())
                 .await
-                .map_err(Usage)?,
+                .map_err(|e| Usage(e.to_string()))?,
         )),
         None => None,
     };
@@ -614,13 +614,13 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     }
     // A clean stop gives the Lease up: a successor starts at once.
     holding.stop(true).await;
-    served.map_err(Usage)?;
+    served.map_err(|e| Usage(e.to_string()))?;
     Ok(Ended::Signal(0))
 }
 
 async fn release_results(args: ReleaseArgs) -> Result<Ended, Usage> {
     if let Some(i) = &args.instance {
-        graceguard::naming::check_instance(i).map_err(Usage)?;
+        graceguard::naming::check_instance(i).map_err(|e| Usage(e.to_string()))?;
     }
     let (client, _) = client(args.kubeconfig.as_ref()).await?;
     let namespaces = match &args.namespace {

@@ -107,7 +107,7 @@ pub fn hostname() -> Option<String> {
 /// Checks that `instance` can be an instance name: it is a label value on
 /// every pod and in the watch's label selector, so it must be a valid one
 /// (at most 63 characters of `[A-Za-z0-9-_.]`, alphanumeric at both ends).
-pub fn check_instance(instance: &str) -> Result<(), String> {
+pub fn check_instance(instance: &str) -> Result<(), InstanceNameError> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
     let ends_ok = instance
         .chars()
@@ -120,10 +120,13 @@ pub fn check_instance(instance: &str) -> Result<(), String> {
     if instance.len() <= MAX && ends_ok && instance.chars().all(ok_char) {
         return Ok(());
     }
-    Err(format!(
-        "instance name {instance:?} is not a valid label value: use at most 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
-    ))
+    Err(InstanceNameError(instance.to_string()))
 }
+
+/// An instance name that cannot be a label value.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("instance name {0:?} is not a valid label value: use at most 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit")]
+pub struct InstanceNameError(pub String);
 
 #[cfg(test)]
 mod tests {

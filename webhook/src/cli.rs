@@ -72,12 +72,27 @@ struct ProbeArgs {
     timeout: Duration,
 }
 
-fn collision_kinds(s: &str) -> Result<Allowed, String> {
+fn collision_kinds(s: &str) -> Result<Allowed, crate::kind_index::KindsError> {
     Allowed::parse(s)
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 1s, 2m)"))
+/// A flag's value that cannot be read; each says how to write it.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ArgError {
+    #[error("{0} (write e.g. 500ms, 1s, 2m)")]
+    Duration(#[from] humantime::DurationError),
+    #[error("{input:?} has no port; {LISTEN_USAGE}")]
+    NoPort { input: String },
+    #[error("{host:?} in {input:?} is not an IP address; {LISTEN_USAGE}")]
+    NotAnIp { host: String, input: String },
+    #[error("{port:?} in {input:?} is not a port number; {LISTEN_USAGE}")]
+    NotAPort { port: String, input: String },
+}
+
+const LISTEN_USAGE: &str = "use IP:PORT, e.g. [::]:8443, 0.0.0.0:8443 or fd00::7:8443";
+
+fn duration(s: &str) -> Result<Duration, ArgError> {
+    Ok(humantime::parse_duration(s)?)
 }
 
 /// Every flag can also be set by the environment variable named after it.
@@ -358,22 +373,25 @@ fn adaptive_settings(args: &ServeArgs) -> Result<crate::collision::Adaptive, Cli
 /// A listen address: `IP:PORT`, an IPv6 address in brackets or not
 /// (`[::]:8443`, or `fd00::7:8443` as `$(POD_IP):8443` gives on an IPv6 pod
 /// network).
-pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+pub fn listen_addr(s: &str) -> Result<SocketAddr, ArgError> {
     if let Ok(addr) = s.parse::<SocketAddr>() {
         return Ok(addr);
     }
-    let usage = "use IP:PORT, e.g. [::]:8443, 0.0.0.0:8443 or fd00::7:8443";
-    let (host, port) = s
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{s:?} has no port; {usage}"))?;
+    let (host, port) = s.rsplit_once(':').ok_or_else(|| ArgError::NoPort {
+        input: s.to_string(),
+    })?;
     let ip: std::net::IpAddr = host
         .trim_start_matches('[')
         .trim_end_matches(']')
         .parse()
-        .map_err(|_| format!("{host:?} in {s:?} is not an IP address; {usage}"))?;
-    let port: u16 = port
-        .parse()
-        .map_err(|_| format!("{port:?} in {s:?} is not a port number; {usage}"))?;
+        .map_err(|_| ArgError::NotAnIp {
+            host: host.to_string(),
+            input: s.to_string(),
+        })?;
+    let port: u16 = port.parse().map_err(|_| ArgError::NotAPort {
+        port: port.to_string(),
+        input: s.to_string(),
+    })?;
     Ok(SocketAddr::new(ip, port))
 }
 
@@ -612,7 +630,7 @@ mod tests {
         assert_eq!(ok("10.1.2.3:8080").as_deref(), Ok("10.1.2.3:8080"));
         for bad in ["8443", "pod:8443", "[::]:http", "10.1.2.3"] {
             let e = listen_addr(bad).expect_err(bad);
-            assert!(e.contains("IP:PORT"), "{bad}: {e}");
+            assert!(e.to_string().contains("IP:PORT"), "{bad}: {e}");
         }
     }
 }

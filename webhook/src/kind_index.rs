@@ -28,6 +28,11 @@ use crate::metrics::{KindLabels, Metrics};
 use crate::pod_index::HeldPod;
 use crate::quota_kinds::{charged_kinds, GroupResource};
 
+/// A `--collision-kinds` value that is not `*` or a list of kinds.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0:?}: write kinds as resource[.group], e.g. persistentvolumeclaims,jobs.batch")]
+pub struct KindsError(pub String);
+
 /// Which kinds this install may index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Allowed {
@@ -39,16 +44,14 @@ pub enum Allowed {
 impl Allowed {
     /// Parses `--collision-kinds`: `*`, or a comma-separated list of
     /// `resource[.group]` (`persistentvolumeclaims,jobs.batch`).
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, KindsError> {
         if s.trim() == "*" {
             return Ok(Self::Any);
         }
         let kinds: BTreeSet<GroupResource> =
             s.split(',').filter_map(GroupResource::parse).collect();
         if kinds.iter().any(|k| k.resource.contains('/')) {
-            return Err(format!(
-                "{s:?}: write kinds as resource[.group], e.g. persistentvolumeclaims,jobs.batch"
-            ));
+            return Err(KindsError(s.to_string()));
         }
         Ok(Self::Only(kinds))
     }

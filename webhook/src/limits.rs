@@ -306,15 +306,20 @@ impl TrustedPeers {
 
 /// Reads one `--trusted-peers` entry: a CIDR (`10.0.0.0/24`, `fd00::/64`) or
 /// one address (taken as `/32` or `/128`).
-pub fn parse_trusted_peer(s: &str) -> Result<ipnet::IpNet, String> {
+pub fn parse_trusted_peer(s: &str) -> Result<ipnet::IpNet, TrustedPeerError> {
     let s = s.trim();
     if let Ok(net) = s.parse::<ipnet::IpNet>() {
         return Ok(net.trunc());
     }
-    s.parse::<IpAddr>().map(ipnet::IpNet::from).map_err(|_| {
-        format!("{s:?} is neither an address nor a CIDR range; give the API servers' addresses as 10.0.0.10, 10.0.0.0/24 or fd00::/64")
-    })
+    s.parse::<IpAddr>()
+        .map(ipnet::IpNet::from)
+        .map_err(|_| TrustedPeerError(s.to_string()))
 }
+
+/// A `--trusted-peers` entry that is neither an address nor a CIDR range.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0:?} is neither an address nor a CIDR range; give the API servers' addresses as 10.0.0.10, 10.0.0.0/24 or fd00::/64")]
+pub struct TrustedPeerError(pub String);
 
 /// What one address has in flight.
 #[derive(Default)]

@@ -27,7 +27,7 @@ use axum::routing::{get, post, put};
 use axum::Router;
 
 pub use api::{MAX_ACK_SEQS, MAX_WAIT_SECONDS};
-pub use listen::{bind_socket, serve, serve_metrics, Listen};
+pub use listen::{bind_socket, serve, serve_metrics, Listen, ListenError};
 use status::{ApiStatus, Reason};
 
 use crate::executor::Executor;
@@ -486,7 +486,11 @@ mod tests {
         let e = bind_socket(&file)
             .await
             .expect_err("a regular file is not replaced");
-        assert!(e.contains("not a socket"), "{e}");
+        assert!(
+            matches!(e, super::ListenError::NotASocket(_))
+                && e.to_string().contains("not a socket"),
+            "{e}"
+        );
         assert_eq!(
             std::fs::read_to_string(&file).expect("still there"),
             "keep me"
@@ -500,7 +504,10 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         // A live one is not.
         let e = bind_socket(&path).await.expect_err("in use");
-        assert!(e.contains("in use"), "{e}");
+        assert!(
+            matches!(e, super::ListenError::SocketInUse(_)) && e.to_string().contains("in use"),
+            "{e}"
+        );
         drop(live);
         // Nothing of the private directory is left behind.
         let left: Vec<_> = std::fs::read_dir(&dir)
@@ -525,7 +532,11 @@ mod tests {
         let e = serve(Listen::Tcp(addr), sidecar, async {})
             .await
             .expect_err("0.0.0.0 is refused");
-        assert!(e.contains("loopback"), "{e}");
+        assert!(
+            matches!(e, super::ListenError::NotLoopback(a) if a == addr)
+                && e.to_string().contains("loopback"),
+            "{e}"
+        );
     }
 
     #[test]
