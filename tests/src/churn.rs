@@ -209,15 +209,7 @@ impl PodWatch {
                 match ev {
                     watcher::Event::Apply(p) => st.apply(&p, true),
                     watcher::Event::InitApply(p) => st.apply(&p, false),
-                    watcher::Event::Delete(p) => {
-                        st.pods.remove(&p.name_any());
-                        let uid = p.uid().unwrap_or_default();
-                        st.first_seen.remove(&uid);
-                        if let Some((app, since)) = st.leaving.remove(&uid) {
-                            st.gone_ms
-                                .push((app, since.elapsed().as_secs_f64() * 1000.0));
-                        }
-                    }
+                    watcher::Event::Delete(p) => st.delete(&p),
                     watcher::Event::Init => st.listing = Some(HashMap::new()),
                     watcher::Event::InitDone => {
                         if let Some(listed) = st.listing.take() {
@@ -353,6 +345,17 @@ impl PodWatch {
 }
 
 impl WatchState {
+    /// `p` is gone: its deletion-to-gone time counts if its deletion was seen.
+    fn delete(&mut self, p: &Pod) {
+        self.pods.remove(&p.name_any());
+        let uid = p.uid().unwrap_or_default();
+        self.first_seen.remove(&uid);
+        if let Some((app, since)) = self.leaving.remove(&uid) {
+            self.gone_ms
+                .push((app, since.elapsed().as_secs_f64() * 1000.0));
+        }
+    }
+
     fn apply(&mut self, p: &Pod, live: bool) {
         let uid = p.uid().unwrap_or_default();
         let running = all_running(p);
@@ -374,17 +377,20 @@ impl WatchState {
         if live && terminating && !self.leaving.contains_key(&uid) {
             self.leaving.insert(uid, (app.clone(), Instant::now()));
         }
+        let name = p.name_any();
+        // The first time it ran, kept across a re-list (`pods` holds the
+        // latest state until the list completes); a pod of the same name
+        // made again runs anew.
+        let ran_at = self
+            .pods
+            .get(&name)
+            .filter(|before| before.uid == p.uid())
+            .and_then(|before| before.ran_at)
+            .or(running.then(Instant::now));
         let pods = match self.listing.as_mut() {
             Some(listing) if !live => listing,
             _ => &mut self.pods,
         };
-        let name = p.name_any();
-        // The first time it ran; a pod of the same name made again runs anew.
-        let ran_at = match pods.get(&name) {
-            Some(before) if before.ran_at.is_some() && before.uid == p.uid() => before.ran_at,
-            _ => None,
-        }
-        .or(running.then(Instant::now));
         pods.insert(
             name,
             Seen {
@@ -920,4 +926,57 @@ pub async fn uncordon_all(client: &Client, hollow_nodes: &[String]) -> Result<()
             .with_context(|| format!("uncordoning {n}"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, uid: &str, running: bool, deleting: bool) -> Pod {
+        let mut v = json!({
+            "metadata": {"name": name, "uid": uid, "labels": {"app": APP_VICTIM}},
+            "status": {"phase": "Pending"},
+        });
+        if running {
+            v["status"] = json!({"phase": "Running", "startTime": "2026-12-06T00:00:00Z",
+                "containerStatuses": [{"name": "main", "image": "i", "imageID": "", "ready": true,
+                    "restartCount": 0, "state": {"running": {}}}]});
+        }
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = json!("2026-12-06T00:00:05Z");
+        }
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("a pod: {e}"))
+    }
+
+    #[test]
+    fn a_pod_runs_once_per_uid_and_its_leaving_is_timed_per_kind() {
+        let mut st = WatchState::default();
+        st.apply(&pod("p", "u1", false, false), true);
+        st.apply(&pod("p", "u1", true, false), true);
+        let first = st.pods.get("p").and_then(|s| s.ran_at);
+        assert!(first.is_some());
+        assert_eq!(st.startup_ms.len(), 1);
+        // A re-list keeps when it first ran.
+        st.listing = Some(HashMap::new());
+        st.apply(&pod("p", "u1", true, false), false);
+        assert_eq!(
+            st.listing
+                .as_ref()
+                .and_then(|l| l.get("p"))
+                .and_then(|s| s.ran_at),
+            first
+        );
+        st.listing = None;
+        // Its deletion begins, then it is gone: one deletion-to-gone sample.
+        st.apply(&pod("p", "u1", true, true), true);
+        st.delete(&pod("p", "u1", true, true));
+        assert_eq!(st.gone_ms.len(), 1);
+        assert_eq!(st.gone_ms[0].0, APP_VICTIM);
+        // The same name made again is a new pod: not running yet.
+        st.apply(&pod("p", "u2", false, false), true);
+        assert_eq!(st.pods.get("p").and_then(|s| s.ran_at), None);
+        // A pod deleted at once (no deletion seen first) gives no sample.
+        st.delete(&pod("p", "u2", false, false));
+        assert_eq!(st.gone_ms.len(), 1);
+    }
 }
