@@ -252,34 +252,31 @@ impl PodWatch {
 
     /// The startup latencies (ms) measured since the last [`PodWatch::reset`].
     pub fn startup_ms(&self) -> Vec<f64> {
-        self.0
-            .lock()
-            .map(|st| st.startup_ms.iter().map(|(_, ms)| *ms).collect())
-            .unwrap_or_default()
+        self.samples(|st| &st.startup_ms, None)
     }
 
     /// The startup latencies (ms) since the last reset of pods of `app`.
     pub fn startup_ms_of(&self, app: &str) -> Vec<f64> {
-        self.0
-            .lock()
-            .map(|st| {
-                st.startup_ms
-                    .iter()
-                    .filter(|(a, _)| a == app)
-                    .map(|(_, ms)| *ms)
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.samples(|st| &st.startup_ms, Some(app))
     }
 
     /// The deletion-to-gone times (ms) since the last reset of pods of `app`.
     pub fn gone_ms_of(&self, app: &str) -> Vec<f64> {
+        self.samples(|st| &st.gone_ms, Some(app))
+    }
+
+    /// The samples `of` picks, of pods of `app` (or of every pod).
+    fn samples(
+        &self,
+        of: impl Fn(&WatchState) -> &Vec<(String, f64)>,
+        app: Option<&str>,
+    ) -> Vec<f64> {
         self.0
             .lock()
             .map(|st| {
-                st.gone_ms
+                of(&st)
                     .iter()
-                    .filter(|(a, _)| a == app)
+                    .filter(|(a, _)| app.is_none_or(|want| a == want))
                     .map(|(_, ms)| *ms)
                     .collect()
             })

@@ -5,6 +5,7 @@
 //! addresses are loopback of the bed's family: kube-proxy takes the family of
 //! its bind address as the cluster's primary one.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -28,10 +29,11 @@ impl KubeProxy {
         slot: &Slot,
         dir: &Path,
     ) -> Result<Self> {
-        let loopback = match slot.family {
-            Family::V4 => "127.0.0.1",
-            Family::V6 => "[::1]",
+        let loopback: IpAddr = match slot.family {
+            Family::V4 => Ipv4Addr::LOCALHOST.into(),
+            Family::V6 => Ipv6Addr::LOCALHOST.into(),
         };
+        let on_loopback = |port| SocketAddr::new(loopback, port).to_string();
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let cfg = json!({
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
@@ -40,9 +42,9 @@ impl KubeProxy {
             "clientConnection": {"kubeconfig": kubeconfig.display().to_string()},
             "hostnameOverride": node,
             "clusterCIDR": slot.pod_subnet(),
-            "bindAddress": loopback.trim_matches(['[', ']']),
-            "healthzBindAddress": format!("{loopback}:{}", free_port()?),
-            "metricsBindAddress": format!("{loopback}:{}", free_port()?),
+            "bindAddress": loopback.to_string(),
+            "healthzBindAddress": on_loopback(free_port()?),
+            "metricsBindAddress": on_loopback(free_port()?),
             "nodePortAddresses": [slot.supernet()],
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
             "iptables": {"masqueradeAll": false, "localhostNodePorts": false},
