@@ -54,6 +54,16 @@ export REPO_ROOT
 step() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 info() { printf '    %s\n' "$*" >&2; }
 
+# cargo_install ARGS...: `cargo install` for a tool the scripts run, not for
+# what graceguard ships: its release profile made light (no LTO, opt-level 1,
+# 16 codegen units, no debug info), which roughly halves the first install on
+# two cores; the tools' speed does not matter at this scale (a test runner, an
+# SBOM writer, a cross-linker).
+cargo_install() {
+	CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+		CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_INCREMENTAL=false cargo install "$@"
+}
+
 # die STEP HINT: say which step failed and what to do about it, then exit 1.
 die() {
 	printf '\nerror: %s failed.\n  fix: %s\n' "$1" "$2" >&2

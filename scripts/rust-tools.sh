@@ -5,5 +5,5 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
 fi
 if ! cargo nextest --version >/dev/null 2>&1; then
 	step "installing cargo-nextest"
-	cargo install --locked cargo-nextest >&2 || die "installing cargo-nextest" "run 'cargo install --locked cargo-nextest'"
+	cargo_install --locked cargo-nextest >&2 || die "installing cargo-nextest" "run 'cargo install --locked cargo-nextest'"
 fi
