@@ -46,6 +46,19 @@ pub enum AllowReason {
 }
 
 impl AllowReason {
+    /// Every allow reason, for the docs' table check.
+    pub const ALL: [AllowReason; 9] = [
+        AllowReason::NotPodCreate,
+        AllowReason::KindNotIndexed,
+        AllowReason::KindIndexOverCap,
+        AllowReason::NoName,
+        AllowReason::NameFree,
+        AllowReason::NameFreeRead,
+        AllowReason::StaleIndex,
+        AllowReason::ConfirmFailed,
+        AllowReason::SelfTest,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AllowReason::NotPodCreate => "not_a_pod_create",
@@ -61,12 +74,31 @@ impl AllowReason {
     }
 }
 
+/// Why a Create was denied: its holder is terminating, or live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenyReason {
+    Terminating,
+    Exists,
+}
+
+impl DenyReason {
+    /// Every deny reason, for the docs' table check.
+    pub const ALL: [DenyReason; 2] = [DenyReason::Terminating, DenyReason::Exists];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenyReason::Terminating => "terminating",
+            DenyReason::Exists => "exists",
+        }
+    }
+}
+
 /// A denial, ready to send.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Denial {
     pub status: Status,
-    /// `terminating` or `exists`: the audit record's `reason`.
-    pub reason: &'static str,
+    /// The audit record's `reason`.
+    pub reason: DenyReason,
     pub grace_left_seconds: Option<i64>,
 }
 
@@ -317,13 +349,13 @@ pub fn denial(
                 format!(
                     "{what} \"{name}\" already exists and is terminating ({holds}); {NO_CHARGE}. Create it again once it is gone, or use a new name"
                 ),
-                "terminating",
+                DenyReason::Terminating,
                 Some(left),
             )
         }
         None => (
             format!("{what} \"{name}\" already exists; {NO_CHARGE}"),
-            "exists",
+            DenyReason::Exists,
             None,
         ),
     };
@@ -498,7 +530,7 @@ mod tests {
             "{}",
             d.status.message
         );
-        assert_eq!(d.reason, "terminating");
+        assert_eq!(d.reason, DenyReason::Terminating);
         assert_eq!(d.grace_left_seconds, Some(40));
     }
 
@@ -568,7 +600,7 @@ mod tests {
             "{}",
             d.status.message
         );
-        assert_eq!(d.reason, "exists");
+        assert_eq!(d.reason, DenyReason::Exists);
     }
 
     /// The denial of `held` to a client on its `streak`th try, in mode adaptive.

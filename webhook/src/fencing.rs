@@ -30,20 +30,87 @@ pub struct LeaseTerms {
     synced: AtomicBool,
 }
 
+/// Why the fencing check allowed or refused a write (the audit record's
+/// `fencing` field, and its `reason` when refused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The token could not be parsed: allowed, with a warning.
+    TokenUnreadable,
+    /// The Lease watch has not listed yet: allowed.
+    LeasesNotSynced,
+    /// The rule's verdict ([`graceguard_contract::fencing::decide`]).
+    Decided(VerdictKind),
+}
+
+/// [`Verdict`] without its terms: what the audit record names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerdictKind {
+    Current,
+    Superseded,
+    Replaced,
+    LeaseUnknown,
+}
+
+impl Reason {
+    /// Every reason, for the docs' table check.
+    pub const ALL: [Reason; 6] = [
+        Reason::TokenUnreadable,
+        Reason::LeasesNotSynced,
+        Reason::Decided(VerdictKind::Current),
+        Reason::Decided(VerdictKind::Superseded),
+        Reason::Decided(VerdictKind::Replaced),
+        Reason::Decided(VerdictKind::LeaseUnknown),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::TokenUnreadable => "fencing_token_unreadable",
+            Reason::LeasesNotSynced => "fencing_leases_not_synced",
+            Reason::Decided(v) => v.verdict().as_str(),
+        }
+    }
+
+    /// Whether the write is refused.
+    pub fn refuses(self) -> bool {
+        matches!(self, Reason::Decided(v) if v.verdict().refuses())
+    }
+}
+
+impl VerdictKind {
+    fn of(verdict: Verdict) -> Self {
+        match verdict {
+            Verdict::Current => VerdictKind::Current,
+            Verdict::Superseded { .. } => VerdictKind::Superseded,
+            Verdict::Replaced => VerdictKind::Replaced,
+            Verdict::LeaseUnknown => VerdictKind::LeaseUnknown,
+        }
+    }
+
+    /// A verdict of this kind (its terms do not change what it is called).
+    fn verdict(self) -> Verdict {
+        match self {
+            VerdictKind::Current => Verdict::Current,
+            VerdictKind::Superseded => Verdict::Superseded {
+                sent_under: 0,
+                current: 0,
+            },
+            VerdictKind::Replaced => Verdict::Replaced,
+            VerdictKind::LeaseUnknown => Verdict::LeaseUnknown,
+        }
+    }
+}
+
 /// What the fencing check says of one write.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Check {
     /// Allowed; `reason` for the audit record, and a warning for the client
     /// when its token could not be read.
     Allow {
-        reason: &'static str,
+        reason: Reason,
         warning: Option<String>,
     },
     /// Refused: the term it was sent under is over.
-    Refuse {
-        reason: &'static str,
-        status: Box<Status>,
-    },
+    Refuse { reason: Reason, status: Box<Status> },
 }
 
 impl LeaseTerms {
@@ -110,14 +177,14 @@ impl LeaseTerms {
             Ok(t) => t,
             Err(e) => {
                 return Check::Allow {
-                    reason: "fencing_token_unreadable",
+                    reason: Reason::TokenUnreadable,
                     warning: Some(e.to_string()),
                 }
             }
         };
         if !self.is_synced() {
             return Check::Allow {
-                reason: "fencing_leases_not_synced",
+                reason: Reason::LeasesNotSynced,
                 warning: None,
             };
         }
@@ -133,14 +200,15 @@ impl LeaseTerms {
                 .map_or(0, i64::from),
         });
         let verdict = graceguard_contract::fencing::decide(&token, now);
+        let reason = Reason::Decided(VerdictKind::of(verdict));
         if !verdict.refuses() {
             return Check::Allow {
-                reason: verdict.as_str(),
+                reason,
                 warning: None,
             };
         }
         Check::Refuse {
-            reason: verdict.as_str(),
+            reason,
             status: Box::new(refusal(&token, verdict)),
         }
     }
@@ -229,7 +297,7 @@ mod tests {
         let t = terms(vec![lease("team-a", "graceguard-x", "u1", 5)]);
         match t.check("team-a/graceguard-x/u1/4") {
             Check::Refuse { reason, status } => {
-                assert_eq!(reason, "fencing_token_superseded");
+                assert_eq!(reason.as_str(), "fencing_token_superseded");
                 assert_eq!(status.code, 409);
                 let causes = status.details.map(|d| d.causes).unwrap_or_default();
                 assert_eq!(causes[0].reason, graceguard_contract::fencing::STALE_CAUSE);
@@ -240,7 +308,7 @@ mod tests {
         assert!(matches!(
             t.check("team-a/graceguard-x/u0/9"),
             Check::Refuse {
-                reason: "fencing_token_lease_replaced",
+                reason: Reason::Decided(VerdictKind::Replaced),
                 ..
             }
         ));
@@ -249,14 +317,13 @@ mod tests {
             ("team-a/graceguard-x/u1/6", "fencing_token_current"),
             ("team-b/graceguard-x/u1/1", "fencing_token_lease_unknown"),
         ] {
-            assert_eq!(
-                t.check(value),
+            match t.check(value) {
                 Check::Allow {
-                    reason: want,
-                    warning: None
-                },
-                "{value}"
-            );
+                    reason,
+                    warning: None,
+                } => assert_eq!(reason.as_str(), want, "{value}"),
+                other => panic!("{value}: {other:?}"),
+            }
         }
     }
 
@@ -266,13 +333,13 @@ mod tests {
         assert_eq!(
             unsynced.check("team-a/graceguard-x/u1/4"),
             Check::Allow {
-                reason: "fencing_leases_not_synced",
+                reason: Reason::LeasesNotSynced,
                 warning: None
             }
         );
         match terms(vec![]).check("garbage") {
             Check::Allow { reason, warning } => {
-                assert_eq!(reason, "fencing_token_unreadable");
+                assert_eq!(reason, Reason::TokenUnreadable);
                 assert!(warning.is_some_and(|w| w.contains("four parts")));
             }
             other => panic!("{other:?}"),

@@ -21,8 +21,10 @@
 //! * [`review`]: AdmissionReview parsing and the error answers.
 //! * [`audit`]: the audit record written for every decision.
 //! * [`tagger`] and [`disruption`]: tagging pods with their DisruptionTarget reason.
-//! * [`deletion_audit`]: who deleted a pod, and whether a disruption explains it;
-//!   evictions, which no DELETE webhook sees, in [`handlers`]' eviction audit.
+//! * [`endpoints`]: each admission endpoint's policy, one module each with
+//!   its typed audit reasons (the collision guard, the tagger, the deletion
+//!   and eviction audits, the release check); [`handlers`]: the HTTP shell
+//!   around them, which decides nothing.
 //! * [`follow_up`]: tagging afterwards what cannot be tagged in its request
 //!   (a node's status update, an eviction's condition).
 //! * [`self_test`]: the dry-run round trip `helm test` proves.
@@ -40,8 +42,8 @@ pub mod collision;
 pub mod command;
 pub mod confirm;
 pub mod connection_life;
-pub mod deletion_audit;
 pub mod disruption;
+pub mod endpoints;
 pub mod eviction_outcome;
 pub mod fencing;
 pub mod follow_up;

@@ -7,11 +7,12 @@
 use kube::core::ObjectMeta;
 
 use crate::collision::{self, Confirmation};
+use crate::endpoints::deletion_audit;
 use crate::mode::Mode;
 use crate::pod_index::Holder;
 use crate::quota_kinds::GroupResource;
 use crate::review::{self, Answer};
-use crate::{deletion_audit, disruption, tagger};
+use crate::{disruption, tagger};
 
 /// Runs `body` through the parser and the pure decisions; returns the HTTP
 /// status of the answer graceguard would send. Must never panic.

@@ -499,7 +499,7 @@ async fn the_deletion_audit_allows_and_reads_who_grace_and_disruption() {
     );
 
     let req = graceguard_webhook::review::parse(&fixture("03-delete-pods.json")).expect("parse");
-    let rec = graceguard_webhook::deletion_audit::record(&req);
+    let rec = graceguard_webhook::endpoints::deletion_audit::record(&req);
     assert_eq!(
         rec.grace_period_seconds,
         Some(45),
@@ -522,7 +522,7 @@ async fn the_deletion_audit_allows_and_reads_who_grace_and_disruption() {
     no_opts["request"]["oldObject"]["status"]["conditions"] = serde_json::json!([]);
     let req = graceguard_webhook::review::parse(&serde_json::to_vec(&no_opts).expect("json"))
         .expect("parse");
-    let rec = graceguard_webhook::deletion_audit::record(&req);
+    let rec = graceguard_webhook::endpoints::deletion_audit::record(&req);
     assert_eq!(rec.grace_period_seconds, Some(60));
     assert_eq!(rec.disruption_reason, None);
     assert_eq!(rec.reason, "unexplained");

@@ -1,10 +1,85 @@
-//! The deletion audit: one record per pod DELETE saying who deleted what,
-//! with which grace period, and whether a `DisruptionTarget` condition explains
-//! it. It always allows.
+//! `POST /validate/pods-delete`: the deletion audit. One record per pod
+//! DELETE saying who deleted what, with which grace period, and whether a
+//! `DisruptionTarget` condition explains it. It always allows; a disrupted
+//! pod's deletion is where the tag a running pod could not get in its
+//! status update is asked for.
 
+use std::collections::BTreeSet;
+
+use super::{Acts, Reviewed};
 use crate::audit::AuditRecord;
 use crate::disruption;
+use crate::follow_up::Source;
+use crate::handlers::App;
+use crate::metrics::ExplainedLabels;
 use crate::review::Request;
+use crate::tagger;
+
+/// Why the deletion audit recorded what it did (the audit record's `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    NotAPodDelete,
+    /// A `DisruptionTarget` condition explains the deletion.
+    Disruption,
+    Unexplained,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NotAPodDelete => "not_a_pod_delete",
+            Reason::Disruption => "disruption",
+            Reason::Unexplained => "unexplained",
+        }
+    }
+
+    /// Every reason this endpoint can give.
+    pub fn all() -> BTreeSet<String> {
+        [
+            Reason::NotAPodDelete,
+            Reason::Disruption,
+            Reason::Unexplained,
+        ]
+        .map(|r| r.as_str().to_string())
+        .into()
+    }
+}
+
+pub fn review(app: &App, req: &Request, acts: Acts) -> Reviewed {
+    if !req.is_pods("DELETE", "") {
+        return Reviewed::allow(Reason::NotAPodDelete.as_str(), AuditRecord::default());
+    }
+    let record = record(req);
+    // The deletion a disruption announced has begun: now its pod may be
+    // tagged (`tagger::may_tag_now`). Asked here too, not only by the status
+    // update that carried the condition, so a deletion that comes later than
+    // that follow-up's attempts, or after a restart, is still tagged.
+    let explained = record.disruption_reason.is_some();
+    if explained && record.already_terminating == Some(false) && acts.yes() {
+        let untagged = req.old_object.as_ref().is_some_and(|pod| {
+            disruption::of_pod(pod).is_some_and(|d| tagger::patch_for(&pod.metadata, &d).is_some())
+        });
+        if untagged {
+            app.follow_up.request(
+                &req.namespace,
+                &req.name,
+                record.uid.as_deref(),
+                Source::Deletion,
+            );
+        }
+    }
+    if acts.counted() {
+        let explained = if explained { "yes" } else { "no" };
+        app.metrics
+            .deletions_audited
+            .get_or_create(&ExplainedLabels { explained })
+            .inc();
+    }
+    Reviewed {
+        answer: crate::review::Answer::allow(),
+        record,
+    }
+}
 
 /// The grace period the API server will use for a pod DELETE (its pod
 /// strategy and the generic store's rules):
@@ -54,10 +129,11 @@ pub fn record(req: &Request) -> AuditRecord {
     let disruption = old.and_then(disruption::of_pod);
     AuditRecord {
         reason: if disruption.is_some() {
-            "disruption"
+            Reason::Disruption
         } else {
-            "unexplained"
+            Reason::Unexplained
         }
+        .as_str()
         .into(),
         uid: meta.and_then(|m| m.uid.clone()),
         grace_period_seconds: Some(grace),
