@@ -8,6 +8,7 @@
 //! the cluster admin down to the nodes (`system:node:<name>`, group
 //! `system:nodes`), each with a static bearer token.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -24,6 +25,7 @@ use tempfile::TempDir;
 
 use crate::audit_log::AuditLog;
 use crate::binaries::{ControlPlaneBins, KubeVersion};
+use crate::etcd_seed::Seed;
 use crate::node::slot::Family;
 use crate::process::{free_port, tail, Managed};
 
@@ -134,6 +136,10 @@ async fn lost_its_port(proc: &mut Managed, addr: std::net::IpAddr, port: u16) ->
     }
     false
 }
+
+/// The Service range of every bed without real nodes (a bed with them takes
+/// its slot's).
+const DEFAULT_SERVICE_CIDR: &str = "10.0.0.0/24";
 
 /// How to start a [`TestBed`].
 #[derive(Clone, Debug, Default)]
@@ -311,13 +317,33 @@ impl TestBed {
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
             .arg(format!("--initial-cluster=bed={peer_url}"))
             .arg("--log-level=warn");
+        let etcd_cmd = (
+            PathBuf::from(cmd.get_program()),
+            cmd.get_args().map(|a| a.to_os_string()).collect::<Vec<_>>(),
+        );
+        // A bed without real nodes starts from its release's bootstrapped
+        // etcd when one has been saved (see `etcd_seed`).
+        let seed = slot.is_none().then(|| {
+            Seed::of(
+                &bins,
+                DEFAULT_SERVICE_CIDR,
+                &[EXECUTOR_RULES, WEBHOOK_RULES],
+            )
+        });
+        let seeded = match &seed {
+            Some(seed) if seed.exists() => {
+                seed.copy_to(&d.join("etcd"))?;
+                true
+            }
+            _ => false,
+        };
         let etcd = Managed::spawn("etcd", cmd, &d.join("etcd.log"))?;
 
         // Certificates, service-account key, tokens, audit policy.
         let pki = d.join("pki");
         let ca = graceguard_certs::Ca::new("graceguard-test-bed-ca")?;
         let mut listen: std::net::IpAddr = "127.0.0.1".parse()?;
-        let mut service_cidr = "10.0.0.0/24".to_string();
+        let mut service_cidr = DEFAULT_SERVICE_CIDR.to_string();
         let mut serving_ips: Vec<std::net::IpAddr> = vec![listen];
         let mut serving_dns = vec!["localhost".to_string()];
         if let Some(slot) = slot.as_mut() {
@@ -486,7 +512,12 @@ impl TestBed {
             ca,
         };
         bed.wait_ready().await?;
-        bed.apply_rbac().await?;
+        if !seeded {
+            bed.apply_rbac().await?;
+            if let Some(seed) = &seed {
+                bed.save_seed(seed, etcd_cmd).await?;
+            }
+        }
         if slot.is_none() {
             // The node every bed registers at start, the one task pods are bound to.
             bed.register_node(NODE).await?;
@@ -528,6 +559,24 @@ impl TestBed {
             bail!("hollow nodes run beside real ones: ask for real_nodes ≥ 1 too");
         }
         Ok(bed)
+    }
+
+    /// Saves this bed's etcd as `seed`: the API server and etcd stopped
+    /// (SIGTERM, so etcd syncs), the data copied, both started again.
+    async fn save_seed(&mut self, seed: &Seed, etcd_cmd: (PathBuf, Vec<OsString>)) -> Result<()> {
+        self.apiserver.stop(Duration::from_secs(30));
+        if self.etcd.stop(Duration::from_secs(30)).is_none() {
+            bail!(
+                "etcd did not stop within 30 s of SIGTERM; its log ends:\n{}",
+                tail(&self.etcd.log, 10)
+            );
+        }
+        seed.save_from(&self.dir().join("etcd"))?;
+        let mut cmd = Command::new(&etcd_cmd.0);
+        cmd.args(&etcd_cmd.1);
+        let log = self.dir().join("etcd-1.log");
+        self.etcd = Managed::spawn("etcd", cmd, &log)?;
+        self.start_apiserver_again().await
     }
 
     async fn wait_ready(&mut self) -> Result<()> {

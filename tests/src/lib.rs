@@ -22,6 +22,7 @@ pub mod churn;
 pub mod containers;
 pub mod control_plane;
 pub mod disruptions;
+pub mod etcd_seed;
 pub mod executor;
 pub mod faults;
 pub mod fencing;
