@@ -56,9 +56,9 @@ info() { printf '    %s\n' "$*" >&2; }
 
 # cargo_install ARGS...: `cargo install` for a tool the scripts run, not for
 # what graceguard ships: its release profile made light (no LTO, opt-level 1,
-# 16 codegen units, no debug info), which roughly halves the first install on
-# two cores; the tools' speed does not matter at this scale (a test runner, an
-# SBOM writer, a cross-linker).
+# 16 codegen units, no debug info), since the tools' own speed does not matter
+# here (a test runner, an SBOM writer, a cross-linker) and their first build
+# is part of a cold CI run. Its effect on that run was not measured apart.
 cargo_install() {
 	CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
 		CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_INCREMENTAL=false cargo install "$@"
