@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use graceguard_certs::{Ca, ReloadingResolver};
 use tokio::net::TcpListener;
 
+use crate::app::App;
 use crate::command::client;
 pub use crate::command::CliError;
 use crate::confirm::Confirmer;
@@ -17,7 +18,6 @@ use crate::connection_life;
 use crate::eviction_outcome::EvictionOutcomes;
 use crate::fencing::LeaseTerms;
 use crate::follow_up::{self, FollowUp};
-use crate::handlers::App;
 use crate::kind_index::{Allowed, ConfirmSettings, IndexBounds, KindIndexes};
 use crate::livelock::LivelockDetector;
 use crate::meta_index::MetaIndex;

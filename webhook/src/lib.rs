@@ -32,10 +32,12 @@
 //!   port (connections per address, requests and body bytes in flight, the
 //!   body-read deadline), refused at once at each; [`connection_life`]: how
 //!   long one connection may stay idle or open.
+//! * [`app`]: what every review shares (indexes, reads, queues, metrics).
 //! * [`server`]: HTTPS and health listeners, routing, graceful shutdown.
 //! * [`cli`]: the command line; [`command`]: what its subcommands share (the
 //!   exit error, the API client).
 
+pub mod app;
 pub mod audit;
 pub mod cli;
 pub mod collision;

@@ -22,8 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 
+use crate::app::App;
 use crate::connection_life::{self, Activity, End, Lifetime, Protocol};
-use crate::handlers::{self, App};
+use crate::handlers;
 use crate::limits::{self, ClientSlot, Intake, Limits, Peer, PerClient, Trust};
 use crate::metrics::{ConnectionEndLabels, LimitLabels, Metrics};
 

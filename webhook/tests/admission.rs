@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::Router;
+use graceguard_webhook::app::App;
 use graceguard_webhook::confirm::{Confirmer, Fetch};
 use graceguard_webhook::follow_up::FollowUp;
-use graceguard_webhook::handlers::App;
 use graceguard_webhook::livelock::LivelockDetector;
 use graceguard_webhook::meta_index::MetaIndex;
 use graceguard_webhook::metrics::Metrics;

@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::{object_name, Acts, Reviewed};
+use crate::app::App;
 use crate::audit::AuditRecord;
 use crate::collision::{self, AllowReason, DenyReason, Verdict};
 use crate::fencing::{self, Check};
-use crate::handlers::App;
 use crate::livelock::Recorded;
 use crate::metrics::{Endpoint, ModeLabels};
 use crate::quota_kinds::GroupResource;

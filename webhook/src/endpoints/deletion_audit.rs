@@ -7,10 +7,10 @@
 use std::collections::BTreeSet;
 
 use super::{Acts, Reviewed};
+use crate::app::App;
 use crate::audit::AuditRecord;
 use crate::disruption;
 use crate::follow_up::Source;
-use crate::handlers::App;
 use crate::metrics::ExplainedLabels;
 use crate::review::Request;
 use crate::tagger;

@@ -7,10 +7,10 @@
 use std::collections::BTreeSet;
 
 use super::{Acts, Reviewed};
+use crate::app::App;
 use crate::audit::AuditRecord;
 use crate::disruption;
 use crate::follow_up::Source;
-use crate::handlers::App;
 use crate::metrics::reason_labels;
 use crate::review::{Answer, Request};
 use crate::tagger;

@@ -10,9 +10,9 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::{Acts, Reviewed};
+use crate::app::App;
 use crate::audit::AuditRecord;
 use crate::eviction_outcome::Attempt;
-use crate::handlers::App;
 use crate::review::Request;
 
 /// Why the eviction audit recorded what it did (the audit record's `reason`;

@@ -9,9 +9,9 @@ pub mod disruption_tagger;
 pub mod eviction_audit;
 pub mod release_fencing;
 
+use crate::app::App;
 use crate::audit::AuditRecord;
 use crate::fencing;
-use crate::handlers::App;
 use crate::review::{Answer, Request};
 
 /// What an endpoint made of one review: the answer, and the audit record

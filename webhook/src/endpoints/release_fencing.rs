@@ -8,9 +8,9 @@
 use std::collections::BTreeSet;
 
 use super::{Acts, Reviewed};
+use crate::app::App;
 use crate::audit::AuditRecord;
 use crate::fencing::{self, Check};
-use crate::handlers::App;
 use crate::review::{self, Answer, Request};
 
 /// Why the release check answered as it did (the audit record's `reason`).
