@@ -1,8 +1,12 @@
 //! What graceguard's two halves must agree on, kept in one place instead of
 //! equal by hand: the guard reads what the webhook answers, and the webhook
 //! compares what the guard writes. No dependencies on either half, nor on
-//! kube: constants, a token format and one pure rule.
+//! kube: constants, a token format and one pure rule. With the `client`
+//! feature, also what both command lines share: the Kubernetes client
+//! configuration from `--kubeconfig` or the environment ([`client`]).
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod fencing;
 
 /// The cause (`details.causes[].reason`) of the collision guard's 409 when

@@ -15,7 +15,6 @@ use graceguard::template::Template;
 use graceguard::{Bounds, Guard, GuardConfig, Outcome, TaskSpec, Transition};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::Pod;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::Api;
 
@@ -337,20 +336,9 @@ fn stop_signal() -> Result<impl std::future::Future<Output = i32>, Usage> {
 }
 
 async fn client(kubeconfig: Option<&PathBuf>) -> Result<(kube::Client, String), Usage> {
-    let config = match kubeconfig {
-        Some(p) => {
-            let kc = Kubeconfig::read_from(p)
-                .map_err(|e| Usage(format!("cannot read kubeconfig {}: {e}", p.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| Usage(format!("kubeconfig {} is not usable: {e}", p.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            Usage(format!(
-                "no cluster configuration ({e}); pass --kubeconfig FILE or set KUBECONFIG"
-            ))
-        })?,
-    };
+    let config = graceguard_contract::client::config(kubeconfig.map(PathBuf::as_path))
+        .await
+        .map_err(|e| Usage(e.to_string()))?;
     let ns = config.default_namespace.clone();
     let c = kube::Client::try_from(graceguard::api_timeouts::bounded(config))
         .map_err(|e| Usage(format!("cannot build a Kubernetes client: {e}")))?;

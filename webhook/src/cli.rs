@@ -318,10 +318,7 @@ pub fn main() -> i32 {
         Err(e) => {
             tracing::error!(error = %e, "graceguard-webhook failed");
             eprintln!("graceguard-webhook: {e}");
-            match e {
-                CliError::Config(_) => 2,
-                CliError::Runtime(_) => 1,
-            }
+            i32::from(e.exit_code())
         }
     }
 }

@@ -5,35 +5,38 @@
 
 use std::path::Path;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
-
 /// A failure that ends the process, with its exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// Bad configuration: exit 2.
     #[error("{0}")]
     Config(String),
+    /// No Kubernetes client configuration: exit 2.
+    #[error(transparent)]
+    ClientConfig(#[from] graceguard_contract::client::ConfigError),
+    /// A configuration kube could not build a client from: exit 2.
+    #[error(
+        "cannot build a Kubernetes client: {0}; check the kubeconfig's server URL and certificates"
+    )]
+    Client(#[source] kube::Error),
     /// Failure while running: exit 1.
     #[error("{0}")]
     Runtime(String),
 }
 
+impl CliError {
+    /// The process's exit code: 2 for what the command line or its
+    /// configuration got wrong, 1 for a failure while running.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Config(_) | CliError::ClientConfig(_) | CliError::Client(_) => 2,
+            CliError::Runtime(_) => 1,
+        }
+    }
+}
+
 /// A client from `kubeconfig`, or the in-cluster configuration without one.
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, CliError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .map_err(|e| CliError::Config(format!("cannot read kubeconfig {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| CliError::Config(format!("kubeconfig {} is not usable: {e}", path.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            CliError::Config(format!(
-                "no cluster configuration found ({e}); pass --kubeconfig FILE, or run in a pod with a service account"
-            ))
-        })?,
-    };
-    kube::Client::try_from(config)
-        .map_err(|e| CliError::Config(format!("cannot build a Kubernetes client: {e}")))
+    let config = graceguard_contract::client::config(kubeconfig).await?;
+    kube::Client::try_from(config).map_err(CliError::Client)
 }
