@@ -8,7 +8,6 @@
 //! the cluster admin down to the nodes (`system:node:<name>`, group
 //! `system:nodes`), each with a static bearer token.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -140,12 +139,43 @@ async fn lost_its_port(proc: &mut Managed, addr: std::net::IpAddr, port: u16) ->
 /// The Go garbage collector's target for the bed's etcd, kube-apiserver,
 /// controller manager and scheduler: collect when the heap has grown 400 %
 /// since the last collection, not 100 %. Their startup is most of a CI
-/// run's CPU (about 60 % of both passes', measured with process accounting
-/// on 2026-12-06, docs/testbed.md), and a quarter of the API server's is
+/// run's CPU (55–64 % of each pass's, measured with process accounting,
+/// docs/testbed.md), and about a fifth of the API server's is
 /// collecting garbage it would never run short of memory for: measured,
 /// 1.24 CPU-seconds to ready against 1.59 (v1.37.2, seeded etcd). A
 /// runtime setting, as operators set it; the API's behaviour is the same.
 const CONTROL_PLANE_GOGC: &str = "400";
+
+/// A command for one of the bed's control-plane binaries, with the GC target
+/// they all run with.
+fn control_plane_command(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env("GOGC", CONTROL_PLANE_GOGC);
+    cmd
+}
+
+/// A control-plane process's command line, kept to start it again with the
+/// same flags (a restart, an upgrade, the seed's save).
+#[derive(Clone, Debug)]
+struct CommandLine {
+    program: PathBuf,
+    args: Vec<std::ffi::OsString>,
+}
+
+impl CommandLine {
+    fn of(cmd: &Command) -> Self {
+        Self {
+            program: PathBuf::from(cmd.get_program()),
+            args: cmd.get_args().map(|a| a.to_os_string()).collect(),
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = control_plane_command(&self.program);
+        cmd.args(&self.args);
+        cmd
+    }
+}
 
 /// The Service range of every bed without real nodes (a bed with them takes
 /// its slot's).
@@ -255,7 +285,7 @@ pub struct TestBed {
     controllers: Vec<Managed>,
     apiserver: Managed,
     /// How the apiserver was started, for [`TestBed::restart_apiserver`].
-    apiserver_cmd: (PathBuf, Vec<std::ffi::OsString>),
+    apiserver_cmd: CommandLine,
     apiserver_restarts: u32,
     etcd: Managed,
     dir: Option<TempDir>,
@@ -318,9 +348,8 @@ impl TestBed {
         let (client_port, peer_port) = (free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let mut cmd = Command::new(&bins.etcd);
-        cmd.env("GOGC", CONTROL_PLANE_GOGC)
-            .arg("--name=bed")
+        let mut cmd = control_plane_command(&bins.etcd);
+        cmd.arg("--name=bed")
             .arg(format!("--data-dir={}", d.join("etcd").display()))
             .arg(format!("--listen-client-urls={etcd_url}"))
             .arg(format!("--advertise-client-urls={etcd_url}"))
@@ -328,10 +357,7 @@ impl TestBed {
             .arg(format!("--initial-advertise-peer-urls={peer_url}"))
             .arg(format!("--initial-cluster=bed={peer_url}"))
             .arg("--log-level=warn");
-        let etcd_cmd = (
-            PathBuf::from(cmd.get_program()),
-            cmd.get_args().map(|a| a.to_os_string()).collect::<Vec<_>>(),
-        );
+        let etcd_cmd = CommandLine::of(&cmd);
         // A bed without real nodes starts from its release's bootstrapped
         // etcd when one has been saved (see `etcd_seed`).
         let seed = slot.is_none().then(|| {
@@ -427,9 +453,8 @@ impl TestBed {
             let port = free_port()?;
             let url = format!("https://{}", std::net::SocketAddr::new(listen, port));
             let path = |p: &Path| p.display().to_string();
-            let mut cmd = Command::new(&bins.kube_apiserver);
-            cmd.env("GOGC", CONTROL_PLANE_GOGC)
-                .arg(format!("--etcd-servers={etcd_url}"))
+            let mut cmd = control_plane_command(&bins.kube_apiserver);
+            cmd.arg(format!("--etcd-servers={etcd_url}"))
                 .arg(format!("--bind-address={listen}"))
                 .arg(format!("--advertise-address={listen}"));
             if listen.is_loopback() {
@@ -491,10 +516,7 @@ impl TestBed {
                 .arg(format!("--audit-log-path={}", path(&d.join("audit.log"))))
                 .arg("--audit-log-mode=blocking");
             }
-            let apiserver_cmd = (
-                PathBuf::from(cmd.get_program()),
-                cmd.get_args().map(|a| a.to_os_string()).collect(),
-            );
+            let apiserver_cmd = CommandLine::of(&cmd);
             let log = d.join("kube-apiserver.log");
             let mut apiserver = Managed::spawn("kube-apiserver", cmd, &log)?;
             if tries < 5 && lost_its_port(&mut apiserver, listen, port).await {
@@ -575,7 +597,7 @@ impl TestBed {
 
     /// Saves this bed's etcd as `seed`: the API server and etcd stopped
     /// (SIGTERM, so etcd syncs), the data copied, both started again.
-    async fn save_seed(&mut self, seed: &Seed, etcd_cmd: (PathBuf, Vec<OsString>)) -> Result<()> {
+    async fn save_seed(&mut self, seed: &Seed, etcd_cmd: CommandLine) -> Result<()> {
         self.apiserver.stop(Duration::from_secs(30));
         if self.etcd.stop(Duration::from_secs(30)).is_none() {
             bail!(
@@ -584,10 +606,8 @@ impl TestBed {
             );
         }
         seed.save_from(&self.dir().join("etcd"))?;
-        let mut cmd = Command::new(&etcd_cmd.0);
-        cmd.env("GOGC", CONTROL_PLANE_GOGC).args(&etcd_cmd.1);
         let log = self.dir().join("etcd-1.log");
-        self.etcd = Managed::spawn("etcd", cmd, &log)?;
+        self.etcd = Managed::spawn("etcd", etcd_cmd.command(), &log)?;
         self.start_apiserver_again().await
     }
 
@@ -745,8 +765,7 @@ impl TestBed {
     /// authentication), a loopback port, no leader election.
     fn component(&self, key: &str, bin: &Path) -> Result<Command> {
         let kc = self.kubeconfig_for(key)?;
-        let mut cmd = Command::new(bin);
-        cmd.env("GOGC", CONTROL_PLANE_GOGC);
+        let mut cmd = control_plane_command(bin);
         for flag in [
             "kubeconfig",
             "authentication-kubeconfig",
@@ -811,9 +830,7 @@ impl TestBed {
     /// and etcd), logging to a new file, and waits until it serves.
     async fn start_apiserver_again(&mut self) -> Result<()> {
         self.apiserver_restarts += 1;
-        let (program, args) = &self.apiserver_cmd;
-        let mut cmd = Command::new(program);
-        cmd.env("GOGC", CONTROL_PLANE_GOGC).args(args);
+        let cmd = self.apiserver_cmd.command();
         let log = self
             .dir()
             .join(format!("kube-apiserver-{}.log", self.apiserver_restarts));
@@ -831,7 +848,7 @@ impl TestBed {
     pub async fn upgrade_control_plane(&mut self, to: KubeVersion) -> Result<()> {
         let bins = ControlPlaneBins::find(to)?;
         self.apiserver.stop(Duration::from_secs(30));
-        self.apiserver_cmd.0 = bins.kube_apiserver.clone();
+        self.apiserver_cmd.program = bins.kube_apiserver.clone();
         self.start_apiserver_again().await?;
         for c in &mut self.controllers {
             c.stop(Duration::from_secs(30));

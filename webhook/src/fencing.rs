@@ -39,64 +39,35 @@ pub enum Reason {
     /// The Lease watch has not listed yet: allowed.
     LeasesNotSynced,
     /// The rule's verdict ([`graceguard_contract::fencing::decide`]).
-    Decided(VerdictKind),
-}
-
-/// [`Verdict`] without its terms: what the audit record names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VerdictKind {
-    Current,
-    Superseded,
-    Replaced,
-    LeaseUnknown,
+    Decided(Verdict),
 }
 
 impl Reason {
-    /// Every reason, for the docs' table check.
+    /// Every reason, for the docs' table check (a verdict's terms do not
+    /// change what it is called).
     pub const ALL: [Reason; 6] = [
         Reason::TokenUnreadable,
         Reason::LeasesNotSynced,
-        Reason::Decided(VerdictKind::Current),
-        Reason::Decided(VerdictKind::Superseded),
-        Reason::Decided(VerdictKind::Replaced),
-        Reason::Decided(VerdictKind::LeaseUnknown),
+        Reason::Decided(Verdict::Current),
+        Reason::Decided(Verdict::Superseded {
+            sent_under: 0,
+            current: 0,
+        }),
+        Reason::Decided(Verdict::Replaced),
+        Reason::Decided(Verdict::LeaseUnknown),
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::TokenUnreadable => "fencing_token_unreadable",
             Reason::LeasesNotSynced => "fencing_leases_not_synced",
-            Reason::Decided(v) => v.verdict().as_str(),
+            Reason::Decided(v) => v.as_str(),
         }
     }
 
     /// Whether the write is refused.
     pub fn refuses(self) -> bool {
-        matches!(self, Reason::Decided(v) if v.verdict().refuses())
-    }
-}
-
-impl VerdictKind {
-    fn of(verdict: Verdict) -> Self {
-        match verdict {
-            Verdict::Current => VerdictKind::Current,
-            Verdict::Superseded { .. } => VerdictKind::Superseded,
-            Verdict::Replaced => VerdictKind::Replaced,
-            Verdict::LeaseUnknown => VerdictKind::LeaseUnknown,
-        }
-    }
-
-    /// A verdict of this kind (its terms do not change what it is called).
-    fn verdict(self) -> Verdict {
-        match self {
-            VerdictKind::Current => Verdict::Current,
-            VerdictKind::Superseded => Verdict::Superseded {
-                sent_under: 0,
-                current: 0,
-            },
-            VerdictKind::Replaced => Verdict::Replaced,
-            VerdictKind::LeaseUnknown => Verdict::LeaseUnknown,
-        }
+        matches!(self, Reason::Decided(v) if v.refuses())
     }
 }
 
@@ -200,7 +171,7 @@ impl LeaseTerms {
                 .map_or(0, i64::from),
         });
         let verdict = graceguard_contract::fencing::decide(&token, now);
-        let reason = Reason::Decided(VerdictKind::of(verdict));
+        let reason = Reason::Decided(verdict);
         if !verdict.refuses() {
             return Check::Allow {
                 reason,
@@ -308,7 +279,7 @@ mod tests {
         assert!(matches!(
             t.check("team-a/graceguard-x/u0/9"),
             Check::Refuse {
-                reason: Reason::Decided(VerdictKind::Replaced),
+                reason: Reason::Decided(Verdict::Replaced),
                 ..
             }
         ));
