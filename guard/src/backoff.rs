@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn grows_doubling_with_bounded_jitter_and_caps() {
         let b = NamespaceBackoffs::new(policy());
-        let t0 = Instant::now();
+        let t0 = tokio::time::Instant::now().into_std();
         let mut now = t0;
         let mut delays = Vec::new();
         for _ in 0..10 {
@@ -271,7 +271,7 @@ mod tests {
                     seed: Some(seed),
                     ..Default::default()
                 });
-                let mut now = Instant::now();
+                let mut now = tokio::time::Instant::now().into_std();
                 for _ in 0..12 {
                     now = b.refused("ns", "t", now) - task_jitter("t");
                 }
@@ -295,7 +295,7 @@ mod tests {
     #[test]
     fn tasks_in_one_window_share_it_each_with_its_own_offset() {
         let b = NamespaceBackoffs::new(policy());
-        let t0 = Instant::now();
+        let t0 = tokio::time::Instant::now().into_std();
         let first = b.refused("ns", "a", t0) - task_jitter("a");
         // A second task refused in the same window waits for its end, plus
         // its own offset.
@@ -315,7 +315,7 @@ mod tests {
     fn two_hundred_waiters_send_one_create_per_window() {
         let b = NamespaceBackoffs::new(policy());
         let tasks: Vec<String> = (0..200).map(|i| format!("task-{i}")).collect();
-        let t0 = Instant::now();
+        let t0 = tokio::time::Instant::now().into_std();
         // Each task's first Create was refused (before any window existed).
         let mut wake: Vec<Instant> = tasks.iter().map(|t| b.refused("ns", t, t0)).collect();
         // Each one asks again when told, in time order; every probe is

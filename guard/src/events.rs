@@ -10,10 +10,11 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::adoption::AdoptedPod;
 use crate::phase::Transition;

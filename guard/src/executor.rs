@@ -23,8 +23,10 @@ use crate::events::{EventBody, EventLog, Logged};
 pub use crate::executor_config::ExecutorConfig;
 use crate::executor_loop::Command;
 pub use crate::executor_loop::Stats;
+use crate::kube_events::Publisher;
 use crate::lease::Fence;
 use crate::phase::Transition;
+use crate::pod_api::KubePods;
 use crate::reconcile::{Outcome, TaskSpec};
 use crate::task::{Submitted, TaskKey, TaskStatus};
 use crate::template::Template;
@@ -48,7 +50,9 @@ impl Executor {
         let stats = Arc::new(Stats::default());
         let instance = config.instance.clone();
         let fence = config.fence.clone();
-        crate::executor_loop::spawn(client.clone(), config, log.clone(), stats.clone(), rx);
+        let pods = KubePods::new(client.clone(), config.namespace.clone());
+        let events = Publisher::new(client.clone(), &instance, config.publish_events);
+        crate::executor_loop::spawn(pods, events, config, log.clone(), stats.clone(), rx);
         Self {
             tx,
             log,

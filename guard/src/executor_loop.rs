@@ -1,35 +1,35 @@
 //! The executor's loop: it owns every task's state and the pod index, turns
 //! each watch event, command, API answer and timer into a call of the pure
-//! reconciler, and carries out what that decided. It decides nothing itself.
+//! core ([`crate::reconcile`], [`crate::lifecycle`], [`crate::answer`],
+//! [`crate::result_finalizer::plan`]), and carries out what that decided
+//! through a [`PodApi`]. Time is tokio's (paused in its tests); each task's
+//! timers sit in one delay queue.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use backon::ExponentialBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
-use kube::{Api, Client};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::time::{delay_queue, DelayQueue};
 
-use crate::api_timeouts;
-use crate::backoff::{at_least, NamespaceBackoffs, Probe};
-use crate::classify::CreateRefusal;
+use crate::answer::{self, AnswerKind, Now, Released, TransientBackoff};
+use crate::backoff::{NamespaceBackoffs, Probe};
 use crate::error::TaskError;
 use crate::events::{EventBody, EventLog};
 use crate::executor_config::ExecutorConfig;
 use crate::kube_events::Publisher;
-use crate::naming::{self, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::pod_api::{self, AnswerKind, Released};
+use crate::lifecycle::Lifecycle;
+use crate::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::pod_api::PodApi;
 use crate::pod_index::PodIndex;
 use crate::pod_record::{PodRecord, RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
-use crate::reconcile::{
-    self, apply, reconcile, resume, Action, Decision, Input, PodView, TaskSpec, TaskState,
-};
-use crate::result_finalizer::{held_too_long, releasable, Keep};
+use crate::reconcile::{self, apply, Action, Decision, PodView, TaskSpec, TaskState};
+use crate::result_finalizer::{self, ReleaseContext};
 use crate::task::{Submitted, TaskKey, TaskStatus};
 use crate::template::{annotate, Template};
 
@@ -109,20 +109,65 @@ pub(crate) enum Command {
     },
 }
 
-/// Milliseconds since the epoch as of this process's start, advanced by
-/// the monotonic clock: a step of the wall clock (NTP) after the start moves
-/// no bound. (A task's deadline is counted from its start as recorded on its
+/// The loop's clock: milliseconds since the epoch as of the loop's start,
+/// advanced by tokio's monotonic clock, so a step of the wall clock (NTP)
+/// after the start moves no bound, and the loop's tests drive it with paused
+/// time. (A task's deadline is counted from its start as recorded on its
 /// pod, which a restarted process reads by its own clock.)
-fn now_ms() -> i64 {
-    static ANCHOR: std::sync::OnceLock<(Instant, i64)> = std::sync::OnceLock::new();
-    let (at, wall) = ANCHOR.get_or_init(|| {
+#[derive(Clone, Copy, Debug)]
+struct Clock {
+    start: Instant,
+    start_ms: i64,
+}
+
+impl Clock {
+    fn new() -> Self {
+        // The one read of the wall clock: everything after counts from it.
+        #[allow(clippy::disallowed_methods)]
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .map(millis)
             .unwrap_or(0);
-        (Instant::now(), wall)
-    });
-    wall.saturating_add(millis(at.elapsed()))
+        Self {
+            start: Instant::now(),
+            start_ms: wall,
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.start_ms.saturating_add(millis(self.start.elapsed()))
+    }
+
+    /// Now, in milliseconds and as the shared backoffs count it.
+    fn now(&self) -> Now {
+        Now {
+            ms: self.now_ms(),
+            instant: Instant::now().into_std(),
+        }
+    }
+
+    /// When `at_ms` comes, at most a day ahead (a bound of u64::MAX seconds
+    /// must not overflow the clock; a timer cut short is armed again).
+    fn deadline(&self, at_ms: i64) -> Instant {
+        let left = u64::try_from(at_ms.saturating_sub(self.now_ms()))
+            .unwrap_or(0)
+            .min(86_400_000);
+        Instant::now() + Duration::from_millis(left)
+    }
+}
+
+/// A task's timers: when to reconcile it again, when to forget it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TimerKind {
+    Wake,
+    Forget,
+}
+
+/// A timer armed in the loop's delay queue.
+#[derive(Debug)]
+struct Timer {
+    at_ms: i64,
+    key: delay_queue::Key,
 }
 
 /// A pod neither being deleted nor ended: a task with one cannot be
@@ -143,23 +188,15 @@ struct Entry {
     /// `None` for a task taken up from its pods after a restart until it
     /// is submitted again.
     template: Option<Template>,
-    /// A Create was decided while there was no template: held until it comes.
-    awaiting_template: bool,
     template_hash: String,
     /// `None` until the first list is in.
     state: Option<TaskState>,
-    wake_at_ms: Option<i64>,
-    transient: ExponentialBackoff,
-    /// The outcome was logged as a Result.
-    reported: bool,
-    /// Aborted before the first pod list was in: never launched, and its
-    /// pods (if it had any) deleted once the list is in.
-    aborted: bool,
-    /// Its result was acknowledged: forgotten at this time.
-    forget_at_ms: Option<i64>,
-    /// Submitted with `replace` over an earlier run's pods: it starts under
-    /// the name after theirs ([`reconcile::replace`]).
-    replacing: bool,
+    life: Lifecycle,
+    transient: TransientBackoff,
+    /// Reconciled again then (a backoff or a bound ends).
+    wake: Option<Timer>,
+    /// Its result was acknowledged: forgotten then.
+    forget: Option<Timer>,
 }
 
 impl Entry {
@@ -169,25 +206,31 @@ impl Entry {
         template: Option<Template>,
         hash: String,
         config: &ExecutorConfig,
+        replacing: bool,
     ) -> Self {
         Self {
             spec,
             template,
-            awaiting_template: false,
             template_hash: hash,
             state: None,
-            wake_at_ms: None,
-            transient: config.transient_backoff.build(),
-            reported: false,
-            aborted: false,
-            forget_at_ms: None,
-            replacing: false,
+            life: Lifecycle::new(replacing),
+            transient: TransientBackoff::new(config.transient_backoff),
+            wake: None,
+            forget: None,
+        }
+    }
+
+    fn timer(&mut self, kind: TimerKind) -> &mut Option<Timer> {
+        match kind {
+            TimerKind::Wake => &mut self.wake,
+            TimerKind::Forget => &mut self.forget,
         }
     }
 }
 
-struct Loop {
-    client: Client,
+struct Loop<P> {
+    api: P,
+    clock: Clock,
     config: ExecutorConfig,
     backoffs: NamespaceBackoffs,
     events: Publisher,
@@ -197,6 +240,8 @@ struct Loop {
     /// Bounds the pod API calls in flight.
     slots: Arc<tokio::sync::Semaphore>,
     tasks: HashMap<TaskKey, Entry>,
+    /// Every task's timers ([`Entry::wake`], [`Entry::forget`]).
+    timers: DelayQueue<(TaskKey, TimerKind)>,
     index: PodIndex,
     /// The pods are known from a list made while this process held its
     /// Lease: until then nothing is decided. Cleared when the fence closes
@@ -230,9 +275,11 @@ struct NamespaceSeen {
 /// How often a namespace where a held pod is being deleted is asked about.
 const NAMESPACE_RECHECK: Duration = Duration::from_secs(10);
 
-/// Starts the loop for `config` on the current runtime.
-pub(crate) fn spawn(
-    client: Client,
+/// Starts the loop for `config` on the current runtime, acting through
+/// `api` and publishing Events through `events`.
+pub(crate) fn spawn<P: PodApi>(
+    api: P,
+    events: Publisher,
     config: ExecutorConfig,
     log: Arc<EventLog>,
     stats: Arc<Stats>,
@@ -240,8 +287,9 @@ pub(crate) fn spawn(
 ) {
     let (answers_tx, answers_rx) = mpsc::unbounded_channel();
     let inner = Loop {
-        events: Publisher::new(client.clone(), &config.instance, config.publish_events),
-        client,
+        api,
+        clock: Clock::new(),
+        events,
         backoffs: NamespaceBackoffs::new(config.quota_backoff),
         slots: Arc::new(tokio::sync::Semaphore::new(config.max_in_flight.max(1))),
         config,
@@ -249,6 +297,7 @@ pub(crate) fn spawn(
         stats,
         answers_tx,
         tasks: HashMap::new(),
+        timers: DelayQueue::new(),
         index: PodIndex::default(),
         synced: false,
         relist_on_reopen: false,
@@ -272,51 +321,23 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-impl Loop {
+impl<P: PodApi> Loop<P> {
     async fn run(
         mut self,
         mut commands: mpsc::UnboundedReceiver<Command>,
         mut answers: mpsc::UnboundedReceiver<Answer>,
     ) {
-        let api: Api<Pod> = match &self.config.namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
-        };
         let selector = format!(
             "{MANAGED_BY_LABEL}={MANAGED_BY},{INSTANCE_LABEL}={}",
             self.config.instance
         );
-        let pod_watch = || {
-            watcher::watcher(api.clone(), api_timeouts::watch_config(&selector))
-                .default_backoff()
-                .boxed()
-        };
         // Before the first list: pods taken over count their deadline by it.
-        let offset = crate::server_clock::offset_ms(&self.client, now_ms).await;
+        let clock = self.clock;
+        let offset = self.api.server_offset_ms(move || clock.now_ms()).await;
         self.index.set_server_offset(offset);
-        let mut watch = pod_watch();
+        let mut watch = self.api.watch(&selector);
         let mut fence = self.config.fence.clone();
         loop {
-            let wake = self
-                .tasks
-                .values()
-                .flat_map(|e| e.wake_at_ms.into_iter().chain(e.forget_at_ms))
-                .min()
-                .map(|at| {
-                    // At most a day ahead: a bound of u64::MAX seconds must
-                    // not overflow the clock (it is re-computed every turn).
-                    let left = u64::try_from(at.saturating_sub(now_ms()))
-                        .unwrap_or(0)
-                        .min(86_400_000);
-                    tokio::time::Instant::now() + Duration::from_millis(left)
-                });
             tokio::select! {
                 c = commands.recv() => match c {
                     Some(c) => self.command(c),
@@ -328,15 +349,66 @@ impl Loop {
                     Some(ev) => self.watched(ev),
                     None => return,
                 },
-                _ = sleep_until_opt(wake) => self.wake(),
+                Some(t) = self.timers.next() => self.fired(t),
                 _ = fence.changed() => {
                     if self.fence_changed() {
                         // The old stream is dropped with whatever request
                         // it was waiting on (one sent to an API server that
                         // went away can wait for the client's 295 s read
                         // timeout): a new watcher lists the pods now.
-                        watch = pod_watch();
+                        watch = self.api.watch(&selector);
                     }
+                }
+            }
+        }
+    }
+
+    /// Arms task `key`'s timer `kind` for `at_ms`, or disarms it (`None`).
+    fn arm(&mut self, key: &TaskKey, kind: TimerKind, at_ms: Option<i64>) {
+        let Some(e) = self.tasks.get_mut(key) else {
+            return;
+        };
+        let slot = e.timer(kind);
+        if slot.as_ref().map(|t| t.at_ms) == at_ms {
+            return;
+        }
+        if let Some(old) = slot.take() {
+            self.timers.try_remove(&old.key);
+        }
+        if let Some(at_ms) = at_ms {
+            let deadline = self.clock.deadline(at_ms);
+            let key = self.timers.insert_at((key.clone(), kind), deadline);
+            *slot = Some(Timer { at_ms, key });
+        }
+    }
+
+    /// A timer came due: the task is reconciled, or forgotten.
+    fn fired(&mut self, expired: delay_queue::Expired<(TaskKey, TimerKind)>) {
+        let queued = expired.key();
+        let (key, kind) = expired.into_inner();
+        let Some(e) = self.tasks.get_mut(&key) else {
+            return;
+        };
+        let slot = e.timer(kind);
+        // Only the timer armed now counts.
+        if slot.as_ref().map(|t| t.key) != Some(queued) {
+            return;
+        }
+        let Some(timer) = slot.take() else {
+            return;
+        };
+        if timer.at_ms > self.clock.now_ms() {
+            // Cut short at a day: armed again for the rest.
+            self.arm(&key, kind, Some(timer.at_ms));
+            return;
+        }
+        match kind {
+            TimerKind::Wake => self.reconcile(&key),
+            // Run again since, or a pod still running: kept (a later
+            // acknowledgement arms it again).
+            TimerKind::Forget => {
+                if self.forget(&key).is_ok() {
+                    tracing::debug!(task = %key.task, namespace = %key.namespace, "forgot a task whose result was acknowledged");
                 }
             }
         }
@@ -384,7 +456,7 @@ impl Loop {
         }
         match ev {
             Ok(Event::Init) => self.index.begin_relist(),
-            Ok(Event::InitApply(p)) => self.index.relisted(&p, now_ms()),
+            Ok(Event::InitApply(p)) => self.index.relisted(&p, self.clock.now_ms()),
             Ok(Event::InitDone) => {
                 self.index.end_relist();
                 self.take_up_unfinished();
@@ -405,7 +477,7 @@ impl Loop {
                 }
             }
             Ok(Event::Apply(p)) => {
-                if let Some(key) = self.index.apply(&p, now_ms()) {
+                if let Some(key) = self.index.apply(&p, self.clock.now_ms()) {
                     self.reconcile(&key);
                     self.release(&key);
                 }
@@ -433,7 +505,7 @@ impl Loop {
             }
             let spec = TaskSpec::from_record(&recorded, &key.namespace, &self.config.instance);
             tracing::info!(task = %spec.task, namespace = %key.namespace, "taking up an unfinished task from its pods");
-            let entry = Entry::new(spec, None, hash.unwrap_or_default(), &self.config);
+            let entry = Entry::new(spec, None, hash.unwrap_or_default(), &self.config, false);
             self.tasks.insert(key, entry);
         }
     }
@@ -469,7 +541,8 @@ impl Loop {
                 uid: None,
                 phase: "Launching",
                 reason: e
-                    .aborted
+                    .life
+                    .aborted_before_list()
                     .then(|| "Aborted: before the first pod list was in; never launched".into()),
                 failure_kind: None,
                 user_failures: 0,
@@ -477,7 +550,7 @@ impl Loop {
                 terminal: false,
                 succeeded: None,
                 started: false,
-                cleanup_pending: e.aborted,
+                cleanup_pending: e.life.aborted_before_list(),
                 needs_template: e.template.is_none(),
             });
         };
@@ -538,12 +611,14 @@ impl Loop {
                 let at = self
                     .config
                     .forget_after
-                    .map(|d| now_ms().saturating_add(millis(d)));
-                if let Some(e) = self.tasks.get_mut(&key) {
-                    let ended = e.state.as_ref().is_some_and(|s| s.outcome.is_some());
-                    if ended {
-                        e.forget_at_ms = at;
-                    }
+                    .map(|d| self.clock.now_ms().saturating_add(millis(d)));
+                let ended = self
+                    .tasks
+                    .get(&key)
+                    .and_then(|e| e.state.as_ref())
+                    .is_some_and(|s| s.outcome.is_some());
+                if ended {
+                    self.arm(&key, TimerKind::Forget, at);
                 }
             }
             Command::PodVersion { key, uid, reply } => {
@@ -574,48 +649,32 @@ impl Loop {
             return;
         }
         let pods = self.pods(key);
-        let aborted = self
-            .tasks
-            .get(key)
-            .and_then(|e| e.state.as_ref())
-            .is_some_and(|s| s.aborted);
         let terminating = self
             .namespaces
             .get(&key.namespace)
             .is_some_and(|n| n.terminating);
-        let keep = match aborted || terminating || self.forgotten.contains(key) {
-            true => Keep::Nothing,
-            false => Keep::NewestUntilDone,
+        let context = ReleaseContext {
+            aborted: self
+                .tasks
+                .get(key)
+                .and_then(|e| e.state.as_ref())
+                .is_some_and(|s| s.aborted),
+            forgotten: self.forgotten.contains(key),
+            namespace_terminating: terminating,
+            fenced: self.fenced(),
+            max_hold_ms: self.config.max_result_hold.map(millis),
+            now_ms: self.clock.now_ms(),
         };
-        // Only a process holding the Lease writes, except in a namespace
-        // being deleted (its Lease may go with it): releasing there decides
-        // nothing for anyone.
-        let (go, too_long) = match !self.fenced() || terminating {
-            true => {
-                let go = releasable(&pods, keep);
-                // Kept only for a result nobody acknowledged, past the bound.
-                let mut too_long = match (keep, self.config.max_result_hold) {
-                    (Keep::NewestUntilDone, Some(limit)) => {
-                        held_too_long(&pods, now_ms(), millis(limit))
-                    }
-                    _ => Vec::new(),
-                };
-                too_long.retain(|uid| !go.contains(uid));
-                ([go, too_long.clone()].concat(), too_long)
-            }
-            false => (Vec::new(), Vec::new()),
-        };
+        let uids: Vec<&str> = held.iter().map(|v| v.uid.as_str()).collect();
+        let plan = result_finalizer::plan(&pods, &uids, &context);
+        if plan.ask_namespace {
+            self.ask_namespace(key);
+        }
         for v in held {
-            if !go.contains(&v.uid) {
-                if pods.iter().any(|p| p.uid == v.uid && p.deleting()) {
-                    self.ask_namespace(key);
-                }
+            if !plan.go.contains(&v.uid) || !self.releasing.insert(v.uid.clone()) {
                 continue;
             }
-            if !self.releasing.insert(v.uid.clone()) {
-                continue;
-            }
-            if too_long.contains(&v.uid) {
+            if plan.too_long.contains(&v.uid) {
                 let limit = self.config.max_result_hold.unwrap_or_default();
                 let message = format!(
                     "ResultHeldTooLong: pod {} was deleted and kept {}s for a result nobody acknowledged; letting it go (the result is still served by this process until it restarts). Make the executor read and acknowledge /v1/events, or raise --max-result-hold-seconds",
@@ -626,7 +685,7 @@ impl Loop {
                 self.events
                     .warning(&key.namespace, &v.name, "ResultHeldTooLong".into(), message);
             }
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+            let api = self.api.clone();
             let tx = self.answers_tx.clone();
             let slots = self.slots.clone();
             let fence = self.config.fence.clone();
@@ -639,8 +698,8 @@ impl Loop {
                 // deleted a process without the Lease releases without a
                 // term (the webhook then has nothing to compare).
                 let outcome = match (fence.permit(), terminating) {
-                    (Some(permit), _) => pod_api::release(&api, &v, permit.token()).await,
-                    (None, true) => pod_api::release(&api, &v, None).await,
+                    (Some(permit), _) => api.release(&key.namespace, &v, permit.token()).await,
+                    (None, true) => api.release(&key.namespace, &v, None).await,
                     (None, false) => Released::Failed,
                 };
                 let kind = AnswerKind::Released {
@@ -675,11 +734,11 @@ impl Loop {
                 asking: true,
             },
         );
-        let client = self.client.clone();
+        let api = self.api.clone();
         let tx = self.answers_tx.clone();
         let key = key.clone();
         tokio::spawn(async move {
-            let answer = crate::namespace_state::is_terminating(&client, &key.namespace).await;
+            let answer = api.namespace_terminating(&key.namespace).await;
             let _ = tx.send(Answer {
                 key,
                 attempt: 0,
@@ -752,6 +811,8 @@ impl Loop {
         if self.pods(key).iter().any(still_runs) || s.delete_on_sight {
             return Err(TaskError::CleanupPending(key.task.clone()));
         }
+        self.arm(key, TimerKind::Wake, None);
+        self.arm(key, TimerKind::Forget, None);
         if let Some(t) = self.tasks.remove(key).and_then(|e| e.template) {
             self.template_bytes = self.template_bytes.saturating_sub(t.bytes());
         }
@@ -763,18 +824,15 @@ impl Loop {
     }
 
     fn abort(&mut self, key: &TaskKey) -> Result<TaskStatus, TaskError> {
+        let pods = self.pods(key);
+        let now = self.clock.now_ms();
         let Some(e) = self.tasks.get_mut(key) else {
             return Err(TaskError::NotFound(key.task.clone()));
         };
-        match e.state.take() {
-            Some(s) => {
-                let spec = e.spec.clone();
-                let pods = self.pods(key);
-                let (s, d) = apply(&spec, s, Input::Abort, &pods, now_ms());
-                self.perform(key, s, d);
-            }
-            // Before the first list: remembered, and carried out then.
-            None => e.aborted = true,
+        let state = e.state.take();
+        // Before the first list: remembered, and carried out then.
+        if let Some((s, d)) = e.life.abort(&e.spec, state, &pods, now) {
+            self.perform(key, s, d);
         }
         self.status(key)
             .ok_or(TaskError::NotFound(key.task.clone()))
@@ -846,8 +904,7 @@ impl Loop {
         spec.instance = self.config.instance.clone();
         let template = with_hash(template, &hash);
         self.template_bytes += template.bytes();
-        let mut entry = Entry::new(spec, Some(template), hash, &self.config);
-        entry.replacing = replace;
+        let entry = Entry::new(spec, Some(template), hash, &self.config, replace);
         self.tasks.insert(key.clone(), entry);
         // A task forgotten before under this key lets go of its pods by the
         // new task's rule now (they are not its newest).
@@ -896,7 +953,7 @@ impl Loop {
         self.template_bytes += template.bytes();
         e.template = Some(with_hash(template, &hash));
         e.template_hash = hash;
-        if std::mem::take(&mut e.awaiting_template) {
+        if e.life.template_came() {
             // The held Create: its outcome is "unknown", so the name
             // is read first, then created.
             let attempt = e.state.as_ref().map_or(0, |s| s.attempt);
@@ -952,41 +1009,12 @@ impl Loop {
             return Err(TaskError::NotEnded(key.task.clone()));
         }
         let spec = e.spec.clone();
-        let (s, d) = reconcile::retry(&spec, s, now_ms());
-        e.reported = false;
-        e.forget_at_ms = None;
+        let (s, d) = e.life.retry(&spec, s, self.clock.now_ms());
+        self.arm(key, TimerKind::Forget, None);
         self.perform(key, s, d);
         self.reconcile(key);
         self.status(key)
             .ok_or(TaskError::NotFound(key.task.clone()))
-    }
-
-    /// The tasks whose timer `slot` has come, with the timer cleared.
-    fn take_due(&mut self, now: i64, slot: fn(&mut Entry) -> &mut Option<i64>) -> Vec<TaskKey> {
-        self.tasks
-            .iter_mut()
-            .filter_map(|(k, e)| {
-                let t = slot(e);
-                t.is_some_and(|w| w <= now).then(|| {
-                    *t = None;
-                    k.clone()
-                })
-            })
-            .collect()
-    }
-
-    fn wake(&mut self) {
-        let now = now_ms();
-        for k in self.take_due(now, |e| &mut e.wake_at_ms) {
-            self.reconcile(&k);
-        }
-        for k in self.take_due(now, |e| &mut e.forget_at_ms) {
-            // Run again since, or a pod still running: kept (a later
-            // acknowledgement arms it again).
-            if self.forget(&k).is_ok() {
-                tracing::debug!(task = %k.task, namespace = %k.namespace, "forgot a task whose result was acknowledged");
-            }
-        }
     }
 
     fn reconcile(&mut self, key: &TaskKey) {
@@ -996,41 +1024,20 @@ impl Loop {
             return;
         }
         let pods = self.pods(key);
+        let stem = match self.tasks.get(key) {
+            Some(e) if e.state.is_none() => self.index.stem(key),
+            _ => None,
+        };
+        let now = self.clock.now_ms();
         let Some(e) = self.tasks.get_mut(key) else {
             return;
         };
-        let now = now_ms();
-        let aborted = std::mem::take(&mut e.aborted);
-        if e.state.is_none() {
-            // Names and labels go on as its pods have them (an older stem).
-            e.spec.stem = self
-                .index
-                .stem(key)
-                .filter(|s| *s != naming::task_stem(&e.spec.task));
+        if e.state.is_none() && !pods.is_empty() && !e.life.aborted_before_list() {
+            tracing::info!(task = %e.spec.task, namespace = %key.namespace, "resuming a task from its pods");
         }
-        let (state, first) = match e.state.take() {
-            Some(s) => (s, Decision::default()),
-            // Aborted before it was launched: no Create, ever; pods it had
-            // from before a restart are deleted by the abort.
-            None if aborted => (reconcile::restore(&pods, now), Decision::default()),
-            None if std::mem::take(&mut e.replacing) => reconcile::replace(&e.spec, &pods, now),
-            None => {
-                if !pods.is_empty() {
-                    tracing::info!(task = %e.spec.task, namespace = %key.namespace, "resuming a task from its pods");
-                }
-                resume(&e.spec, &pods, now)
-            }
-        };
-        let spec = e.spec.clone();
-        let (state, mut d) = match aborted {
-            true => apply(&spec, state, Input::Abort, &pods, now),
-            false => reconcile(&spec, state, &pods, now),
-        };
-        let mut all = first;
-        all.transitions.append(&mut d.transitions);
-        all.actions.append(&mut d.actions);
-        all.wake_at_ms = d.wake_at_ms;
-        self.perform(key, state, all);
+        let state = e.state.take();
+        let (state, d) = e.life.reconcile(&mut e.spec, state, &pods, stem, now);
+        self.perform(key, state, d);
     }
 
     fn answer(&mut self, a: Answer) {
@@ -1042,6 +1049,7 @@ impl Loop {
             return;
         }
         let pods = self.pods(&a.key);
+        let now = self.clock.now();
         let Some(e) = self.tasks.get_mut(&a.key) else {
             return;
         };
@@ -1054,61 +1062,13 @@ impl Loop {
             e.state = Some(state);
             return;
         }
-        let now = now_ms();
-        let policy = self.config.transient_backoff;
-        let input = match a.kind {
-            AnswerKind::Created(uid) => {
-                self.backoffs
-                    .created(&a.key.namespace, &a.key.task, Instant::now());
-                e.transient = policy.build();
-                Input::Created { uid }
-            }
-            AnswerKind::Refused {
-                refusal,
-                retry_after,
-            } => {
-                if refusal != CreateRefusal::QuotaFull {
-                    self.backoffs.settled(&a.key.namespace, &a.key.task);
-                }
-                let wait = match refusal {
-                    CreateRefusal::QuotaFull => self
-                        .backoffs
-                        .refused(&a.key.namespace, &a.key.task, Instant::now())
-                        .saturating_duration_since(Instant::now()),
-                    CreateRefusal::HolderTerminating => retry_after.unwrap_or(
-                        Duration::from_millis(reconcile::HOLDER_RECHECK_MS.unsigned_abs()),
-                    ),
-                    _ => at_least(e.transient.next().unwrap_or(policy.max), retry_after),
-                };
-                Input::Refused {
-                    refusal,
-                    retry_at_ms: now.saturating_add(millis(wait)),
-                }
-            }
-            AnswerKind::Held(until) => Input::Refused {
-                refusal: CreateRefusal::QuotaFull,
-                retry_at_ms: now
-                    .saturating_add(millis(until.saturating_duration_since(Instant::now()))),
-            },
-            AnswerKind::Unknown => {
-                self.backoffs.settled(&a.key.namespace, &a.key.task);
-                Input::CreateUnknown
-            }
-            AnswerKind::Read(found) => Input::Read(found),
-            AnswerKind::ReadFailed => Input::ReadFailed {
-                retry_at_ms: now.saturating_add(millis(e.transient.next().unwrap_or(policy.max))),
-            },
-            AnswerKind::DeleteFailed => Input::DeleteFailed {
-                retry_at_ms: now.saturating_add(millis(e.transient.next().unwrap_or(policy.max))),
-            },
-            // Taken by `release_answer`.
-            AnswerKind::Released { .. } | AnswerKind::Namespace(_) | AnswerKind::Recheck => {
-                e.state = Some(state);
-                return;
-            }
+        let Some(input) = answer::input(a.kind, &a.key, &mut e.transient, &self.backoffs, now)
+        else {
+            e.state = Some(state);
+            return;
         };
         let spec = e.spec.clone();
-        let (s, d) = apply(&spec, state, input, &pods, now);
+        let (s, d) = apply(&spec, state, input, &pods, now.ms);
         self.perform(&a.key, s, d);
     }
 
@@ -1119,11 +1079,10 @@ impl Loop {
         };
         let outcome = state.outcome.clone();
         let attempt = state.attempt;
+        let newly_ended = e.life.report(&state);
         e.state = Some(state);
-        e.wake_at_ms = d.wake_at_ms;
         let spec = e.spec.clone();
-        let newly_ended = outcome.is_some() && !e.reported;
-        e.reported |= outcome.is_some();
+        self.arm(key, TimerKind::Wake, d.wake_at_ms);
         for t in &d.transitions {
             let uid = self.index.live_uid(key, &t.pod);
             self.events.transition(t, &key.namespace, uid.as_deref());
@@ -1148,7 +1107,7 @@ impl Loop {
     }
 
     fn act(&mut self, key: &TaskKey, spec: &TaskSpec, attempt: u32, action: Action) {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+        let api = self.api.clone();
         let tx = self.answers_tx.clone();
         let slots = self.slots.clone();
         let fence = self.config.fence.clone();
@@ -1166,7 +1125,7 @@ impl Loop {
                 let Some(template) = &e.template else {
                     // Taken up after a restart and not submitted again:
                     // held until its template comes with a PUT.
-                    e.awaiting_template = true;
+                    e.life.hold_create();
                     return;
                 };
                 if fenced {
@@ -1182,7 +1141,7 @@ impl Loop {
                 }
                 if let Probe::WaitUntil(until) =
                     self.backoffs
-                        .probe(&key.namespace, &key.task, Instant::now())
+                        .probe(&key.namespace, &key.task, self.clock.now().instant)
                 {
                     // The namespace waits for quota and another task probes
                     // it: no Create from this one now.
@@ -1195,13 +1154,13 @@ impl Loop {
                 }
                 let mut pod = template.pod_for(spec, &name, attempt);
                 // What the task has spent, by this process's clock, as sent.
-                let spent = record.started_ms.map(|s| now_ms().saturating_sub(s).max(0));
+                let now = self.clock.now_ms();
+                let spent = record.started_ms.map(|s| now.saturating_sub(s).max(0));
                 let record = PodRecord {
                     spent_ms: spent,
                     ..record
                 };
                 annotate(&mut pod, RECORD_ANNOTATION, &record.to_annotation());
-                let client = self.client.clone();
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
                     // The fence is a deadline: asked again right before the
@@ -1219,7 +1178,7 @@ impl Loop {
                                     &token,
                                 );
                             }
-                            pod_api::create(&client, &key.namespace, &pod).await
+                            api.create(&key.namespace, &pod).await
                         }
                         None => AnswerKind::Unknown,
                     };
@@ -1229,14 +1188,14 @@ impl Loop {
             Action::Read { name } => {
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    let kind = pod_api::read(&api, &name).await;
+                    let kind = api.read(&key.namespace, &name).await;
                     let _ = tx.send(Answer { key, attempt, kind });
                 });
             }
             Action::Delete { name, uid } => {
                 tokio::spawn(async move {
                     let _slot = slots.acquire_owned().await;
-                    if !fence.holds() || !pod_api::delete_exact(&api, &name, &uid).await {
+                    if !fence.holds() || !api.delete_exact(&key.namespace, &name, &uid).await {
                         let kind = AnswerKind::DeleteFailed;
                         let _ = tx.send(Answer { key, attempt, kind });
                     }
@@ -1253,3 +1212,7 @@ impl Loop {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "executor_loop_tests.rs"]
+mod tests;

@@ -17,9 +17,9 @@ use crate::phase::Transition;
 /// while graceguard's transitions never repeat on one pod.
 #[derive(Clone)]
 pub struct Publisher {
-    client: Client,
+    /// `None`: publishing is off.
+    client: Option<Client>,
     reporter: Reporter,
-    enabled: bool,
 }
 
 impl Publisher {
@@ -29,9 +29,20 @@ impl Publisher {
             instance: Some(instance.to_string()),
         };
         Self {
-            client,
+            client: enabled.then_some(client),
             reporter,
-            enabled,
+        }
+    }
+
+    /// A publisher that publishes nothing (an executor told not to, and the
+    /// loop's tests, which have no API server).
+    pub fn off() -> Self {
+        Self {
+            client: None,
+            reporter: Reporter {
+                controller: "graceguard".into(),
+                instance: None,
+            },
         }
     }
 
@@ -62,9 +73,9 @@ impl Publisher {
         reason: String,
         note: String,
     ) {
-        if !self.enabled {
+        let Some(client) = &self.client else {
             return;
-        }
+        };
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
@@ -80,7 +91,7 @@ impl Publisher {
             action: "Launch".into(),
             secondary: None,
         };
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let recorder = Recorder::new(client.clone(), self.reporter.clone());
         tokio::spawn(async move {
             if let Err(e) = recorder.publish(&ev, &reference).await {
                 tracing::debug!(error = %e, "publishing an event failed");

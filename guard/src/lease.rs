@@ -214,6 +214,13 @@ impl Fence {
         Self(rx)
     }
 
+    /// A fence moved by hand through the sender (the executor loop's tests).
+    #[cfg(test)]
+    pub(crate) fn driven(state: FenceState) -> (watch::Sender<FenceState>, Self) {
+        let (tx, rx) = watch::channel(state);
+        (tx, Self(rx))
+    }
+
     /// Whether this process may act now. Asked immediately before every
     /// write, not once per decision.
     pub fn holds(&self) -> bool {

@@ -44,6 +44,7 @@
 //! ```
 
 pub mod adoption;
+pub mod answer;
 pub mod api_timeouts;
 pub mod backoff;
 pub mod bounds;
@@ -57,6 +58,7 @@ pub mod executor_config;
 mod executor_loop;
 pub mod kube_events;
 pub mod lease;
+pub mod lifecycle;
 pub mod namespace_state;
 pub mod naming;
 pub mod phase;

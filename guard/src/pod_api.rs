@@ -1,44 +1,131 @@
-//! The executor's pod calls to the Kubernetes API (Create, read, Delete,
-//! the result finalizer's release), each turned into what the reconciler is
-//! told ([`AnswerKind`]). The pod an attempt creates is
-//! [`crate::template::Template::pod_for`]'s.
+//! The executor's calls to the Kubernetes API (the pod watch, Create, read,
+//! Delete, the result finalizer's release, the namespace and clock probes),
+//! each turned into what the reconciler is told ([`AnswerKind`]). The loop
+//! makes them through [`PodApi`], so its tests drive it with a fake under
+//! paused time; [`KubePods`] is the API server's. The pod an attempt
+//! creates is [`crate::template::Template::pod_for`]'s.
 
+use std::future::Future;
 use std::time::Duration;
 
+use futures::stream::BoxStream;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
-use kube::{Api, ResourceExt};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, ResourceExt};
 
+pub use crate::answer::{AnswerKind, Released};
+use crate::api_timeouts;
 use crate::classify::{classify, ApiError, CreateRefusal};
 use crate::pod_index::Version;
 use crate::reconcile::Existing;
 use crate::result_finalizer;
 
-/// What an API call answered, for the task that asked.
-#[derive(Debug)]
-pub enum AnswerKind {
-    Created(String),
-    Refused {
-        refusal: CreateRefusal,
-        retry_after: Option<Duration>,
-    },
-    Unknown,
-    Read(Option<Existing>),
-    ReadFailed,
-    DeleteFailed,
-    /// Not sent: the namespace waits for quota and another task's Create is
-    /// the window's probe ([`crate::backoff::NamespaceBackoffs::probe`]);
-    /// ask again at this instant.
-    Held(std::time::Instant),
-    /// The result finalizer of pod `uid` was let go of (or not).
-    Released {
-        uid: String,
-        outcome: Released,
-    },
-    /// Whether the task's namespace is being deleted (`None`: not known).
-    Namespace(Option<bool>),
-    /// Look at the task's result finalizers again (after a failed release).
-    Recheck,
+/// One item of the executor's pod watch.
+pub type WatchEvent = Result<Event<Pod>, watcher::Error>;
+
+/// Every call the executor's loop makes to the API server. Each answer is
+/// already what the loop needs; none fails the loop.
+pub trait PodApi: Clone + Send + Sync + 'static {
+    /// The pods matching `selector` (in the scope the API was made for):
+    /// a list, then changes; after an error the stream retries with a
+    /// backoff of its own. A new call lists again.
+    fn watch(&self, selector: &str) -> BoxStream<'static, WatchEvent>;
+
+    /// [`create`].
+    fn create(
+        &self,
+        namespace: &str,
+        pod: &serde_json::Map<String, serde_json::Value>,
+    ) -> impl Future<Output = AnswerKind> + Send;
+
+    /// [`read`].
+    fn read(&self, namespace: &str, name: &str) -> impl Future<Output = AnswerKind> + Send;
+
+    /// [`delete_exact`].
+    fn delete_exact(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = bool> + Send;
+
+    /// [`release`].
+    fn release(
+        &self,
+        namespace: &str,
+        v: &Version,
+        token: Option<String>,
+    ) -> impl Future<Output = Released> + Send;
+
+    /// [`crate::namespace_state::is_terminating`].
+    fn namespace_terminating(&self, namespace: &str) -> impl Future<Output = Option<bool>> + Send;
+
+    /// [`crate::server_clock::offset_ms`], against the clock `local_ms`.
+    fn server_offset_ms(
+        &self,
+        local_ms: impl Fn() -> i64 + Send,
+    ) -> impl Future<Output = Option<i64>> + Send;
+}
+
+/// The API server's pods, through `client`: in one namespace, or in all
+/// (which needs cluster-wide list and watch on pods).
+#[derive(Clone)]
+pub struct KubePods {
+    client: Client,
+    scope: Option<String>,
+}
+
+impl KubePods {
+    pub fn new(client: Client, scope: Option<String>) -> Self {
+        Self { client, scope }
+    }
+
+    fn api(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+}
+
+impl PodApi for KubePods {
+    fn watch(&self, selector: &str) -> BoxStream<'static, WatchEvent> {
+        let api: Api<Pod> = match &self.scope {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        watcher::watcher(api, api_timeouts::watch_config(selector))
+            .default_backoff()
+            .boxed()
+    }
+
+    async fn create(
+        &self,
+        namespace: &str,
+        pod: &serde_json::Map<String, serde_json::Value>,
+    ) -> AnswerKind {
+        create(&self.client, namespace, pod).await
+    }
+
+    async fn read(&self, namespace: &str, name: &str) -> AnswerKind {
+        read(&self.api(namespace), name).await
+    }
+
+    async fn delete_exact(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        delete_exact(&self.api(namespace), name, uid).await
+    }
+
+    async fn release(&self, namespace: &str, v: &Version, token: Option<String>) -> Released {
+        release(&self.api(namespace), v, token).await
+    }
+
+    async fn namespace_terminating(&self, namespace: &str) -> Option<bool> {
+        crate::namespace_state::is_terminating(&self.client, namespace).await
+    }
+
+    async fn server_offset_ms(&self, local_ms: impl Fn() -> i64 + Send) -> Option<i64> {
+        crate::server_clock::offset_ms(&self.client, local_ms).await
+    }
 }
 
 /// What graceguard reads of a created pod.
@@ -160,17 +247,6 @@ pub async fn delete_exact(api: &Api<Pod>, name: &str, uid: &str) -> bool {
         }
     }
     true
-}
-
-/// What letting go of a pod's result finalizer came to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Released {
-    /// Written, or nothing to write (gone, or no longer holding it).
-    Done,
-    /// The pod changed since it was seen: its next version is decided again.
-    Changed,
-    /// The API server could not be asked.
-    Failed,
 }
 
 /// Whether graceguard's webhook refused a write as sent under a Lease term

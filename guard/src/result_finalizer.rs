@@ -54,6 +54,68 @@ pub fn held_too_long(pods: &[PodView], now_ms: i64, limit_ms: i64) -> Vec<String
         .collect()
 }
 
+/// What the loop knows of a task when it decides which of its pods let go.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReleaseContext {
+    /// The task ended by an abort: no result to keep.
+    pub aborted: bool,
+    /// The task was forgotten: nobody will acknowledge its result.
+    pub forgotten: bool,
+    /// Its namespace is being deleted: keeping would hold the deletion up
+    /// for ever.
+    pub namespace_terminating: bool,
+    /// This process may not write now (another holds the instance's Lease).
+    pub fenced: bool,
+    /// How long a deleted pod is held for a result nobody acknowledges
+    /// (`None`: until it is).
+    pub max_hold_ms: Option<i64>,
+    pub now_ms: i64,
+}
+
+/// Which of a task's held pods let go now.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReleasePlan {
+    /// The uids to let go of now (`too_long` among them).
+    pub go: Vec<String>,
+    /// Of `go`, those let go only because they were held past the bound
+    /// (a Warning says so).
+    pub too_long: Vec<String>,
+    /// A held pod that stays is being deleted: whether its namespace is
+    /// being deleted is worth asking (then nothing is kept).
+    pub ask_namespace: bool,
+}
+
+/// The releases of a task whose pods `held` (uids) hold the finalizer:
+/// what [`releasable`] lets go by the task's [`Keep`], plus what was
+/// [`held_too_long`]. Only a process that may write lets go, except in a
+/// namespace being deleted (the instance's Lease may go with it):
+/// releasing there decides nothing for anyone.
+pub fn plan(pods: &[PodView], held: &[&str], ctx: &ReleaseContext) -> ReleasePlan {
+    let keep = match ctx.aborted || ctx.forgotten || ctx.namespace_terminating {
+        true => Keep::Nothing,
+        false => Keep::NewestUntilDone,
+    };
+    let is_held = |uid: &String| held.contains(&uid.as_str());
+    let (mut go, mut too_long) = (Vec::new(), Vec::new());
+    if !ctx.fenced || ctx.namespace_terminating {
+        go = releasable(pods, keep);
+        if let (Keep::NewestUntilDone, Some(limit)) = (keep, ctx.max_hold_ms) {
+            too_long = held_too_long(pods, ctx.now_ms, limit);
+        }
+        too_long.retain(|uid| !go.contains(uid) && is_held(uid));
+        go.retain(is_held);
+        go.extend(too_long.iter().cloned());
+    }
+    let ask_namespace = held.iter().any(|uid| {
+        !go.iter().any(|g| g == uid) && pods.iter().any(|p| p.uid == *uid && p.deleting())
+    });
+    ReleasePlan {
+        go,
+        too_long,
+        ask_namespace,
+    }
+}
+
 /// Whether `finalizers` holds graceguard's.
 pub fn holds(finalizers: &[String]) -> bool {
     finalizers.iter().any(|f| f == RESULT_FINALIZER)
@@ -118,6 +180,86 @@ mod tests {
         let pods = [deleted, running, done];
         assert!(held_too_long(&pods, 10_000 + 59_999, 60_000).is_empty());
         assert_eq!(held_too_long(&pods, 10_000 + 60_000, 60_000), ["a"]);
+    }
+
+    fn context() -> ReleaseContext {
+        ReleaseContext {
+            max_hold_ms: Some(60_000),
+            now_ms: 100_000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_plan_keeps_the_newest_until_done_and_lets_go_of_the_rest_it_holds() {
+        let pods = [pod("a", 0, false), pod("b", 1, false), pod("c", 2, false)];
+        let p = plan(&pods, &["a", "c"], &context());
+        assert_eq!(p.go, ["a"], "b holds nothing, c is the newest");
+        assert!(p.too_long.is_empty());
+        assert!(!p.ask_namespace);
+    }
+
+    #[test]
+    fn nothing_is_kept_for_an_aborted_or_forgotten_task_or_a_namespace_being_deleted() {
+        let pods = [pod("a", 0, false), pod("b", 1, false)];
+        for ctx in [
+            ReleaseContext {
+                aborted: true,
+                ..context()
+            },
+            ReleaseContext {
+                forgotten: true,
+                ..context()
+            },
+            ReleaseContext {
+                namespace_terminating: true,
+                ..context()
+            },
+        ] {
+            let mut p = plan(&pods, &["a", "b"], &ctx);
+            p.go.sort();
+            assert_eq!(p.go, ["a", "b"], "{ctx:?}");
+        }
+    }
+
+    #[test]
+    fn a_fenced_process_lets_go_only_in_a_namespace_being_deleted() {
+        let mut deleting = pod("b", 1, false);
+        deleting.deletion_ms = Some(90_000);
+        let pods = [pod("a", 0, false), deleting];
+        let fenced = ReleaseContext {
+            fenced: true,
+            ..context()
+        };
+        let p = plan(&pods, &["a", "b"], &fenced);
+        assert!(p.go.is_empty(), "{p:?}");
+        // The newest is being deleted and kept: is its namespace going?
+        assert!(p.ask_namespace);
+        let terminating = ReleaseContext {
+            namespace_terminating: true,
+            ..fenced
+        };
+        let mut p = plan(&pods, &["a", "b"], &terminating);
+        p.go.sort();
+        assert_eq!(p.go, ["a", "b"]);
+        assert!(!p.ask_namespace);
+    }
+
+    #[test]
+    fn a_newest_pod_deleted_past_the_bound_lets_go_with_a_warning() {
+        let mut newest = pod("b", 1, false);
+        newest.deletion_ms = Some(100_000 - 60_000);
+        let pods = [pod("a", 0, false), newest];
+        let p = plan(&pods, &["a", "b"], &context());
+        assert_eq!(p.go, ["a", "b"]);
+        assert_eq!(p.too_long, ["b"]);
+        let unbounded = ReleaseContext {
+            max_hold_ms: None,
+            ..context()
+        };
+        let p = plan(&pods, &["a", "b"], &unbounded);
+        assert_eq!(p.go, ["a"]);
+        assert!(p.ask_namespace, "b is deleted and kept");
     }
 
     #[test]

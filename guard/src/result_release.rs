@@ -7,13 +7,14 @@
 //! what neither will reach; results still held are not delivered by it.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
+use tokio::time::Instant;
 
 use crate::error::GuardError;
 use crate::lease::{lease_name, Liveness, Observer};
