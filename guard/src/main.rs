@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use graceguard::adoption::Adopter;
+use graceguard::error::{GuardError, TaskError};
 use graceguard::executor::Executor;
 use graceguard::lease::{Holding, InstanceLease};
+use graceguard::naming::InstanceNameError;
 use graceguard::pod_api::delete_exact;
-use graceguard::sidecar::{serve, Listen, Sidecar};
+use graceguard::sidecar::{serve, Listen, ListenError, Sidecar};
 use graceguard::task::TaskKey;
 use graceguard::template::Template;
 use graceguard::{Bounds, Guard, GuardConfig, Outcome, TaskSpec, Transition};
@@ -161,7 +163,7 @@ impl LeaseArgs {
         client: &kube::Client,
         ns: &str,
         instance: &str,
-    ) -> Result<Holding, Usage> {
+    ) -> Result<Holding, CliError> {
         let lease = InstanceLease::acquire(
             client.clone(),
             ns,
@@ -170,8 +172,7 @@ impl LeaseArgs {
             Duration::from_secs(self.lease_wait_seconds),
             graceguard::lease::ContainerId::from_env(),
         )
-        .await
-        .map_err(|e| Usage(e.to_string()))?;
+        .await?;
         Ok(lease.hold())
     }
 }
@@ -275,8 +276,64 @@ async fn default_instance(client: &kube::Client, namespace: &str) -> String {
     instance
 }
 
-/// Usage and configuration errors: exit 2.
-struct Usage(String);
+/// Why a command could not run: exit 2, each naming what to do.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("generating the OpenAPI document: {0}")]
+    OpenApi(#[from] graceguard::sidecar::openapi::DocumentError),
+    #[error("cannot listen for signals: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error(transparent)]
+    ClientConfig(#[from] graceguard_contract::client::ConfigError),
+    #[error("cannot build a Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("cannot reach the API server: {0}; check the kubeconfig and that the cluster is up")]
+    Unreachable(#[source] kube::Error),
+    #[error("cannot read {}: {source}", path.display())]
+    ReadManifest {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not YAML or JSON: {source}", path.display())]
+    ManifestSyntax {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml_ng::Error,
+    },
+    #[error("{}: kind is {kind:?}; graceguard run takes a Pod manifest", path.display())]
+    NotAPod { path: PathBuf, kind: String },
+    #[error("{} is not a valid Pod: {source}", path.display())]
+    InvalidPod {
+        path: PathBuf,
+        #[source]
+        source: TaskError,
+    },
+    #[error("no task name: pass --name TASK or set metadata.name in the manifest")]
+    NoTaskName,
+    #[error(transparent)]
+    Instance(#[from] InstanceNameError),
+    #[error(transparent)]
+    Guard(#[from] GuardError),
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    #[error("--listen {0} is not a loopback address: the API is for the executor in the same pod or host; use 127.0.0.1:PORT or [::1]:PORT, or --socket")]
+    NotLoopback(std::net::SocketAddr),
+    #[error("pass --socket PATH or --listen ADDR")]
+    NoListener,
+    #[error("cannot read --token-file {}: {source}", path.display())]
+    TokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the token in {} is shorter than 16 characters; use a long random one", .0.display())]
+    ShortToken(PathBuf),
+    #[error("--token-file {} has mode {mode:o}: others can read or change it; make it readable by its owner (and group) only: chmod 600, or defaultMode: 0400 on its Secret volume", path.display())]
+    TokenFileMode { path: PathBuf, mode: u32 },
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+}
 
 /// How `run` ended.
 enum Ended {
@@ -287,9 +344,8 @@ enum Ended {
     Exit(i32),
 }
 
-fn print_openapi() -> Result<Ended, Usage> {
-    let doc = graceguard::sidecar::openapi::generate()
-        .map_err(|e| Usage(format!("generating the OpenAPI document: {e}")))?;
+fn print_openapi() -> Result<Ended, CliError> {
+    let doc = graceguard::sidecar::openapi::generate()?;
     print!("{doc}");
     Ok(Ended::Exit(0))
 }
@@ -308,8 +364,8 @@ async fn main() {
         Ok(Ended::Task(o)) if o.succeeded => 0,
         Ok(Ended::Task(_)) => 1,
         Ok(Ended::Signal(code)) | Ok(Ended::Exit(code)) => code,
-        Err(Usage(msg)) => {
-            eprintln!("graceguard: {msg}");
+        Err(e) => {
+            eprintln!("graceguard: {e}");
             2
         }
     };
@@ -320,9 +376,9 @@ async fn main() {
 /// stop a process) with the exit code for it: 130 or 143.
 /// The handlers are installed when this is called, not when the future is
 /// first polled.
-fn stop_signal() -> Result<impl std::future::Future<Output = i32>, Usage> {
+fn stop_signal() -> Result<impl std::future::Future<Output = i32>, CliError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let listen = |kind| signal(kind).map_err(|e| Usage(format!("cannot listen for signals: {e}")));
+    let listen = |kind| signal(kind).map_err(CliError::Signal);
     let (mut int, mut term) = (
         listen(SignalKind::interrupt())?,
         listen(SignalKind::terminate())?,
@@ -335,18 +391,12 @@ fn stop_signal() -> Result<impl std::future::Future<Output = i32>, Usage> {
     })
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<(kube::Client, String), Usage> {
-    let config = graceguard_contract::client::config(kubeconfig.map(PathBuf::as_path))
-        .await
-        .map_err(|e| Usage(e.to_string()))?;
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<(kube::Client, String), CliError> {
+    let config = graceguard_contract::client::config(kubeconfig.map(PathBuf::as_path)).await?;
     let ns = config.default_namespace.clone();
     let c = kube::Client::try_from(graceguard::api_timeouts::bounded(config))
-        .map_err(|e| Usage(format!("cannot build a Kubernetes client: {e}")))?;
-    c.apiserver_version().await.map_err(|e| {
-        Usage(format!(
-            "cannot reach the API server: {e}; check the kubeconfig and that the cluster is up"
-        ))
-    })?;
+        .map_err(CliError::Client)?;
+    c.apiserver_version().await.map_err(CliError::Unreachable)?;
     Ok((c, ns))
 }
 
@@ -357,17 +407,22 @@ struct Manifest {
     name: Option<String>,
 }
 
-fn read_manifest(path: &PathBuf) -> Result<Manifest, Usage> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Usage(format!("cannot read {}: {e}", path.display())))?;
-    let value: serde_json::Value = serde_yaml_ng::from_str(&text)
-        .map_err(|e| Usage(format!("{} is not YAML or JSON: {e}", path.display())))?;
+fn read_manifest(path: &PathBuf) -> Result<Manifest, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::ReadManifest {
+        path: path.clone(),
+        source,
+    })?;
+    let value: serde_json::Value =
+        serde_yaml_ng::from_str(&text).map_err(|source| CliError::ManifestSyntax {
+            path: path.clone(),
+            source,
+        })?;
     let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
     if kind != "Pod" {
-        return Err(Usage(format!(
-            "{}: kind is {kind:?}; graceguard run takes a Pod manifest",
-            path.display()
-        )));
+        return Err(CliError::NotAPod {
+            path: path.clone(),
+            kind: kind.into(),
+        });
     }
     let meta = |key: &str| {
         value
@@ -377,8 +432,10 @@ fn read_manifest(path: &PathBuf) -> Result<Manifest, Usage> {
             .map(str::to_string)
     };
     let (namespace, name) = (meta("namespace"), meta("name"));
-    let template = Template::from_json(value)
-        .map_err(|e| Usage(format!("{} is not a valid Pod: {e}", path.display())))?;
+    let template = Template::from_json(value).map_err(|source| CliError::InvalidPod {
+        path: path.clone(),
+        source,
+    })?;
     Ok(Manifest {
         template,
         namespace,
@@ -434,7 +491,7 @@ impl Progress {
     }
 }
 
-async fn run(args: RunArgs) -> Result<Ended, Usage> {
+async fn run(args: RunArgs) -> Result<Ended, CliError> {
     // Listen before anything is created, so no signal can leave a pod behind.
     let stop = stop_signal()?;
     tokio::pin!(stop);
@@ -449,14 +506,16 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
         .clone()
         .or(manifest_namespace)
         .unwrap_or_else(|| default_ns.clone());
-    let task = args.name.clone().or(manifest_name).ok_or_else(|| {
-        Usage("no task name: pass --name TASK or set metadata.name in the manifest".into())
-    })?;
+    let task = args
+        .name
+        .clone()
+        .or(manifest_name)
+        .ok_or(CliError::NoTaskName)?;
     let instance = match args.instance.clone() {
         Some(i) => i,
         None => default_instance(&client, &default_ns).await,
     };
-    graceguard::naming::check_instance(&instance).map_err(|e| Usage(e.to_string()))?;
+    graceguard::naming::check_instance(&instance)?;
     let holding = args.lease.hold(&client, &namespace, &instance).await?;
     // The same reconciler as the sidecar's, for one task: a task whose pods
     // this instance made before (a restarted run) is resumed.
@@ -471,10 +530,7 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
         rerun_done: !args.no_rerun,
         ..TaskSpec::new(&task, &namespace, &instance)
     };
-    executor
-        .submit(spec, template)
-        .await
-        .map_err(|e| Usage(e.to_string()))?;
+    executor.submit(spec, template).await?;
     let progress = Progress::new(args.events == Some(EventsFormat::Json));
     let result = tokio::select! {
         r = executor.wait_result(&key, |t| progress.show(t)) => r,
@@ -499,11 +555,11 @@ async fn run(args: RunArgs) -> Result<Ended, Usage> {
             }
             Ok(Ended::Task(o))
         }
-        Err(e) => Err(Usage(e.to_string())),
+        Err(e) => Err(e.into()),
     }
 }
 
-async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
+async fn sidecar(args: SidecarArgs) -> Result<Ended, CliError> {
     tracing_subscriber::fmt()
         .json()
         .with_writer(std::io::stderr)
@@ -513,28 +569,23 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
         )
         .init();
     let stop = stop_signal()?;
-    graceguard::naming::check_instance(&args.instance).map_err(|e| Usage(e.to_string()))?;
+    graceguard::naming::check_instance(&args.instance)?;
     let listen = match (&args.socket, args.listen) {
         (Some(p), _) => Listen::Socket(p.clone()),
-        (None, Some(addr)) if !addr.ip().is_loopback() => {
-            return Err(Usage(format!(
-                "--listen {addr} is not a loopback address: the API is for the executor in the same pod or host; use 127.0.0.1:PORT or [::1]:PORT, or --socket"
-            )))
-        }
+        (None, Some(addr)) if !addr.ip().is_loopback() => return Err(CliError::NotLoopback(addr)),
         (None, Some(addr)) => Listen::Tcp(addr),
-        (None, None) => return Err(Usage("pass --socket PATH or --listen ADDR".into())),
+        (None, None) => return Err(CliError::NoListener),
     };
     let token = match &args.token_file {
         Some(f) => {
             check_private(f)?;
-            let t = std::fs::read_to_string(f)
-                .map_err(|e| Usage(format!("cannot read --token-file {}: {e}", f.display())))?;
+            let t = std::fs::read_to_string(f).map_err(|source| CliError::TokenFile {
+                path: f.clone(),
+                source,
+            })?;
             let t = t.trim().to_string();
             if t.len() < 16 {
-                return Err(Usage(format!(
-                    "the token in {} is shorter than 16 characters; use a long random one",
-                    f.display()
-                )));
+                return Err(CliError::ShortToken(f.clone()));
             }
             Some(std::sync::Arc::new(t))
         }
@@ -576,9 +627,7 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     };
     let metrics = match args.metrics_listen {
         Some(addr) => Some(tokio::spawn(
-            graceguard::sidecar::serve_metrics(addr, state.clone(), stopped())
-                .await
-                .map_err(|e| Usage(e.to_string()))?,
+            graceguard::sidecar::serve_metrics(addr, state.clone(), stopped()).await?,
         )),
         None => None,
     };
@@ -602,20 +651,21 @@ async fn sidecar(args: SidecarArgs) -> Result<Ended, Usage> {
     }
     // A clean stop gives the Lease up: a successor starts at once.
     holding.stop(true).await;
-    served.map_err(|e| Usage(e.to_string()))?;
+    served?;
     Ok(Ended::Signal(0))
 }
 
-async fn release_results(args: ReleaseArgs) -> Result<Ended, Usage> {
+async fn release_results(args: ReleaseArgs) -> Result<Ended, CliError> {
     if let Some(i) = &args.instance {
-        graceguard::naming::check_instance(i).map_err(|e| Usage(e.to_string()))?;
+        graceguard::naming::check_instance(i)?;
     }
     let (client, _) = client(args.kubeconfig.as_ref()).await?;
     let namespaces = match &args.namespace {
         Some(ns) => vec![ns.clone()],
-        None => graceguard::result_release::namespaces_holding(&client, args.instance.as_deref())
-            .await
-            .map_err(|e| Usage(e.to_string()))?,
+        None => {
+            graceguard::result_release::namespaces_holding(&client, args.instance.as_deref())
+                .await?
+        }
     };
     let (mut released, mut total) = (0, 0);
     for namespace in &namespaces {
@@ -629,9 +679,7 @@ async fn release_results(args: ReleaseArgs) -> Result<Ended, Usage> {
             force: args.force,
             lease_wait: Duration::from_secs(args.lease_wait_seconds),
         };
-        let done = graceguard::result_release::release_results(&client, &req)
-            .await
-            .map_err(|e| Usage(e.to_string()))?;
+        let done = graceguard::result_release::release_results(&client, &req).await?;
         for r in &done {
             println!("{}", serde_json::to_string(r).unwrap_or_default());
         }
@@ -648,18 +696,20 @@ async fn release_results(args: ReleaseArgs) -> Result<Ended, Usage> {
 
 /// Refuses a token file others can read (or write): the token is the
 /// API's only guard on a TCP listener.
-fn check_private(f: &std::path::Path) -> Result<(), Usage> {
+fn check_private(f: &std::path::Path) -> Result<(), CliError> {
     use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(f)
-        .map_err(|e| Usage(format!("cannot read --token-file {}: {e}", f.display())))?;
+    let meta = std::fs::metadata(f).map_err(|source| CliError::TokenFile {
+        path: f.to_path_buf(),
+        source,
+    })?;
     let mode = meta.permissions().mode() & 0o777;
     // Group read is allowed (a Secret volume with defaultMode 0440 and an
     // fsGroup); anything for others, or group write, is not.
     if mode & 0o027 != 0 {
-        return Err(Usage(format!(
-            "--token-file {} has mode {mode:o}: others can read or change it; make it readable by its owner (and group) only: chmod 600, or defaultMode: 0400 on its Secret volume",
-            f.display()
-        )));
+        return Err(CliError::TokenFileMode {
+            path: f.to_path_buf(),
+            mode,
+        });
     }
     Ok(())
 }

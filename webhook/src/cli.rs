@@ -304,13 +304,12 @@ pub fn main() -> i32 {
                     .await
                     .map(|warning| println!("ok: {warning}"))
             }
-            Command::Probe(args) => {
-                crate::probe::probe(&args.url, args.timeout)
-                    .await
-                    .map(|body| {
-                        println!("{}: {}", args.url, body.trim());
-                    })
-            }
+            Command::Probe(args) => crate::probe::probe(&args.url, args.timeout)
+                .await
+                .map(|body| {
+                    println!("{}: {}", args.url, body.trim());
+                })
+                .map_err(CliError::from),
         }
     });
     match res {
@@ -325,11 +324,12 @@ pub fn main() -> i32 {
 
 fn certs(args: CertsArgs) -> Result<(), CliError> {
     if args.dns.is_empty() && args.ip.is_empty() {
-        return Err(CliError::Config(
-            "give at least one --dns NAME or --ip ADDRESS for the serving certificate".into(),
-        ));
+        return Err(CliError::NoCertificateNames);
     }
-    let cfg = |e: graceguard_certs::CertError| CliError::Config(e.to_string());
+    let cfg = |source| CliError::Certificate {
+        what: "writing the certificates",
+        source,
+    };
     let ca = Ca::new("graceguard-ca").map_err(cfg)?;
     let pair = ca.issue_server(&args.dns, &args.ip).map_err(cfg)?;
     ca.write_files(&pair, &args.out).map_err(cfg)?;
@@ -344,21 +344,19 @@ fn certs(args: CertsArgs) -> Result<(), CliError> {
 /// one, and shorter than the livelock window (a longer wait would end the
 /// client's streak, and its next retry would get a 409 again).
 fn adaptive_settings(args: &ServeArgs) -> Result<crate::collision::Adaptive, CliError> {
-    let secs = |d: Duration, flag: &str| -> Result<u32, CliError> {
-        let s = u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+    let secs = |given: Duration, flag: &'static str| -> Result<u32, CliError> {
+        let s = u32::try_from(given.as_secs()).unwrap_or(u32::MAX);
         if s == 0 {
-            return Err(CliError::Config(format!(
-                "{flag} {d:?} is under one second; retryAfterSeconds is whole seconds, give 1s or more"
-            )));
+            return Err(CliError::UnderOneSecond { flag, given });
         }
         Ok(s)
     };
     let max = secs(args.max_retry_after, "--max-retry-after")?;
     if args.max_retry_after >= args.livelock_window {
-        return Err(CliError::Config(format!(
-            "--max-retry-after ({:?}) must be shorter than --livelock-window ({:?}): a client waiting longer than the window is no longer known to loop, and would get 409 again",
-            args.max_retry_after, args.livelock_window
-        )));
+        return Err(CliError::RetryAfterNotUnderWindow {
+            max: args.max_retry_after,
+            window: args.livelock_window,
+        });
     }
     Ok(crate::collision::Adaptive {
         conflicts_first: args.adaptive_conflicts,
@@ -393,12 +391,10 @@ pub fn listen_addr(s: &str) -> Result<SocketAddr, ArgError> {
 }
 
 /// Binds `addr` ([`server::bind`]), naming the flag when it cannot.
-async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, CliError> {
-    server::bind(addr).await.map_err(|e| {
-        CliError::Config(format!(
-            "cannot listen on {addr} ({what}): {e}; choose a free address"
-        ))
-    })
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, CliError> {
+    server::bind(addr)
+        .await
+        .map_err(|source| CliError::Bind { addr, what, source })
 }
 
 /// The other kinds' indexes, driven by a ResourceQuota watch; `None` when
@@ -437,13 +433,22 @@ pub async fn serve(
     log_dropped: Option<tracing_appender::non_blocking::ErrorCounter>,
 ) -> Result<(), CliError> {
     graceguard_certs::install_crypto_provider();
-    let resolver = ReloadingResolver::from_files(&args.tls_cert, &args.tls_key)
-        .map_err(|e| CliError::Config(format!("serving certificate: {e}")))?;
+    let resolver =
+        ReloadingResolver::from_files(&args.tls_cert, &args.tls_key).map_err(|source| {
+            CliError::Certificate {
+                what: "serving certificate",
+                source,
+            }
+        })?;
     let client_auth = match &args.client_ca_file {
         None => None,
         Some(path) => Some(
-            graceguard_certs::ClientAuth::from_file(path, args.client_names.clone())
-                .map_err(|e| CliError::Config(format!("--client-ca-file: {e}")))?,
+            graceguard_certs::ClientAuth::from_file(path, args.client_names.clone()).map_err(
+                |source| CliError::Certificate {
+                    what: "--client-ca-file",
+                    source,
+                },
+            )?,
         ),
     };
     let tls = graceguard_certs::server_config(
@@ -452,7 +457,10 @@ pub async fn serve(
             .clone()
             .map(|a| a as Arc<dyn rustls::server::danger::ClientCertVerifier>),
     )
-    .map_err(|e| CliError::Config(e.to_string()))?;
+    .map_err(|source| CliError::Certificate {
+        what: "the TLS configuration",
+        source,
+    })?;
     let client = client(args.kubeconfig.as_deref()).await?;
 
     let adaptive = adaptive_settings(&args)?;
@@ -466,9 +474,7 @@ pub async fn serve(
         max_body_bytes_in_flight_per_client: args.max_body_bytes_in_flight_per_client,
         body_timeout: args.body_timeout,
     };
-    limits
-        .check()
-        .map_err(|e| CliError::Config(e.to_string()))?;
+    limits.check()?;
     let (metrics, registry) = Metrics::new();
     let follow_up = if args.follow_up_tagging {
         FollowUp::spawn(
@@ -591,8 +597,7 @@ pub async fn serve(
 
 async fn wait_for_signal() -> Result<(), CliError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())
-        .map_err(|e| CliError::Runtime(format!("cannot watch SIGTERM: {e}")))?;
+    let mut term = signal(SignalKind::terminate()).map_err(CliError::Signal)?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -18,6 +18,52 @@ use kube::core::Request;
 
 use crate::command::CliError;
 
+/// Why the self-test failed: graceguard did not answer its dry run, or the
+/// dry run could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub enum SelfTestError {
+    #[error("building the dry-run Create of pod {namespace}/{name}: {reason}")]
+    Request {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
+    #[error("the API server did not answer the dry-run Create of pod {namespace}/{name} within {timeout:?}")]
+    Timeout {
+        namespace: String,
+        name: String,
+        timeout: Duration,
+    },
+    #[error("the dry-run Create of pod {namespace}/{name} failed: {source}")]
+    Send {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the API server refused the dry-run Create of pod {namespace}/{name} ({status}): {body}\n\
+             fix: if it names graceguard's webhook, the API server cannot reach it (check the Service's endpoints \
+             and the webhook configurations' caBundle); otherwise give the test's service account `create` on pods \
+             in {namespace} and check that the namespace exists")]
+    Refused {
+        namespace: String,
+        name: String,
+        status: http::StatusCode,
+        body: String,
+    },
+    #[error("the API server admitted the dry-run Create of pod {namespace}/{name} without graceguard's answer \
+             (warnings: {warnings:?}): it did not call graceguard, or the call failed and failurePolicy Ignore let \
+             the Create through.\n\
+             fix: check the caBundle of the collision guard's webhook configuration against the serving \
+             certificate, that the Service has ready endpoints, that {namespace} is not excluded from the webhooks, \
+             and the API server's log for \"failed calling webhook\"")]
+    NotCalled {
+        namespace: String,
+        name: String,
+        warnings: Vec<String>,
+    },
+}
+
 /// Names of the self-test's dry-run pods. Only a dry-run Create with this
 /// prefix gets the warning; a real Create is judged like any other.
 pub const NAME_PREFIX: &str = "graceguard-self-test-";
@@ -51,28 +97,27 @@ pub async fn run(
         "metadata": {"name": name, "labels": {"app.kubernetes.io/component": "self-test"}},
         "spec": {"containers": [{"name": "never-runs", "image": "graceguard.invalid/self-test:dry-run"}]},
     }))
-    .map_err(|e| CliError::Runtime(format!("building the self-test pod: {e}")))?;
-    let body = serde_json::to_vec(&pod)
-        .map_err(|e| CliError::Runtime(format!("encoding the self-test pod: {e}")))?;
+    .map_err(|e| request_error(namespace, &name, e))?;
+    let body = serde_json::to_vec(&pod).map_err(|e| request_error(namespace, &name, e))?;
     let pp = PostParams {
         dry_run: true,
         ..Default::default()
     };
     let req = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
         .create(&pp, body)
-        .map_err(|e| CliError::Runtime(format!("building the dry-run Create: {e}")))?;
+        .map_err(|e| request_error(namespace, &name, e))?;
     let send = client.send(req.map(kube::client::Body::from));
     let resp = tokio::time::timeout(timeout, send)
         .await
-        .map_err(|_| {
-            CliError::Runtime(format!(
-                "the API server did not answer the dry-run Create of pod {namespace}/{name} within {timeout:?}"
-            ))
+        .map_err(|_| SelfTestError::Timeout {
+            namespace: namespace.into(),
+            name: name.clone(),
+            timeout,
         })?
-        .map_err(|e| {
-            CliError::Runtime(format!(
-                "the dry-run Create of pod {namespace}/{name} failed: {e}"
-            ))
+        .map_err(|source| SelfTestError::Send {
+            namespace: namespace.into(),
+            name: name.clone(),
+            source,
         })?;
     let status = resp.status();
     let warnings: Vec<String> = resp
@@ -85,7 +130,16 @@ pub async fn run(
         .await
         .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
         .unwrap_or_default();
-    check(namespace, &name, status, &warnings, &body)
+    Ok(check(namespace, &name, status, &warnings, &body)?)
+}
+
+/// The dry run could not be built (a namespace that is no URI path).
+fn request_error(namespace: &str, name: &str, e: impl std::fmt::Display) -> SelfTestError {
+    SelfTestError::Request {
+        namespace: namespace.into(),
+        name: name.into(),
+        reason: e.to_string(),
+    }
 }
 
 /// The verdict on the API server's answer (pure, for the unit tests).
@@ -95,26 +149,22 @@ fn check(
     status: http::StatusCode,
     warnings: &[String],
     body: &str,
-) -> Result<String, CliError> {
+) -> Result<String, SelfTestError> {
     if !status.is_success() {
-        return Err(CliError::Runtime(format!(
-            "the API server refused the dry-run Create of pod {namespace}/{name} ({status}): {}\n\
-             fix: if it names graceguard's webhook, the API server cannot reach it (check the Service's endpoints \
-             and the webhook configurations' caBundle); otherwise give the test's service account `create` on pods \
-             in {namespace} and check that the namespace exists",
-            body.trim()
-        )));
+        return Err(SelfTestError::Refused {
+            namespace: namespace.into(),
+            name: name.into(),
+            status,
+            body: body.trim().into(),
+        });
     }
     match warnings.iter().find(|w| w.contains(WARNING_PREFIX)) {
         Some(w) => Ok(w.clone()),
-        None => Err(CliError::Runtime(format!(
-            "the API server admitted the dry-run Create of pod {namespace}/{name} without graceguard's answer \
-             (warnings: {warnings:?}): it did not call graceguard, or the call failed and failurePolicy Ignore let \
-             the Create through.\n\
-             fix: check the caBundle of the collision guard's webhook configuration against the serving \
-             certificate, that the Service has ready endpoints, that {namespace} is not excluded from the webhooks, \
-             and the API server's log for \"failed calling webhook\""
-        ))),
+        None => Err(SelfTestError::NotCalled {
+            namespace: namespace.into(),
+            name: name.into(),
+            warnings: warnings.to_vec(),
+        }),
     }
 }
 
@@ -142,12 +192,13 @@ mod tests {
     fn admitted_without_the_warning_fails_and_says_why() {
         let w = vec![r#"299 - "graceguard self-test: the collision guard answered this dry run (replica a)""#.to_string()];
         assert!(check("default", "n", http::StatusCode::CREATED, &w, "").is_ok());
-        let Err(CliError::Runtime(e)) = check("default", "n", http::StatusCode::CREATED, &[], "")
+        let Err(e @ SelfTestError::NotCalled { .. }) =
+            check("default", "n", http::StatusCode::CREATED, &[], "")
         else {
             panic!("no warning must fail")
         };
-        assert!(e.contains("caBundle"), "{e}");
-        let Err(CliError::Runtime(e)) = check(
+        assert!(e.to_string().contains("caBundle"), "{e}");
+        let Err(e @ SelfTestError::Refused { .. }) = check(
             "default",
             "n",
             http::StatusCode::INTERNAL_SERVER_ERROR,
@@ -156,6 +207,6 @@ mod tests {
         ) else {
             panic!("a refusal must fail")
         };
-        assert!(e.contains("failed calling webhook"), "{e}");
+        assert!(e.to_string().contains("failed calling webhook"), "{e}");
     }
 }
