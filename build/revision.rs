@@ -1,6 +1,6 @@
-//! Build script of the webhook and the guard: the source revision for
-//! `graceguard_build_info{revision}`, so an operator sees which code a
-//! replica runs. `GRACEGUARD_REVISION` wins when set (a release build from
+//! Build script of graceguard-contract (`graceguard_contract::build`): the
+//! source revision for `--version` and `graceguard_build_info{revision}` of
+//! the webhook and the guard, so an operator sees which code a replica runs. `GRACEGUARD_REVISION` wins when set (a release build from
 //! a tarball), else `git rev-parse`, else `unknown`.
 
 use std::path::Path;

@@ -24,7 +24,7 @@ use kube::Api;
 #[command(
     name = "graceguard",
     // The version and the source revision: what a bug report must name.
-    version = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("GRACEGUARD_REVISION"), ")"),
+    version = graceguard_contract::build::VERSION_LINE,
     about = "Run Kubernetes pod tasks so graceful deletions stay harmless"
 )]
 struct Cli {
@@ -372,23 +372,11 @@ async fn main() {
     std::process::exit(code);
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM (how Kubernetes, Argo and Airflow
-/// stop a process) with the exit code for it: 130 or 143.
-/// The handlers are installed when this is called, not when the future is
-/// first polled.
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM with the exit code for it: 130
+/// or 143 ([`graceguard_contract::stop`]; the handlers are installed now).
 fn stop_signal() -> Result<impl std::future::Future<Output = i32>, CliError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let listen = |kind| signal(kind).map_err(CliError::Signal);
-    let (mut int, mut term) = (
-        listen(SignalKind::interrupt())?,
-        listen(SignalKind::terminate())?,
-    );
-    Ok(async move {
-        tokio::select! {
-            _ = int.recv() => 130,
-            _ = term.recv() => 143,
-        }
-    })
+    let stop = graceguard_contract::stop::signal_to_stop().map_err(CliError::Signal)?;
+    Ok(async move { stop.await.exit_code() })
 }
 
 async fn client(kubeconfig: Option<&PathBuf>) -> Result<(kube::Client, String), CliError> {
@@ -778,9 +766,8 @@ mod tests {
         let want = format!(
             "graceguard {} (revision {})",
             env!("CARGO_PKG_VERSION"),
-            env!("GRACEGUARD_REVISION")
+            graceguard_contract::build::REVISION
         );
         assert_eq!(v.trim(), want);
-        assert!(!env!("GRACEGUARD_REVISION").is_empty());
     }
 }

@@ -29,7 +29,7 @@ use crate::{limits, logging, server, watchers};
 #[command(
     name = "graceguard-webhook",
     // The version and the source revision: what a bug report must name.
-    version = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("GRACEGUARD_REVISION"), ")"),
+    version = graceguard_contract::build::VERSION_LINE,
     about = "graceguard's admission webhook"
 )]
 struct Cli {
@@ -596,12 +596,9 @@ pub async fn serve(
 }
 
 async fn wait_for_signal() -> Result<(), CliError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(CliError::Signal)?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    let stop = graceguard_contract::stop::signal_to_stop().map_err(CliError::Signal)?;
+    let signal = stop.await;
+    tracing::info!(signal = signal.name(), "stopping");
     Ok(())
 }
 
@@ -616,10 +613,9 @@ mod tests {
         let want = format!(
             "graceguard-webhook {} (revision {})",
             env!("CARGO_PKG_VERSION"),
-            env!("GRACEGUARD_REVISION")
+            graceguard_contract::build::REVISION
         );
         assert_eq!(v.trim(), want);
-        assert!(!env!("GRACEGUARD_REVISION").is_empty());
     }
 
     #[test]

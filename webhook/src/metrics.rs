@@ -169,10 +169,7 @@ pub const REVIEW_SECONDS_BUCKETS: [f64; 21] = [
 
 /// `graceguard_build_info`: which code a replica runs.
 pub fn build_info() -> Info<Vec<(&'static str, &'static str)>> {
-    Info::new(vec![
-        ("version", env!("CARGO_PKG_VERSION")),
-        ("revision", env!("GRACEGUARD_REVISION")),
-    ])
+    Info::new(graceguard_contract::build::labels())
 }
 
 const ENDPOINTS: [Endpoint; 5] = [

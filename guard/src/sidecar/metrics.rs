@@ -19,10 +19,7 @@ use super::Sidecar;
 
 /// `graceguard_build_info`'s labels: the same on the webhook and the sidecar.
 pub fn build_info() -> Info<Vec<(&'static str, &'static str)>> {
-    Info::new(vec![
-        ("version", env!("CARGO_PKG_VERSION")),
-        ("revision", env!("GRACEGUARD_REVISION")),
-    ])
+    Info::new(graceguard_contract::build::labels())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
