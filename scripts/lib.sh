@@ -134,7 +134,7 @@ kube_minors() {
 #                             on the oldest, helm_installs and host_network
 # scripts/matrix runs every test on every minor, these included.
 # shellcheck disable=SC2034 # read by scripts/test and scripts/matrix
-NEWEST_ONLY_TESTS='binary(demo) | binary(airflow_executor) | test(airflow_seed_at_scale) | test(the_flyte_seed_on_real_nodes) | (binary(helm_install) & test(/oci_registry|upgrades_from|emergency_switch/))'
+NEWEST_ONLY_TESTS='binary(e2e) & (test(/^(demo|airflow_executor)::/) | test(airflow_seed_at_scale) | test(the_flyte_seed_on_real_nodes) | test(/^helm_install::.*(oci_registry|upgrades_from|emergency_switch)/))'
 
 # kube_release MINOR: the release tests/kube/versions pins for MINOR (v1.30.14).
 kube_release() {

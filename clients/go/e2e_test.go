@@ -1,7 +1,7 @@
 //go:build e2e
 
 // End-to-end tests against a real sidecar, run by graceguard's test bed
-// (tests/tests/sidecar_api.rs), which starts the sidecars and a kubelet
+// (tests/tests/e2e/sidecar_api.rs), which starts the sidecars and a kubelet
 // that ends each pod a moment after it runs (annotation
 // testbed.graceguard.io/end: Succeeded, Failed or never) and passes:
 // GRACEGUARD_E2E_NAMESPACE, GRACEGUARD_E2E_TEMPLATE (a pod JSON file),
@@ -20,7 +20,7 @@ import (
 func env(t *testing.T, name string) string {
 	v := os.Getenv(name)
 	if v == "" {
-		t.Fatalf("%s is not set: run these tests through graceguard's scripts/test (tests/tests/sidecar_api.rs)", name)
+		t.Fatalf("%s is not set: run these tests through graceguard's scripts/test (tests/tests/e2e/sidecar_api.rs)", name)
 	}
 	return v
 }

@@ -1,6 +1,6 @@
 //! The guard's fence end to end, shared by the bed without nodes
-//! (`tests/tests/fencing.rs`) and the bed with a real node
-//! (`tests/tests/real_nodes.rs`): Creates under a Lease term, the webhook's
+//! (`tests/tests/e2e/fencing.rs`) and the bed with a real node
+//! (`tests/tests/e2e/real_nodes.rs`): Creates under a Lease term, the webhook's
 //! refusal of a stale one, and the stalled-holder scenario.
 
 use std::time::{Duration, Instant};

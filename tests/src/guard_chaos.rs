@@ -14,7 +14,7 @@
 //!   acknowledged);
 //! * once every task has ended, no pod of it is left Pending or Running.
 //!
-//! The quick form runs in `scripts/test` (tests/tests/guard_chaos.rs), the
+//! The quick form runs in `scripts/test` (tests/tests/e2e/guard_chaos.rs), the
 //! full one in `scripts/reliability` (group `guard_chaos`).
 
 use std::collections::{BTreeMap, HashMap};

@@ -114,12 +114,12 @@ async fn run(args: &Args) -> Result<bool> {
         pass &= port_attack(Duration::from_secs(if q { 12 } else { 60 })).await?;
     }
     // Not part of the default set: its quick form is an end-to-end test
-    // (tests/tests/guard_chaos.rs); `--only guard_chaos` runs the full one.
+    // (tests/tests/e2e/guard_chaos.rs); `--only guard_chaos` runs the full one.
     if args.only.iter().any(|o| o == "guard_chaos") {
         pass &= guard_chaos(if q { 40 } else { 1000 }, false).await?;
     }
     // The same on a real node (kubelet, containerd, runc): its
-    // quick form is tests/tests/real_nodes.rs's guard_chaos test.
+    // quick form is tests/tests/e2e/real_nodes.rs's guard_chaos test.
     if args.only.iter().any(|o| o == "guard_chaos_real_nodes") {
         pass &= guard_chaos(if q { 12 } else { 200 }, true).await?;
     }

@@ -1,5 +1,5 @@
 """End-to-end tests against real sidecars, run by graceguard's test bed
-(tests/tests/sidecar_api.rs), which starts the sidecars and a kubelet that
+(tests/tests/e2e/sidecar_api.rs), which starts the sidecars and a kubelet that
 ends each pod a moment after it runs (annotation testbed.graceguard.io/end:
 Succeeded, Failed or never) and sets GRACEGUARD_E2E_NAMESPACE,
 GRACEGUARD_E2E_TEMPLATE, GRACEGUARD_E2E_SOCKET, GRACEGUARD_E2E_URL and
@@ -30,7 +30,7 @@ from graceguard_client import (
 def env(name: str) -> str:
     v = os.environ.get(name)
     if not v:
-        pytest.fail(f"{name} is not set: run these tests through graceguard's scripts/test (tests/tests/sidecar_api.rs)")
+        pytest.fail(f"{name} is not set: run these tests through graceguard's scripts/test (tests/tests/e2e/sidecar_api.rs)")
     return v
 
 

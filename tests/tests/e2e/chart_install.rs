@@ -4,7 +4,7 @@
 //! API server's validation and admission, nothing stored), then the install,
 //! then an upgrade with the same values that must keep the self-signed pair
 //! and every caBundle. Pods are not waited for (no kubelet runs here; real
-//! installs on real nodes are tests/tests/helm_install.rs).
+//! installs on real nodes are tests/tests/e2e/helm_install.rs).
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,

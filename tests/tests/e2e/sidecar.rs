@@ -225,7 +225,7 @@ async fn the_api_answers_as_its_openapi_document_says() -> R {
     let (code, doc) = sidecar.request("GET", "/openapi.json", None).await?;
     assert_eq!(code, 200);
     let committed: serde_json::Value =
-        serde_json::from_str(include_str!("../../guard/openapi.json"))?;
+        serde_json::from_str(include_str!("../../../guard/openapi.json"))?;
     assert_eq!(doc, committed, "the served document is the committed one");
 
     let tpl: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&template)?)?;
