@@ -44,7 +44,7 @@
 //! ```
 
 pub mod adoption;
-pub mod answer;
+mod answer;
 pub mod api_timeouts;
 pub mod backoff;
 pub mod bounds;
@@ -58,7 +58,7 @@ pub mod executor_config;
 mod executor_loop;
 pub mod kube_events;
 pub mod lease;
-pub mod lifecycle;
+mod lifecycle;
 pub mod namespace_state;
 pub mod naming;
 pub mod phase;
