@@ -1032,7 +1032,7 @@ impl<P: PodApi> Loop<P> {
         let Some(e) = self.tasks.get_mut(key) else {
             return;
         };
-        if e.state.is_none() && !pods.is_empty() && !e.life.aborted_before_list() {
+        if e.state.is_none() && !pods.is_empty() && e.life.resumes() {
             tracing::info!(task = %e.spec.task, namespace = %key.namespace, "resuming a task from its pods");
         }
         let state = e.state.take();

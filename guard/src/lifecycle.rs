@@ -86,6 +86,12 @@ impl Lifecycle {
         }
     }
 
+    /// Its first turn resumes it from its pods (neither a replacement nor
+    /// an abort before the list).
+    pub fn resumes(&self) -> bool {
+        !self.replacing && !self.aborted_before_list
+    }
+
     /// Aborted before the first pod list was in, not yet carried out.
     pub fn aborted_before_list(&self) -> bool {
         self.aborted_before_list
