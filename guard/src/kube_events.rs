@@ -34,9 +34,10 @@ impl Publisher {
         }
     }
 
-    /// A publisher that publishes nothing (an executor told not to, and the
-    /// loop's tests, which have no API server).
-    pub fn off() -> Self {
+    /// A publisher that publishes nothing, with no API server (the loop's
+    /// tests).
+    #[cfg(test)]
+    pub(crate) fn off() -> Self {
         Self {
             client: None,
             reporter: Reporter {
