@@ -142,18 +142,7 @@ mod tests {
     }
 
     fn pod(uid: &str, attempt: u32, phase: &str) -> PodView {
-        PodView {
-            uid: uid.into(),
-            attempt,
-            phase: phase.into(),
-            disruption: None,
-            created_ms: 1_000 + i64::from(attempt),
-            deletion_ms: None,
-            done: false,
-            finished: false,
-            record: None,
-            task_started_ms: None,
-        }
+        PodView::sample(uid, attempt, phase)
     }
 
     fn outcome(succeeded: bool) -> Outcome {

@@ -146,6 +146,24 @@ impl PodView {
     pub fn deleting(&self) -> bool {
         self.deletion_ms.is_some()
     }
+
+    /// A pod of attempt `attempt` in `phase`, created at 1,000 ms plus its
+    /// attempt, not deleted: the decision modules' unit tests start here.
+    #[cfg(test)]
+    pub(crate) fn sample(uid: &str, attempt: u32, phase: &str) -> Self {
+        Self {
+            uid: uid.into(),
+            attempt,
+            phase: phase.into(),
+            disruption: None,
+            created_ms: 1_000 + i64::from(attempt),
+            deletion_ms: None,
+            done: false,
+            finished: false,
+            record: None,
+            task_started_ms: None,
+        }
+    }
 }
 
 /// The pod found holding a name after AlreadyExists or an unknown outcome.

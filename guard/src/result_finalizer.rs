@@ -136,16 +136,8 @@ mod tests {
 
     fn pod(uid: &str, attempt: u32, done: bool) -> PodView {
         PodView {
-            uid: uid.into(),
-            attempt,
-            phase: "Failed".into(),
-            disruption: None,
-            created_ms: 1_000 + i64::from(attempt),
-            deletion_ms: None,
             done,
-            finished: false,
-            record: None,
-            task_started_ms: None,
+            ..PodView::sample(uid, attempt, "Failed")
         }
     }
 

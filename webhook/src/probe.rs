@@ -55,7 +55,9 @@ pub async fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
         url: url.into(),
         reason,
     };
-    let uri: http::Uri = url.parse().map_err(|e| bad_url(format!("{e}")))?;
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| bad_url(e.to_string()))?;
     if uri.scheme_str() != Some("http") {
         return Err(bad_url("not http://".into()));
     }
@@ -83,7 +85,7 @@ pub async fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
         let req = http::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
             .header(http::header::HOST, format!("{host}:{port}"))
             .body(Empty::<Bytes>::new())
-            .map_err(|e| bad_url(format!("{e}")))?;
+            .map_err(|e| bad_url(e.to_string()))?;
         let resp = sender.send_request(req).await.map_err(http_error)?;
         let status = resp.status();
         let body = resp
