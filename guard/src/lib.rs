@@ -4,24 +4,31 @@
 //! graceful deletion from turning into a livelock, a quota leak or a burned
 //! retry budget (see docs/architecture.md, "The guard's rules"):
 //!
-//! 1. every attempt has its own pod name ([`naming`]);
+//! 1. every attempt has its own pod name ([`core::naming`]);
 //! 2. a graceful deletion is a state, `ShuttingDown`, waited out until the pod
-//!    is gone ([`reconcile`]);
+//!    is gone ([`core::reconcile`]);
 //! 3. AlreadyExists is never success: the holder is read, adopted if it is
-//!    this attempt's own pod, a `NameConflict` otherwise ([`reconcile`]);
+//!    this attempt's own pod, a `NameConflict` otherwise ([`core::reconcile`]);
 //! 4. a quota rejection is waiting with a shared per-namespace backoff
-//!    ([`classify`], [`backoff`]);
+//!    ([`core::classify`], [`core::backoff`]);
 //! 5. system failures are bounded, and only a Running attempt resets the
-//!    consecutive count; every wait has a bound ([`bounds`]);
+//!    consecutive count; every wait has a bound ([`core::bounds`]);
 //! 6. completed pods left by a dead instance are reported once and drained
-//!    ([`adoption`], [`lease`]); one process at a time acts for an instance
-//!    (its Lease fences the others, [`lease::Fence`]).
+//!    ([`runtime::adoption`], [`runtime::lease`]); one process at a time acts for an instance
+//!    (its Lease fences the others, [`runtime::lease::Fence`]).
 //!
-//! The decisions are pure ([`reconcile::reconcile`], [`classify`],
-//! [`backoff`]) and their state is rebuilt from the pods ([`pod_record`]), so
-//! a restarted executor resumes its tasks. [`executor::Executor`] runs all
-//! tasks of an instance from one shared pod watch; `graceguard sidecar`
-//! serves it over HTTP ([`sidecar`]) for executors in any language.
+//! Three layers, each depending only on the ones before it:
+//!
+//! * [`core`]: the decisions, pure (no Kubernetes client, no tokio), their
+//!   state rebuilt from the pods ([`core::pod_record`]), so a restarted
+//!   executor resumes its tasks;
+//! * [`runtime`]: the I/O that carries them out. [`Executor`] runs all tasks
+//!   of an instance from one shared pod watch; [`Guard`] runs one at a time;
+//! * `sidecar` (feature `sidecar`) serves an [`Executor`] over HTTP for
+//!   executors in any language, and `cli` (feature `cli`) is the
+//!   `graceguard` command. Both are on by default; a library user who needs
+//!   neither turns them off (`default-features = false`) and compiles no
+//!   HTTP server, OpenAPI or argument parser.
 //!
 //! A minimal executor:
 //!
@@ -43,39 +50,12 @@
 //! # }
 //! ```
 
-pub mod adoption;
-mod answer;
-pub mod api_timeouts;
-pub mod backoff;
-pub mod bounds;
-pub mod classify;
-pub mod done_marks;
-mod driver;
-pub mod error;
-pub mod events;
-pub mod executor;
-mod executor_config;
-mod executor_loop;
-mod kube_events;
-pub mod lease;
-mod lifecycle;
-mod namespace_state;
-pub mod naming;
-mod phase;
-pub mod pod_api;
-pub mod pod_index;
-pub mod pod_record;
-pub mod reconcile;
-pub mod result_finalizer;
-pub mod result_release;
-pub mod run_identity;
-mod server_clock;
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod core;
+pub mod runtime;
+#[cfg(feature = "sidecar")]
 pub mod sidecar;
-pub mod task;
-pub mod template;
 
-pub use bounds::Bounds;
-pub use driver::{Guard, GuardConfig};
-pub use error::{GuardError, TaskError};
-pub use phase::{FailureKind, Phase, Transition};
-pub use reconcile::{Outcome, TaskSpec};
+pub use crate::core::{Bounds, FailureKind, Outcome, Phase, TaskError, TaskSpec, Transition};
+pub use crate::runtime::{Executor, Guard, GuardConfig, GuardError};

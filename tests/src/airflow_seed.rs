@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use graceguard::adoption::{Adopter, Found};
-use graceguard::naming::INSTANCE_LABEL;
+use graceguard::core::naming::INSTANCE_LABEL;
+use graceguard::runtime::adoption::{Adopter, Found};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};

@@ -114,7 +114,7 @@ pub async fn stalled_holder(
     )
     .await?;
     let leases: Api<Lease> = Api::namespaced(bed.client.clone(), ns);
-    let lease_name = graceguard::lease::lease_name(instance);
+    let lease_name = graceguard::runtime::lease::lease_name(instance);
     let before = leases.get(&lease_name).await?;
     let spec = before.spec.clone().unwrap_or_default();
     let a_term = graceguard_contract::fencing::Token {

@@ -58,7 +58,7 @@ pub fn cached_package(
             &std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
         );
     }
-    let hash = graceguard::pod_record::template_hash(&serde_json::Value::String(key));
+    let hash = graceguard::core::pod_record::template_hash(&serde_json::Value::String(key));
     let dir = crate::binaries::cache_dir().join(cache_name);
     let bin = dir.join(format!("{bin_name}-{hash}"));
     if bin.is_file() {

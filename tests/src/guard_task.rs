@@ -117,7 +117,7 @@ pub async fn audited_bed(prefix: &str) -> Result<(crate::TestBed, String)> {
 /// Attempt 0 of task `<name without -0>` as executor `instance` launched it:
 /// the labels adoption goes by.
 pub fn managed_pod(name: &str, instance: &str) -> Pod {
-    use graceguard::naming::{
+    use graceguard::core::naming::{
         ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
     };
     let mut p = crate::pods::task_pod(name, 30);
@@ -150,7 +150,7 @@ pub async fn instance_lease(
     let renewed = k8s_openapi::jiff::Timestamp::now();
     let l = Lease {
         metadata: kube::api::ObjectMeta {
-            name: Some(graceguard::lease::lease_name(instance)),
+            name: Some(graceguard::runtime::lease::lease_name(instance)),
             ..Default::default()
         },
         spec: Some(LeaseSpec {

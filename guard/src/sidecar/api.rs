@@ -5,9 +5,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::wire_events::Event;
-use crate::bounds::Bounds;
-use crate::done_marks::Marked;
-use crate::task::TaskStatus;
+use crate::core::bounds::Bounds;
+use crate::core::task::TaskStatus;
+use crate::runtime::done_marks::Marked;
 
 /// Longest long poll a client may ask for.
 pub const MAX_WAIT_SECONDS: u64 = 60;

@@ -16,10 +16,10 @@ use super::api::{
 };
 use super::status::{ApiStatus, Reason};
 use super::Sidecar;
-use crate::error::TaskError;
-use crate::reconcile::TaskSpec;
-use crate::task::{Submitted, TaskKey, TaskStatus};
-use crate::template::Template;
+use crate::core::error::TaskError;
+use crate::core::reconcile::TaskSpec;
+use crate::core::task::{Submitted, TaskKey, TaskStatus};
+use crate::core::template::Template;
 
 type Answer<T> = Result<T, ApiStatus>;
 

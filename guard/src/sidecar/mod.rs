@@ -30,7 +30,7 @@ pub use api::{MAX_ACK_SEQS, MAX_WAIT_SECONDS};
 pub use listen::{bind_socket, serve, serve_metrics, Listen, ListenError};
 use status::{ApiStatus, Reason};
 
-use crate::executor::Executor;
+use crate::runtime::executor::Executor;
 
 /// Every (method, path) of the API the router answers (`/metrics`, for
 /// Prometheus, is served beside them), in OpenAPI's path syntax; a
@@ -142,7 +142,7 @@ async fn auth(State(s): State<Sidecar>, req: Request, next: Next) -> Response {
 mod tests {
     use super::api::PutTask;
     use super::*;
-    use crate::bounds::Bounds;
+    use crate::core::bounds::Bounds;
     use std::time::Duration;
 
     #[test]
@@ -170,12 +170,12 @@ mod tests {
     /// A router whose executor points at a closed port: enough for the
     /// checks made before any task reaches the API server.
     fn offline(token: Option<&str>) -> Result<Router, Box<dyn std::error::Error>> {
-        offline_with(crate::executor::ExecutorConfig::new("unit"), token)
+        offline_with(crate::runtime::executor::ExecutorConfig::new("unit"), token)
     }
 
     /// [`offline`] with an executor configured as `config`.
     fn offline_with(
-        config: crate::executor::ExecutorConfig,
+        config: crate::runtime::executor::ExecutorConfig,
         token: Option<&str>,
     ) -> Result<Router, Box<dyn std::error::Error>> {
         let kube = kube::Config::new("http://127.0.0.1:9".parse()?);
@@ -221,7 +221,7 @@ mod tests {
     /// it knows is still answered.
     #[tokio::test]
     async fn past_its_limits_a_put_is_429_too_many_tasks() {
-        let mut ec = crate::executor::ExecutorConfig::new("unit");
+        let mut ec = crate::runtime::executor::ExecutorConfig::new("unit");
         ec.max_tasks = 2;
         ec.max_template_bytes = 10_000;
         let app = offline_with(ec, None).expect("router");
@@ -233,7 +233,7 @@ mod tests {
             200,
             "a known task is still answered"
         );
-        let mut ec = crate::executor::ExecutorConfig::new("unit");
+        let mut ec = crate::runtime::executor::ExecutorConfig::new("unit");
         ec.max_template_bytes = 10_000;
         let app = offline_with(ec, None).expect("router");
         assert_eq!(put(&app, "a", 6_000).await.0, 201);
@@ -284,7 +284,10 @@ mod tests {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
         let scrape = metrics_router(Sidecar {
-            executor: Executor::start(client, crate::executor::ExecutorConfig::new("unit")),
+            executor: Executor::start(
+                client,
+                crate::runtime::executor::ExecutorConfig::new("unit"),
+            ),
             token: Some(Arc::new("0123456789abcdef-secret".into())),
         });
         assert_eq!(status_of(scrape.clone(), "/metrics", None).await, 200);
@@ -523,7 +526,10 @@ mod tests {
     async fn a_non_loopback_listen_address_is_refused() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
-        let executor = Executor::start(client, crate::executor::ExecutorConfig::new("unit"));
+        let executor = Executor::start(
+            client,
+            crate::runtime::executor::ExecutorConfig::new("unit"),
+        );
         let sidecar = Sidecar {
             executor,
             token: Some(Arc::new("0123456789abcdef".into())),

@@ -9,7 +9,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::TaskError;
+use crate::core::error::TaskError;
 
 /// Why a request was refused: a word a client can switch on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]

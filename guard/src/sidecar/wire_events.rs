@@ -6,10 +6,10 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::adoption::AdoptedPod;
-use crate::events::{EventBody, Logged};
-use crate::phase::Transition;
-use crate::reconcile::Outcome;
+use crate::core::phase::Transition;
+use crate::core::reconcile::Outcome;
+use crate::runtime::adoption::AdoptedPod;
+use crate::runtime::events::{EventBody, Logged};
 
 /// One event.
 #[derive(Debug, Serialize, ToSchema)]
@@ -123,7 +123,7 @@ impl From<Logged> for Event {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::EventBody;
+    use crate::runtime::events::EventBody;
 
     #[test]
     fn the_wire_form_is_the_logs_serialization() {

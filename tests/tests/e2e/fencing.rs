@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use graceguard::lease::InstanceLease;
-use graceguard::pod_api::{self, AnswerKind};
+use graceguard::runtime::lease::InstanceLease;
+use graceguard::runtime::pod_api::{self, AnswerKind};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
@@ -144,10 +144,10 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
     // checked: the matchConditions do not send it.
     for name in ["kept-0", "kept-1", "kept-2"] {
         let mut pod = pod_under(name, &b);
-        pod.metadata.finalizers = Some(vec![graceguard::naming::RESULT_FINALIZER.into()]);
+        pod.metadata.finalizers = Some(vec![graceguard::core::naming::RESULT_FINALIZER.into()]);
         api.create(&PostParams::default(), &pod).await?;
     }
-    let version = |p: &Pod| graceguard::pod_index::Version {
+    let version = |p: &Pod| graceguard::runtime::Version {
         name: p.metadata.name.clone().unwrap_or_default(),
         uid: p.metadata.uid.clone().unwrap_or_default(),
         resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
@@ -234,7 +234,7 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
     // The Lease deleted and created again (a new uid): every term of the old
     // one is over, B's too.
     let leases: Api<Lease> = Api::namespaced(alice.clone(), &ns);
-    let name = graceguard::lease::lease_name(INSTANCE);
+    let name = graceguard::runtime::lease::lease_name(INSTANCE);
     leases.delete(&name, &DeleteParams::default()).await?;
     drop(b_lease);
     let c = take(&alice, &ns).await?.token();

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use graceguard::adoption::{Adopter, Found};
-use graceguard::done_marks::Marked;
-use graceguard::template::Template;
+use graceguard::core::template::Template;
+use graceguard::runtime::adoption::{Adopter, Found};
+use graceguard::runtime::Marked;
 use graceguard::FailureKind;
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -432,7 +432,7 @@ fn managed_attempt(task: &str, attempt: u32, instance: &str) -> Pod {
     p.metadata.name = Some(format!("{task}-{attempt}"));
     if let Some(l) = p.metadata.labels.as_mut() {
         l.insert(
-            graceguard::naming::ATTEMPT_LABEL.into(),
+            graceguard::core::naming::ATTEMPT_LABEL.into(),
             attempt.to_string(),
         );
     }
@@ -525,7 +525,7 @@ async fn a_dead_instances_pods_kept_by_the_finalizer_are_delivered_then_let_go()
     let mut uids = Vec::new();
     for name in ["ok-0", "cut-0"] {
         let mut p = managed_pod(name, "dead-exec");
-        p.metadata.finalizers = Some(vec![graceguard::naming::RESULT_FINALIZER.into()]);
+        p.metadata.finalizers = Some(vec![graceguard::core::naming::RESULT_FINALIZER.into()]);
         let made = api.create(&PostParams::default(), &p).await?;
         uids.push(made.metadata.uid.unwrap_or_default());
         pods::wait_running(&api, name).await?;
@@ -790,8 +790,8 @@ async fn grant(bed: &TestBed, ns: &str, user: &str, name: &str, verbs: &[&str]) 
 /// aborted once the list is in, and no pod is ever created for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_aborted_before_the_first_pod_list_is_never_launched() -> R {
-    use graceguard::executor::Executor;
-    use graceguard::task::TaskKey;
+    use graceguard::core::task::TaskKey;
+    use graceguard::Executor;
     use graceguard::GuardConfig;
     let (bed, ns, _alice) = bed().await?;
     // carol may write pods but not list them yet: the executor's watch
@@ -845,8 +845,8 @@ async fn a_task_aborted_before_the_first_pod_list_is_never_launched() -> R {
 /// (the probe), not one per task, and none of the 200 spends an attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_tasks_waiting_on_a_full_quota_send_one_create_per_window() -> R {
-    use graceguard::events::EventBody;
-    use graceguard::executor::Executor;
+    use graceguard::runtime::events::EventBody;
+    use graceguard::Executor;
     use graceguard::GuardConfig;
     const N: usize = 200;
     let (bed, ns, alice) = bed().await?;
@@ -934,7 +934,7 @@ async fn release_results_for_all_namespaces_lets_go_of_dead_owners_pods_only() -
     let ns_b = bed.namespace("guard-b").await?;
     let held = |name: &str, instance: &str| {
         let mut p = managed_pod(name, instance);
-        p.metadata.finalizers = Some(vec![graceguard::naming::RESULT_FINALIZER.into()]);
+        p.metadata.finalizers = Some(vec![graceguard::core::naming::RESULT_FINALIZER.into()]);
         p
     };
     for (ns, name, instance) in [

@@ -301,7 +301,7 @@ async fn a_retried_jobs_run_resumes_its_task_under_the_jobs_instance() -> R {
         .metadata
         .labels
         .unwrap_or_default()
-        .get(graceguard::naming::INSTANCE_LABEL)
+        .get(graceguard::core::naming::INSTANCE_LABEL)
         .cloned();
     assert_eq!(instance.as_deref(), Some("run-job-nightly-job"));
     first.kill().await?;

@@ -451,7 +451,7 @@ fn holds_result(p: &Pod) -> bool {
         .finalizers
         .iter()
         .flatten()
-        .any(|f| f == graceguard::naming::RESULT_FINALIZER)
+        .any(|f| f == graceguard::core::naming::RESULT_FINALIZER)
 }
 
 /// A result outlives its pod's deletion until it is acknowledged: the
@@ -666,7 +666,7 @@ async fn set_lease_holder(bed: &TestBed, ns: &str, instance: &str, holder: Optio
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     let api: Api<Lease> = Api::namespaced(bed.client.clone(), ns);
-    let name = graceguard::lease::lease_name(instance);
+    let name = graceguard::runtime::lease::lease_name(instance);
     let mut lease = api.get(&name).await?;
     let spec = lease.spec.get_or_insert_with(Default::default);
     spec.holder_identity = holder.map(str::to_string);
@@ -851,7 +851,7 @@ async fn a_task_begun_under_the_32_bit_stems_keeps_its_pod_names() -> R {
     // 0.1.0's stem (SHA-256's first 4 bytes) and today's (8 bytes).
     const OLD: &str = "nightly-training-run-2026-12-06-shard-0042-cc32d46d";
     assert_eq!(
-        graceguard::naming::task_stem(TASK),
+        graceguard::core::naming::task_stem(TASK),
         "nightly-training-run-2026-12-06-sha-cc32d46d91e48977"
     );
     let (bed, ns, template) = bed().await?;
@@ -861,7 +861,7 @@ async fn a_task_begun_under_the_32_bit_stems_keeps_its_pod_names() -> R {
         retries: 1,
         ..graceguard::TaskSpec::new(TASK, &ns, "exec-l")
     };
-    let record = graceguard::pod_record::PodRecord {
+    let record = graceguard::core::pod_record::PodRecord {
         spec: Some(spec.recorded()),
         ..Default::default()
     };
@@ -870,7 +870,7 @@ async fn a_task_begun_under_the_32_bit_stems_keeps_its_pod_names() -> R {
         .annotations
         .get_or_insert_with(Default::default)
         .insert(
-            graceguard::pod_record::RECORD_ANNOTATION.into(),
+            graceguard::core::pod_record::RECORD_ANNOTATION.into(),
             record.to_annotation(),
         );
     api.create(&Default::default(), &old).await?;
@@ -896,7 +896,7 @@ async fn a_task_begun_under_the_32_bit_stems_keeps_its_pod_names() -> R {
     let p = api.get(&next).await?;
     assert_eq!(
         p.labels()
-            .get(graceguard::naming::TASK_LABEL)
+            .get(graceguard::core::naming::TASK_LABEL)
             .map(String::as_str),
         Some(OLD),
         "labelled as its earlier pods"
@@ -936,7 +936,7 @@ async fn a_task_taken_over_counts_its_deadline_by_the_api_servers_clock() -> R {
         ..graceguard::TaskSpec::new("late", &ns, "exec-d")
     };
     let skewed = k8s_openapi::jiff::Timestamp::now().as_millisecond() + 3_600_000;
-    let record = graceguard::pod_record::PodRecord {
+    let record = graceguard::core::pod_record::PodRecord {
         started_ms: Some(skewed),
         spent_ms: Some(0),
         spec: Some(spec.recorded()),
@@ -947,7 +947,7 @@ async fn a_task_taken_over_counts_its_deadline_by_the_api_servers_clock() -> R {
         .annotations
         .get_or_insert_with(Default::default)
         .insert(
-            graceguard::pod_record::RECORD_ANNOTATION.into(),
+            graceguard::core::pod_record::RECORD_ANNOTATION.into(),
             record.to_annotation(),
         );
     api.create(&Default::default(), &pod).await?;

@@ -6,7 +6,7 @@
 //! reads and patches (5 s each, retried), and the watches behind the indexes
 //! (re-opened every `WATCH_TIMEOUT_SECS`, abandoned 5 s past it when silent).
 //! The guard's sidecar likewise sees its pods again while it keeps its
-//! Lease (`graceguard::api_timeouts`). Both Kubernetes versions.
+//! Lease (`graceguard::runtime`'s API timeouts). Both Kubernetes versions.
 
 use std::time::{Duration, Instant};
 
@@ -126,7 +126,7 @@ async fn after_its_connections_go_silent_graceguard_denies_tags_and_indexes_agai
 /// pooled connection 25 s after it was sent), not kube's 295 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_whose_connections_go_silent_sees_its_pods_again_while_it_holds_its_lease() -> R {
-    use graceguard::api_timeouts::{READ_TIMEOUT, WATCH_TIMEOUT_SECS as GUARD_WATCH_SECS};
+    use graceguard::runtime::{READ_TIMEOUT, WATCH_TIMEOUT_SECS as GUARD_WATCH_SECS};
     let (bed, ns) = audited_bed("silent").await?;
     let upstream = bed.apiserver_addr()?;
     let proxy = StallingProxy::start(upstream).await?;

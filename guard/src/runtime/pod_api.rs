@@ -3,7 +3,7 @@
 //! each turned into what the reconciler is told ([`AnswerKind`]). The loop
 //! makes them through [`PodApi`], so its tests drive it with a fake under
 //! paused time; [`KubePods`] is the API server's. The pod an attempt
-//! creates is [`crate::template::Template::pod_for`]'s.
+//! creates is [`crate::core::template::Template::pod_for`]'s.
 
 use std::future::Future;
 use std::time::Duration;
@@ -16,12 +16,12 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-pub use crate::answer::{AnswerKind, Released};
-use crate::api_timeouts;
-use crate::classify::{classify, ApiError, CreateRefusal};
-use crate::pod_index::Version;
-use crate::reconcile::Existing;
-use crate::result_finalizer;
+pub use crate::core::answer::{AnswerKind, Released};
+use crate::core::classify::{classify, ApiError, CreateRefusal};
+use crate::core::reconcile::Existing;
+use crate::core::result_finalizer;
+use crate::runtime::api_timeouts;
+use crate::runtime::pod_index::Version;
 
 /// One item of the executor's pod watch.
 pub type WatchEvent = Result<Event<Pod>, watcher::Error>;
@@ -60,10 +60,10 @@ pub trait PodApi: Clone + Send + Sync + 'static {
         token: Option<String>,
     ) -> impl Future<Output = Released> + Send;
 
-    /// [`crate::namespace_state::is_terminating`].
+    /// [`crate::runtime::namespace_state::is_terminating`].
     fn namespace_terminating(&self, namespace: &str) -> impl Future<Output = Option<bool>> + Send;
 
-    /// [`crate::server_clock::offset_ms`], against the clock `local_ms`.
+    /// [`crate::runtime::server_clock::offset_ms`], against the clock `local_ms`.
     fn server_offset_ms(
         &self,
         local_ms: impl Fn() -> i64 + Send,
@@ -120,11 +120,11 @@ impl PodApi for KubePods {
     }
 
     async fn namespace_terminating(&self, namespace: &str) -> Option<bool> {
-        crate::namespace_state::is_terminating(&self.client, namespace).await
+        crate::runtime::namespace_state::is_terminating(&self.client, namespace).await
     }
 
     async fn server_offset_ms(&self, local_ms: impl Fn() -> i64 + Send) -> Option<i64> {
-        crate::server_clock::offset_ms(&self.client, local_ms).await
+        crate::runtime::server_clock::offset_ms(&self.client, local_ms).await
     }
 }
 
@@ -134,7 +134,7 @@ struct Created {
     metadata: kube::api::ObjectMeta,
 }
 
-/// Creates `pod` (a template's JSON, [`crate::template::Template::pod_for`])
+/// Creates `pod` (a template's JSON, [`crate::core::template::Template::pod_for`])
 /// in `namespace` as it is, with `fieldValidation=Strict`: a field the
 /// server does not know is refused by the server (400, naming it), never
 /// dropped. A refusal is classified ([`classify`]).

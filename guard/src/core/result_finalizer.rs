@@ -5,11 +5,11 @@
 //! The Job controller keeps its pods the same way.
 //!
 //! Which pods may let go is decided here, from the pods alone; the patch
-//! that lets go is [`crate::pod_api::release`] (and the done-mark,
-//! [`crate::done_marks`], which lets go in the same write).
+//! that lets go is [`crate::runtime::pod_api::release`] (and the done-mark,
+//! [`crate::runtime::done_marks`], which lets go in the same write).
 
-use crate::naming::RESULT_FINALIZER;
-use crate::reconcile::PodView;
+use crate::core::naming::RESULT_FINALIZER;
+use crate::core::reconcile::PodView;
 
 /// What of a task is still worth keeping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

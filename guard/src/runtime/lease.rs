@@ -37,7 +37,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::GuardError;
+use crate::runtime::error::GuardError;
 
 /// The default Lease duration.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(30);
@@ -129,7 +129,7 @@ fn stamp_holder(meta: &mut ObjectMeta, me: Option<&ContainerId>) {
 
 /// The Lease name of `instance`.
 pub fn lease_name(instance: &str) -> String {
-    format!("graceguard-{}", crate::naming::task_stem(instance))
+    format!("graceguard-{}", crate::core::naming::task_stem(instance))
 }
 
 /// What an [`Observer`] makes of a Lease.
@@ -289,7 +289,7 @@ fn timing(duration: Duration) -> (Duration, Duration) {
 /// A unique holder identity for this process: the instance, the host, the
 /// process id and a random part (a restarted container may reuse a pid).
 fn holder_identity(instance: &str) -> String {
-    let host = crate::naming::hostname().unwrap_or_else(|| "localhost".into());
+    let host = crate::core::naming::hostname().unwrap_or_else(|| "localhost".into());
     format!(
         "{instance}/{host}/{}-{:08x}",
         std::process::id(),

@@ -6,17 +6,17 @@
 //! The answers to those actions (a Create's result, a read of a name) come
 //! back through [`apply`]. The state is plain data ([`TaskState`] is serde):
 //! everything that must survive a restart is also written on each pod the
-//! task creates ([`crate::pod_record`]), so [`restore`] rebuilds it from the
+//! task creates ([`crate::core::pod_record`]), so [`restore`] rebuilds it from the
 //! cluster and a restarted executor resumes a task instead of starting it
 //! over (and meeting its own pod with a Create).
 
 use serde::{Deserialize, Serialize};
 
-use crate::bounds::{after, Bounds};
-use crate::classify::CreateRefusal;
-use crate::naming::{self, ATTEMPT_LABEL, INSTANCE_LABEL, TASK_LABEL};
-use crate::phase::{FailureKind, Phase, Transition};
-use crate::pod_record::{PodRecord, RecordedSpec};
+use crate::core::bounds::{after, Bounds};
+use crate::core::classify::CreateRefusal;
+use crate::core::naming::{self, ATTEMPT_LABEL, INSTANCE_LABEL, TASK_LABEL};
+use crate::core::phase::{FailureKind, Phase, Transition};
+use crate::core::pod_record::{PodRecord, RecordedSpec};
 
 /// How long a created pod may be missing from the watch before its name is
 /// read directly (the watch is normally a few milliseconds behind).
@@ -197,7 +197,8 @@ pub enum PodTrack {
 }
 
 /// How a task ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "sidecar", derive(utoipa::ToSchema))]
 pub struct Outcome {
     pub succeeded: bool,
     pub failure_kind: Option<FailureKind>,
@@ -247,7 +248,7 @@ pub struct TaskState {
     #[serde(default)]
     pub name_taken: bool,
     /// Ended by an abort: no result to keep, so its pods let go of the
-    /// result finalizer ([`crate::result_finalizer`]).
+    /// result finalizer ([`crate::core::result_finalizer`]).
     #[serde(default)]
     pub aborted: bool,
 }

@@ -22,7 +22,7 @@ pub const MANAGED_BY: &str = "graceguard";
 /// Annotation: the instance that claimed a completed pod for delivery.
 pub const CLAIMED_BY_ANNOTATION: &str = "graceguard.io/claimed-by";
 /// The finalizer every task pod carries until its result is acknowledged
-/// ([`crate::result_finalizer`]).
+/// ([`crate::core::result_finalizer`]).
 pub const RESULT_FINALIZER: &str = "graceguard.io/result";
 
 const MAX: usize = 63;

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 /// Who is to blame for a failure: the user's retries pay for `User`;
 /// `System` failures (preemption, external deletion, name conflicts) are
 /// bounded separately.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "sidecar", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum FailureKind {
     User,
@@ -74,13 +75,14 @@ impl Phase {
 }
 
 /// One phase change, as `graceguard run --events json` prints it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "sidecar", derive(utoipa::ToSchema))]
 pub struct Transition {
     pub task: String,
     pub attempt: u32,
     pub pod: String,
     /// `Launching`, `Queued`, `WaitingForResources`, `Running`, `ShuttingDown`, `Succeeded` or `Failed`.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "sidecar", schema(value_type = String))]
     pub phase: &'static str,
     pub reason: Option<String>,
     pub failure_kind: Option<FailureKind>,

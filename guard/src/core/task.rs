@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
-use crate::naming;
-use crate::phase::FailureKind;
+use crate::core::naming;
+use crate::core::phase::FailureKind;
 
 /// A task's identity: its namespace and task label value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -27,7 +27,8 @@ impl TaskKey {
 }
 
 /// A task as its caller sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "sidecar", derive(utoipa::ToSchema))]
 pub struct TaskStatus {
     pub namespace: String,
     pub task: String,
@@ -36,7 +37,7 @@ pub struct TaskStatus {
     /// The current pod's uid, once created.
     pub uid: Option<String>,
     /// `Launching`, `Queued`, `WaitingForResources`, `Running`, `ShuttingDown`, `Succeeded` or `Failed`.
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "sidecar", schema(value_type = String))]
     pub phase: &'static str,
     pub reason: Option<String>,
     pub failure_kind: Option<FailureKind>,

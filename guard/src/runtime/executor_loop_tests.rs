@@ -18,18 +18,18 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{spawn, Command, Stats};
-use crate::answer::{AnswerKind, Released};
-use crate::backoff::BackoffPolicy;
-use crate::classify::CreateRefusal;
-use crate::events::EventLog;
-use crate::executor_config::ExecutorConfig;
-use crate::kube_events::Publisher;
-use crate::lease::{Fence, FenceState};
-use crate::pod_api::{PodApi, WatchEvent};
-use crate::pod_index::Version;
-use crate::reconcile::{Existing, TaskSpec};
-use crate::task::{TaskKey, TaskStatus};
-use crate::template::Template;
+use crate::core::answer::{AnswerKind, Released};
+use crate::core::backoff::BackoffPolicy;
+use crate::core::classify::CreateRefusal;
+use crate::core::reconcile::{Existing, TaskSpec};
+use crate::core::task::{TaskKey, TaskStatus};
+use crate::core::template::Template;
+use crate::runtime::events::EventLog;
+use crate::runtime::executor_config::ExecutorConfig;
+use crate::runtime::kube_events::Publisher;
+use crate::runtime::lease::{Fence, FenceState};
+use crate::runtime::pod_api::{PodApi, WatchEvent};
+use crate::runtime::pod_index::Version;
 
 const NS: &str = "team-a";
 const INSTANCE: &str = "exec";
@@ -254,7 +254,7 @@ impl PodApi for Fake {
         if pod.resource_version().as_deref() != Some(v.resource_version.as_str()) {
             return Released::Changed;
         }
-        pod.metadata.finalizers = Some(crate::result_finalizer::without(&v.finalizers));
+        pod.metadata.finalizers = Some(crate::core::result_finalizer::without(&v.finalizers));
         let gone = pod.metadata.deletion_timestamp.is_some() && pod.finalizers().is_empty();
         match gone {
             true => c.removed(&v.name),
@@ -614,7 +614,7 @@ async fn a_result_keeps_its_finalizer_until_acknowledged_and_an_aborted_task_let
     );
     assert_eq!(
         fake.finalizers(&done),
-        [crate::naming::RESULT_FINALIZER],
+        [crate::core::naming::RESULT_FINALIZER],
         "still held"
     );
 
@@ -653,7 +653,10 @@ async fn a_result_keeps_its_finalizer_until_acknowledged_and_an_aborted_task_let
         !fake.lock().pods.contains_key(&stopped),
         "its deletion ended"
     );
-    assert_eq!(fake.finalizers(&done), [crate::naming::RESULT_FINALIZER]);
+    assert_eq!(
+        fake.finalizers(&done),
+        [crate::core::naming::RESULT_FINALIZER]
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -4,8 +4,8 @@
 //! up after a restart gets its template back, and the one report of each
 //! run's result. Pure: the loop keeps one per task and asks it.
 
-use crate::naming;
-use crate::reconcile::{self, Decision, Input, PodView, TaskSpec, TaskState};
+use crate::core::naming;
+use crate::core::reconcile::{self, Decision, Input, PodView, TaskSpec, TaskState};
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -135,7 +135,7 @@ impl Lifecycle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::{Action, Outcome};
+    use crate::core::reconcile::{Action, Outcome};
 
     fn spec() -> TaskSpec {
         TaskSpec::new("train", "ns", "exec")

@@ -1,16 +1,16 @@
 //! How an API call's answer becomes the reconciler's input: which wait each
 //! kind of refusal gets, and how the namespace's shared quota backoff
-//! ([`crate::backoff`]) and the task's own transient backoff advance. Pure:
+//! ([`crate::core::backoff`]) and the task's own transient backoff advance. Pure:
 //! the clock is passed in, so every wait is unit-tested.
 
 use std::time::{Duration, Instant};
 
 use backon::ExponentialBackoff;
 
-use crate::backoff::{at_least, BackoffPolicy, NamespaceBackoffs};
-use crate::classify::CreateRefusal;
-use crate::reconcile::{Existing, Input, HOLDER_RECHECK_MS};
-use crate::task::TaskKey;
+use crate::core::backoff::{at_least, BackoffPolicy, NamespaceBackoffs};
+use crate::core::classify::CreateRefusal;
+use crate::core::reconcile::{Existing, Input, HOLDER_RECHECK_MS};
+use crate::core::task::TaskKey;
 
 /// What an API call answered, for the task that asked.
 #[derive(Debug)]
@@ -25,7 +25,7 @@ pub enum AnswerKind {
     ReadFailed,
     DeleteFailed,
     /// Not sent: the namespace waits for quota and another task's Create is
-    /// the window's probe ([`crate::backoff::NamespaceBackoffs::probe`]);
+    /// the window's probe ([`crate::core::backoff::NamespaceBackoffs::probe`]);
     /// ask again at this instant.
     Held(Instant),
     /// The result finalizer of pod `uid` was let go of (or not).
@@ -161,7 +161,7 @@ pub fn input(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backoff::Probe;
+    use crate::core::backoff::Probe;
 
     fn policy(min_ms: u64, max_ms: u64) -> BackoffPolicy {
         BackoffPolicy {

@@ -2,7 +2,7 @@
 //! labelled `graceguard.io/done=true` on its pod, conditionally on the
 //! resourceVersion it was delivered with, so of two instances that both
 //! believe they own it, one marks it and the other learns it lost. The same
-//! write lets go of the result finalizer ([`crate::result_finalizer`]): an
+//! write lets go of the result finalizer ([`crate::core::result_finalizer`]): an
 //! acknowledged result needs no keeping.
 
 use k8s_openapi::api::core::v1::Pod;
@@ -10,11 +10,12 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
-use crate::naming::{CLAIMED_BY_ANNOTATION, DONE_LABEL};
-use crate::result_finalizer;
+use crate::core::naming::{CLAIMED_BY_ANNOTATION, DONE_LABEL};
+use crate::core::result_finalizer;
 
 /// What a done-mark came to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "sidecar", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Marked {
     /// This instance labelled the pod done.

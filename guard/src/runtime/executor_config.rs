@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use crate::backoff::BackoffPolicy;
-use crate::lease::Fence;
+use crate::core::backoff::BackoffPolicy;
+use crate::runtime::lease::Fence;
 
-/// How an [`crate::executor::Executor`] behaves.
+/// How an [`crate::runtime::executor::Executor`] behaves.
 #[derive(Clone, Debug)]
 pub struct ExecutorConfig {
     /// This executor instance's name (pod labels, adoption, its Lease).
@@ -24,7 +24,7 @@ pub struct ExecutorConfig {
     /// API server's priority and fairness limits (429) all at once.
     pub max_in_flight: usize,
     /// Whether this process may act for the instance (its Lease,
-    /// [`crate::lease::InstanceLease::hold`]): while it does not, nothing is
+    /// [`crate::runtime::lease::InstanceLease::hold`]): while it does not, nothing is
     /// launched and nothing is marked done. Open by default.
     pub fence: Fence,
     /// A task whose result was acknowledged is forgotten this long after

@@ -10,7 +10,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::naming::task_stem;
+use crate::core::naming::task_stem;
 
 /// The annotation the Job controller puts on an Indexed Job's pods.
 pub const JOB_INDEX: &str = "batch.kubernetes.io/job-completion-index";
@@ -164,7 +164,7 @@ mod tests {
             ("run-laptop".into(), "its host name")
         );
         for p in [job, indexed, rs] {
-            assert!(crate::naming::check_instance(&run_instance(Some(&p), "h").0).is_ok());
+            assert!(crate::core::naming::check_instance(&run_instance(Some(&p), "h").0).is_ok());
         }
     }
 

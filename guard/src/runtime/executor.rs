@@ -2,9 +2,9 @@
 //! watch.
 //!
 //! One label-selected watch (`managed-by=graceguard`, this instance) feeds a
-//! per-task index of pods ([`crate::pod_index`]); each change, each answer to
-//! an API call and each timer runs [`crate::reconcile`] for the task
-//! concerned, and the loop ([`crate::executor_loop`]) carries out what it
+//! per-task index of pods ([`crate::runtime::pod_index`]); each change, each answer to
+//! an API call and each timer runs [`crate::core::reconcile`] for the task
+//! concerned, and the loop ([`crate::runtime::executor_loop`]) carries out what it
 //! decided. No Create is sent before the watch's first list is in, so a
 //! restarted instance first sees the pods it made and resumes their tasks
 //! instead of creating them again. The loop owns all state; callers talk to
@@ -17,19 +17,19 @@ use std::time::Duration;
 use kube::Client;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::done_marks::{mark_done, Marked};
-use crate::error::TaskError;
-use crate::events::{EventBody, EventLog, Logged};
-pub use crate::executor_config::ExecutorConfig;
-use crate::executor_loop::Command;
-pub use crate::executor_loop::Stats;
-use crate::kube_events::Publisher;
-use crate::lease::Fence;
-use crate::phase::Transition;
-use crate::pod_api::KubePods;
-use crate::reconcile::{Outcome, TaskSpec};
-use crate::task::{Submitted, TaskKey, TaskStatus};
-use crate::template::Template;
+use crate::core::error::TaskError;
+use crate::core::phase::Transition;
+use crate::core::reconcile::{Outcome, TaskSpec};
+use crate::core::task::{Submitted, TaskKey, TaskStatus};
+use crate::core::template::Template;
+use crate::runtime::done_marks::{mark_done, Marked};
+use crate::runtime::events::{EventBody, EventLog, Logged};
+pub use crate::runtime::executor_config::ExecutorConfig;
+use crate::runtime::executor_loop::Command;
+pub use crate::runtime::executor_loop::Stats;
+use crate::runtime::kube_events::Publisher;
+use crate::runtime::lease::Fence;
+use crate::runtime::pod_api::KubePods;
 
 /// A running executor; cheap to clone. Dropping every clone stops it.
 #[derive(Clone)]
@@ -52,7 +52,7 @@ impl Executor {
         let fence = config.fence.clone();
         let pods = KubePods::new(client.clone(), config.namespace.clone());
         let events = Publisher::new(client.clone(), &instance, config.publish_events);
-        crate::executor_loop::spawn(pods, events, config, log.clone(), stats.clone(), rx);
+        crate::runtime::executor_loop::spawn(pods, events, config, log.clone(), stats.clone(), rx);
         Self {
             tx,
             log,
@@ -266,8 +266,11 @@ impl Executor {
     /// Runs `adopter` in the background: what it finds goes into the event
     /// log as `adopted` and `gone` events; acknowledging an `adopted` event
     /// marks its pod done.
-    pub fn adopt_with(&self, mut adopter: crate::adoption::Adopter) -> tokio::task::JoinHandle<()> {
-        use crate::adoption::Found;
+    pub fn adopt_with(
+        &self,
+        mut adopter: crate::runtime::adoption::Adopter,
+    ) -> tokio::task::JoinHandle<()> {
+        use crate::runtime::adoption::Found;
         let log = self.log.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {

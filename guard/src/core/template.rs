@@ -6,7 +6,7 @@
 //! (`spec.hostnameOverride`, GA in 1.37, say) without a word, and its hash is
 //! taken from what is left, so a changed template may not even conflict. So
 //! the template is kept as the JSON it came in, hashed as such, and created
-//! as such with `fieldValidation=Strict` ([`crate::pod_api::create`]): a
+//! as such with `fieldValidation=Strict` ([`crate::runtime::pod_api::create`]): a
 //! field the target server does not know is refused by that server, naming
 //! it, never dropped here.
 
@@ -14,13 +14,13 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::error::TaskError;
-use crate::naming::{
+use crate::core::error::TaskError;
+use crate::core::naming::{
     ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, RESULT_FINALIZER,
     TASK_LABEL,
 };
-use crate::pod_record::template_hash;
-use crate::reconcile::TaskSpec;
+use crate::core::pod_record::template_hash;
+use crate::core::reconcile::TaskSpec;
 
 /// A pod template as submitted (see the module docs).
 #[derive(Clone, Debug, PartialEq)]

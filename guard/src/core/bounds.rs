@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 /// See the module docs. `None` disables a time bound.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "sidecar", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Bounds {
     /// The whole task, from its first Launch, may take this long; then its

@@ -16,9 +16,9 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::adoption::AdoptedPod;
-use crate::phase::Transition;
-use crate::reconcile::Outcome;
+use crate::core::phase::Transition;
+use crate::core::reconcile::Outcome;
+use crate::runtime::adoption::AdoptedPod;
 
 /// Unacknowledged events kept at most (results are kept beyond it).
 pub const CAPACITY: usize = 100_000;

@@ -3,7 +3,7 @@
 //! An executor's memory dies with it; the pods do not. Each attempt's pod
 //! carries the task's counters as they were when it was created (annotation
 //! `graceguard.io/record`), and the template's hash, so a restarted executor
-//! rebuilds the task from its newest pod ([`crate::reconcile::restore`]) and
+//! rebuilds the task from its newest pod ([`crate::core::reconcile::restore`]) and
 //! refuses a different template for the same task. The task's settings are
 //! recorded too ([`RecordedSpec`]), so a restarted executor knows its tasks
 //! before anyone submits them again.
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::bounds::Bounds;
+use crate::core::bounds::Bounds;
 
 /// Annotation: the [`PodRecord`] as JSON.
 pub const RECORD_ANNOTATION: &str = "graceguard.io/record";
@@ -36,7 +36,7 @@ pub struct PodRecord {
     /// sending process's monotonic clock. With the pod's creationTimestamp
     /// and the API server's clock (both the server's), a process that takes
     /// the task over counts its deadline without reading another host's
-    /// clock ([`crate::pod_index`]). Absent on pods before 0.2.0.
+    /// clock ([`crate::runtime::pod_index`]). Absent on pods before 0.2.0.
     pub spent_ms: Option<i64>,
     /// The task as submitted (absent on pods of older versions).
     pub spec: Option<RecordedSpec>,

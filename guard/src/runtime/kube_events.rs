@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::Client;
 
-use crate::phase::Transition;
+use crate::core::phase::Transition;
 
 /// Publishes Events as `graceguard`, reporting instance `instance`.
 ///

@@ -1,7 +1,7 @@
 //! The executor's loop: it owns every task's state and the pod index, turns
 //! each watch event, command, API answer and timer into a call of the pure
-//! core ([`crate::reconcile`], [`crate::lifecycle`], [`crate::answer`],
-//! [`crate::result_finalizer::plan`]), and carries out what that decided
+//! core ([`crate::core::reconcile`], [`crate::core::lifecycle`], [`crate::core::answer`],
+//! [`crate::core::result_finalizer::plan`]), and carries out what that decided
 //! through a [`PodApi`]. Time is tokio's (paused in its tests); each task's
 //! timers sit in one delay queue.
 
@@ -17,21 +17,21 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::time::{delay_queue, DelayQueue};
 
-use crate::answer::{self, AnswerKind, Now, Released, TransientBackoff};
-use crate::backoff::{NamespaceBackoffs, Probe};
-use crate::error::TaskError;
-use crate::events::{EventBody, EventLog};
-use crate::executor_config::ExecutorConfig;
-use crate::kube_events::Publisher;
-use crate::lifecycle::Lifecycle;
-use crate::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::pod_api::PodApi;
-use crate::pod_index::PodIndex;
-use crate::pod_record::{PodRecord, RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
-use crate::reconcile::{self, apply, Action, Decision, PodView, TaskSpec, TaskState};
-use crate::result_finalizer::{self, ReleaseContext};
-use crate::task::{Submitted, TaskKey, TaskStatus};
-use crate::template::{annotate, Template};
+use crate::core::answer::{self, AnswerKind, Now, Released, TransientBackoff};
+use crate::core::backoff::{NamespaceBackoffs, Probe};
+use crate::core::error::TaskError;
+use crate::core::lifecycle::Lifecycle;
+use crate::core::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::core::pod_record::{PodRecord, RECORD_ANNOTATION, TEMPLATE_ANNOTATION};
+use crate::core::reconcile::{self, apply, Action, Decision, PodView, TaskSpec, TaskState};
+use crate::core::result_finalizer::{self, ReleaseContext};
+use crate::core::task::{Submitted, TaskKey, TaskStatus};
+use crate::core::template::{annotate, Template};
+use crate::runtime::events::{EventBody, EventLog};
+use crate::runtime::executor_config::ExecutorConfig;
+use crate::runtime::kube_events::Publisher;
+use crate::runtime::pod_api::PodApi;
+use crate::runtime::pod_index::PodIndex;
 
 /// The pod watch's health, for `/healthz`.
 #[derive(Debug, Default)]
@@ -105,7 +105,7 @@ pub(crate) enum Command {
     PodVersion {
         key: TaskKey,
         uid: String,
-        reply: oneshot::Sender<Option<crate::pod_index::Version>>,
+        reply: oneshot::Sender<Option<crate::runtime::pod_index::Version>>,
     },
 }
 
@@ -172,7 +172,7 @@ struct Timer {
 
 /// A pod neither being deleted nor ended: a task with one cannot be
 /// forgotten or replaced.
-fn still_runs(p: &crate::reconcile::PodView) -> bool {
+fn still_runs(p: &crate::core::reconcile::PodView) -> bool {
     !p.deleting() && !matches!(p.phase.as_str(), "Succeeded" | "Failed")
 }
 
@@ -265,7 +265,7 @@ struct Loop<P> {
     template_bytes: usize,
 }
 
-/// A namespace as asked about ([`crate::namespace_state`]).
+/// A namespace as asked about ([`crate::runtime::namespace_state`]).
 struct NamespaceSeen {
     terminating: bool,
     asked_at: Instant,
@@ -517,8 +517,10 @@ impl<P: PodApi> Loop<P> {
     /// Tasks by phase, every phase present (zero counts included), so a
     /// series never disappears when its last task leaves it.
     fn phase_counts(&self) -> Vec<(&'static str, usize)> {
-        let mut counts: Vec<(&'static str, usize)> =
-            crate::phase::PHASE_NAMES.iter().map(|p| (*p, 0)).collect();
+        let mut counts: Vec<(&'static str, usize)> = crate::core::phase::PHASE_NAMES
+            .iter()
+            .map(|p| (*p, 0))
+            .collect();
         for e in self.tasks.values() {
             let name = e.state.as_ref().map_or("Launching", |s| s.phase.name());
             match counts.iter_mut().find(|(p, _)| *p == name) {

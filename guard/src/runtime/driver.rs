@@ -4,12 +4,12 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 
-use crate::error::GuardError;
-use crate::executor::{Executor, ExecutorConfig};
-use crate::phase::Transition;
-use crate::reconcile::{Outcome, TaskSpec};
-use crate::task::TaskKey;
-use crate::template::Template;
+use crate::core::phase::Transition;
+use crate::core::reconcile::{Outcome, TaskSpec};
+use crate::core::task::TaskKey;
+use crate::core::template::Template;
+use crate::runtime::error::GuardError;
+use crate::runtime::executor::{Executor, ExecutorConfig};
 
 /// How a [`Guard`] behaves: the executor's settings.
 pub type GuardConfig = ExecutorConfig;
@@ -23,7 +23,7 @@ pub struct Guard {
 
 impl Guard {
     /// A guard acting through `client`. Build it from a config passed
-    /// through [`crate::api_timeouts::bounded`]: without a read timeout a
+    /// through [`crate::runtime::api_timeouts::bounded`]: without a read timeout a
     /// connection that goes silent can hold a call, and the executor's view
     /// of its pods, for minutes.
     pub fn new(client: Client, config: GuardConfig) -> Self {

@@ -17,7 +17,7 @@
 //!    watch's selector and so out of memory.
 //!
 //! The done-mark also lets go of the pod's result finalizer
-//! ([`crate::result_finalizer`]), which kept it until then.
+//! ([`crate::core::result_finalizer`]), which kept it until then.
 //!
 //! Adoption goes by task, not by pod: of a dead owner's task only the
 //! highest attempt this adopter knows is delivered, once it has ended; an
@@ -47,18 +47,19 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
-use crate::done_marks::{mark_done, Marked};
-use crate::error::GuardError;
-use crate::lease::{lease_name, Liveness, Observer};
-pub use crate::naming::CLAIMED_BY_ANNOTATION;
-use crate::naming::{
+pub use crate::core::naming::CLAIMED_BY_ANNOTATION;
+use crate::core::naming::{
     ATTEMPT_LABEL, DONE_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
 };
-use crate::pod_index::disruption_reason;
+use crate::runtime::done_marks::{mark_done, Marked};
+use crate::runtime::error::GuardError;
+use crate::runtime::lease::{lease_name, Liveness, Observer};
+use crate::runtime::pod_index::disruption_reason;
 
 /// A pod of a dead instance, as delivered (and as the sidecar's `adopted`
 /// and `gone` events carry it).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "sidecar", derive(utoipa::ToSchema))]
 pub struct AdoptedPod {
     pub namespace: String,
     #[serde(rename = "pod")]
@@ -78,7 +79,7 @@ pub struct AdoptedPod {
     /// Its finalizers after the claim (the done-mark writes them back
     /// without graceguard's result finalizer).
     #[serde(skip)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "sidecar", schema(ignore))]
     pub finalizers: Vec<String>,
 }
 
@@ -148,9 +149,12 @@ impl Adopter {
     pub fn new(client: Client, namespace: &str, lease_namespace: &str, instance: &str) -> Self {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{DONE_LABEL}!=true");
-        let events = watcher::watcher(pods.clone(), crate::api_timeouts::watch_config(&selector))
-            .default_backoff()
-            .boxed();
+        let events = watcher::watcher(
+            pods.clone(),
+            crate::runtime::api_timeouts::watch_config(&selector),
+        )
+        .default_backoff()
+        .boxed();
         Self {
             pods,
             leases: Api::namespaced(client.clone(), lease_namespace),
@@ -539,7 +543,7 @@ fn phase_of(pod: &Pod) -> String {
         .unwrap_or_else(|| "Pending".into());
     let finished = pod.metadata.deletion_timestamp.is_some()
         && pod.metadata.deletion_grace_period_seconds == Some(0)
-        && crate::result_finalizer::holds(pod.finalizers());
+        && crate::core::result_finalizer::holds(pod.finalizers());
     match (finished, phase.as_str()) {
         (true, p) if p != "Succeeded" && p != "Failed" => "Failed".into(),
         _ => phase,

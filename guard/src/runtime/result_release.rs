@@ -16,12 +16,12 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::error::GuardError;
-use crate::lease::{lease_name, Liveness, Observer};
-use crate::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::pod_api::{self, Released};
-use crate::pod_index::Version;
-use crate::result_finalizer;
+use crate::core::naming::{INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::core::result_finalizer;
+use crate::runtime::error::GuardError;
+use crate::runtime::lease::{lease_name, Liveness, Observer};
+use crate::runtime::pod_api::{self, Released};
+use crate::runtime::pod_index::Version;
 
 /// What to release.
 #[derive(Clone, Debug)]
@@ -74,7 +74,7 @@ pub async fn release_results(
         }
     }
     let terminating =
-        crate::namespace_state::is_terminating(client, &req.namespace).await == Some(true);
+        crate::runtime::namespace_state::is_terminating(client, &req.namespace).await == Some(true);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &req.lease_namespace);
     let mut out = Vec::new();
     for (owner, held) in by_owner {

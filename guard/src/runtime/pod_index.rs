@@ -12,11 +12,11 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use crate::naming::{ATTEMPT_LABEL, DONE_LABEL, TASK_LABEL};
-use crate::pod_record::{PodRecord, RecordedSpec, TEMPLATE_ANNOTATION};
-use crate::reconcile::PodView;
-use crate::result_finalizer;
-use crate::task::TaskKey;
+use crate::core::naming::{ATTEMPT_LABEL, DONE_LABEL, TASK_LABEL};
+use crate::core::pod_record::{PodRecord, RecordedSpec, TEMPLATE_ANNOTATION};
+use crate::core::reconcile::PodView;
+use crate::core::result_finalizer;
+use crate::core::task::TaskKey;
 
 /// A pod in the index.
 struct Indexed {
@@ -48,7 +48,7 @@ type ByTask = HashMap<TaskKey, BTreeMap<String, Indexed>>;
 pub struct PodIndex {
     pods: ByTask,
     /// The API server's clock minus this process's
-    /// ([`crate::server_clock`]), once measured.
+    /// ([`crate::runtime::server_clock`]), once measured.
     server_offset_ms: Option<i64>,
     /// A re-list in progress: replaces `pods` when it is complete.
     relist: Option<ByTask>,
@@ -328,10 +328,6 @@ impl PodIndex {
     pub fn len(&self) -> usize {
         self.pods.values().map(BTreeMap::len).sum()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -340,15 +336,15 @@ mod tests {
 
     fn pod(deleting: Option<i64>) -> Pod {
         let record = PodRecord {
-            spec: Some(crate::reconcile::TaskSpec::new("t", "ns", "i").recorded()),
+            spec: Some(crate::core::reconcile::TaskSpec::new("t", "ns", "i").recorded()),
             ..Default::default()
         };
         let mut p: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {
                 "name": "t-0", "namespace": "ns", "uid": "u",
                 "labels": {TASK_LABEL: "t", ATTEMPT_LABEL: "0"},
-                "annotations": {crate::pod_record::RECORD_ANNOTATION: record.to_annotation()},
-                "finalizers": [crate::naming::RESULT_FINALIZER],
+                "annotations": {crate::core::pod_record::RECORD_ANNOTATION: record.to_annotation()},
+                "finalizers": [crate::core::naming::RESULT_FINALIZER],
                 // An hour ahead of this host's clock: never compared with it.
                 "creationTimestamp": "2099-01-01T00:00:00Z",
             },
@@ -409,7 +405,7 @@ mod tests {
         p.metadata.uid = Some(uid.into());
         p.metadata.name = Some(format!("{stem}-0"));
         let record = PodRecord {
-            spec: Some(crate::reconcile::TaskSpec::new(task, "ns", "i").recorded()),
+            spec: Some(crate::core::reconcile::TaskSpec::new(task, "ns", "i").recorded()),
             ..Default::default()
         };
         let meta = &mut p.metadata;
@@ -419,7 +415,7 @@ mod tests {
         meta.annotations
             .get_or_insert_with(Default::default)
             .insert(
-                crate::pod_record::RECORD_ANNOTATION.into(),
+                crate::core::pod_record::RECORD_ANNOTATION.into(),
                 record.to_annotation(),
             );
         p
@@ -459,13 +455,13 @@ mod tests {
         let record = PodRecord {
             started_ms: Some(created - 30_000 + 3_600_000),
             spent_ms: Some(30_000),
-            spec: Some(crate::reconcile::TaskSpec::new("t", "ns", "i").recorded()),
+            spec: Some(crate::core::reconcile::TaskSpec::new("t", "ns", "i").recorded()),
             ..Default::default()
         };
         let mut p = pod(None);
         p.metadata.annotations = Some(
             [(
-                crate::pod_record::RECORD_ANNOTATION.to_string(),
+                crate::core::pod_record::RECORD_ANNOTATION.to_string(),
                 record.to_annotation(),
             )]
             .into(),
@@ -475,7 +471,7 @@ mod tests {
         let key = ix.apply(&p, 0).unwrap_or_else(|| TaskKey::new("ns", "t"));
         let view = &ix.views(&key)[0];
         assert_eq!(view.task_started_ms, Some(created - 2_000 - 30_000));
-        let state = crate::reconcile::restore(&ix.views(&key), 0);
+        let state = crate::core::reconcile::restore(&ix.views(&key), 0);
         assert_eq!(
             state.started_ms,
             created - 32_000,
@@ -485,7 +481,7 @@ mod tests {
         let mut ix = PodIndex::default();
         ix.apply(&p, 0);
         assert_eq!(ix.views(&key)[0].task_started_ms, None);
-        let state = crate::reconcile::restore(&ix.views(&key), 0);
+        let state = crate::core::reconcile::restore(&ix.views(&key), 0);
         assert_eq!(state.started_ms, created - 30_000 + 3_600_000);
     }
 }
