@@ -18,6 +18,7 @@ use crate::connection_life;
 use crate::eviction_outcome::EvictionOutcomes;
 use crate::fencing::LeaseTerms;
 use crate::follow_up::{self, FollowUp};
+use crate::kind_index::KindIndexMetrics;
 use crate::kind_index::{Allowed, ConfirmSettings, IndexBounds, KindIndexes};
 use crate::livelock::LivelockDetector;
 use crate::meta_index::MetaIndex;
@@ -402,7 +403,7 @@ async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, CliEr
 fn kind_indexes(
     client: &kube::Client,
     args: &ServeArgs,
-    metrics: &Metrics,
+    metrics: &KindIndexMetrics,
 ) -> Option<Arc<KindIndexes>> {
     if args.collision_kinds == Allowed::Only(Default::default()) {
         return None;
@@ -479,13 +480,17 @@ pub async fn serve(
     let follow_up = if args.follow_up_tagging {
         FollowUp::spawn(
             client.clone(),
-            metrics.clone(),
+            metrics.follow_up.clone(),
             follow_up::Settings::default(),
         )
     } else {
         FollowUp::disabled()
     };
-    let evictions = EvictionOutcomes::new(Some(client.clone()), follow_up.clone(), metrics.clone());
+    let evictions = EvictionOutcomes::new(
+        Some(client.clone()),
+        follow_up.clone(),
+        metrics.evictions.clone(),
+    );
     let _sweeper = evictions.spawn_sweeper();
     let app = Arc::new(App {
         pods: Arc::new(MetaIndex::new("pods")),
@@ -494,13 +499,13 @@ pub async fn serve(
             client.clone(),
             args.confirm_timeout,
             args.confirm_cache_ttl,
-            metrics.clone(),
+            metrics.confirm.clone(),
         ),
         livelock: LivelockDetector::new(args.livelock_window, args.livelock_threshold),
         metrics: metrics.clone(),
         follow_up: follow_up.clone(),
         evictions: evictions.clone(),
-        kinds: kind_indexes(&client, &args, &metrics),
+        kinds: kind_indexes(&client, &args, &metrics.kinds),
         log_dropped,
         certificate: Some(resolver.clone()),
         mode: args.mode,
@@ -516,7 +521,7 @@ pub async fn serve(
         evictions,
         Arc::clone(&app.pods),
         Arc::clone(&app.namespaces),
-        metrics,
+        metrics.pod_index,
         watchers::PodList {
             page_size: args.pod_list_page_size.max(1),
             streaming: args.pod_list_streaming,
@@ -549,20 +554,20 @@ pub async fn serve(
                 idle: args.connection_idle_timeout,
                 max_age: Duration::ZERO,
             },
-            &app.metrics,
+            &app.metrics.connections,
         ),
     ));
     let per_client = limits::PerClient::new(
         limits.max_connections_per_client,
         limits::TrustedPeers::new(args.trusted_peers.clone()),
-        &app.metrics,
+        &app.metrics.limits,
     );
     let admission_connections = server::Connections::new(
         connection_life::Lifetime {
             idle: args.connection_idle_timeout,
             max_age: args.max_connection_age,
         },
-        &app.metrics,
+        &app.metrics.connections,
     );
     let admission = tokio::spawn(server::serve_tls(
         tls_listener,

@@ -35,7 +35,35 @@ use kube::{Api, Client};
 use moka::future::Cache;
 
 use crate::collision::Confirmation;
-use crate::metrics::Metrics;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+
+/// The confirmation reads' series: the live GETs sent (one per cache miss,
+/// shared by concurrent requests) and those that failed (the Create was
+/// allowed). The pods' and the other kinds' confirmers count in the same.
+#[derive(Clone, Default)]
+pub struct ConfirmMetrics {
+    pub gets: Counter,
+    pub errors: Counter,
+}
+
+impl ConfirmMetrics {
+    /// The series, registered.
+    pub fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        r.register(
+            "confirmation_gets",
+            "Live GETs issued to confirm an index hit",
+            m.gets.clone(),
+        );
+        r.register(
+            "confirmation_errors",
+            "Confirmations that failed (the Create was allowed)",
+            m.errors.clone(),
+        );
+        m
+    }
+}
 use crate::pod_index::{HeldPod, Holder};
 use crate::read_error::{Cause, ReadError};
 
@@ -53,12 +81,12 @@ pub type Fetch = Arc<
 pub struct Confirmer {
     cache: Cache<(String, String), Holder>,
     fetch: Fetch,
-    metrics: Metrics,
+    metrics: ConfirmMetrics,
 }
 
 impl Confirmer {
     /// Confirms with `fetch`, caching answers for `ttl` (at most `capacity` names).
-    pub fn new(fetch: Fetch, ttl: Duration, capacity: u64, metrics: Metrics) -> Self {
+    pub fn new(fetch: Fetch, ttl: Duration, capacity: u64, metrics: ConfirmMetrics) -> Self {
         Self {
             cache: Cache::builder()
                 .time_to_live(ttl)
@@ -70,7 +98,7 @@ impl Confirmer {
     }
 
     /// Confirms pods with a metadata-only GET through `client`, bounded by `timeout`.
-    pub fn live(client: Client, timeout: Duration, ttl: Duration, metrics: Metrics) -> Self {
+    pub fn live(client: Client, timeout: Duration, ttl: Duration, metrics: ConfirmMetrics) -> Self {
         Self::live_for(
             client,
             ApiResource::erase::<Pod>(&()),
@@ -86,7 +114,7 @@ impl Confirmer {
         ar: ApiResource,
         timeout: Duration,
         ttl: Duration,
-        metrics: Metrics,
+        metrics: ConfirmMetrics,
     ) -> Self {
         // At most this many reads at once: past it a Create is allowed at
         // once (as for a failed read) rather than queued behind a stalled
@@ -165,7 +193,7 @@ impl Confirmer {
         let res = self
             .cache
             .try_get_with(key, async move {
-                metrics.confirmation_gets.inc();
+                metrics.gets.inc();
                 match fetch(ns, n).await {
                     Ok(Some(pod)) => Ok(pod),
                     Ok(None) => Err(Miss::Free),
@@ -178,7 +206,7 @@ impl Confirmer {
             Err(miss) => match miss.as_ref() {
                 Miss::Free => Confirmation::Free,
                 Miss::Failed(e) => {
-                    self.metrics.confirmation_errors.inc();
+                    self.metrics.errors.inc();
                     Confirmation::Failed(e.clone())
                 }
             },
@@ -268,7 +296,7 @@ mod tests {
     async fn a_name_the_index_misses_is_read_every_time_and_answers_what_the_server_has() {
         let held = Holder::from(indexed("u"));
         let (f, calls) = counting(Ok(Some(held.clone())));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         for _ in 0..3 {
             assert!(matches!(
                 c.confirm_unindexed("ns", "p").await,
@@ -278,7 +306,7 @@ mod tests {
         // Never from the cache: the index has nothing to agree with.
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         let (f, _) = counting(Ok(None));
-        let free = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let free = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         assert!(matches!(
             free.confirm_unindexed("ns", "p").await,
             Confirmation::Free
@@ -292,7 +320,7 @@ mod tests {
             deletion: None,
         });
         let (f, calls) = counting(Ok(Some(held.clone())));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         for _ in 0..50 {
             assert!(matches!(
                 c.confirm("ns", "p", &indexed("u")).await,
@@ -319,7 +347,7 @@ mod tests {
             }),
         };
         let (f, calls) = counting(Ok(Some(Holder::from(held.clone()))));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         // A looping client: one read for every denial within the TTL.
         for _ in 0..12 {
             assert!(matches!(
@@ -330,7 +358,7 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         // Past the TTL the read is made again.
         let (f, short) = counting(Ok(Some(Holder::from(held.clone()))));
-        let brief = Confirmer::new(f, Duration::from_millis(50), 100, Metrics::new().0);
+        let brief = Confirmer::new(f, Duration::from_millis(50), 100, ConfirmMetrics::default());
         brief.confirm_with("ns", "p", &held, true).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         brief.confirm_with("ns", "p", &held, true).await;
@@ -358,7 +386,7 @@ mod tests {
             }),
         };
         let (f, calls) = counting(Ok(Some(Holder::from(terminating))));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         c.confirm_with("ns", "p", &indexed("u"), true).await;
         c.confirm_with("ns", "p", &indexed("u"), true).await;
         assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -387,7 +415,7 @@ mod tests {
                 ..Holder::from(held.clone())
             };
             let (f, calls) = counting(Ok(Some(holder)));
-            let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+            let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
             for _ in 0..3 {
                 c.confirm("ns", "p", &held).await;
             }
@@ -419,7 +447,7 @@ mod tests {
                 Ok(Some(a))
             })
         });
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         let all = futures::future::join_all((0..8).map(|_| c.confirm("ns", "p", &held))).await;
         assert!(all.iter().all(|a| matches!(a, Confirmation::Held(_))));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -432,7 +460,7 @@ mod tests {
             deletion: None,
         });
         let (f, calls) = counting(Ok(Some(held)));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         c.confirm("ns", "p", &indexed("u")).await;
         c.confirm("ns", "p", &indexed("u")).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1, "cached");
@@ -444,7 +472,7 @@ mod tests {
     #[tokio::test]
     async fn a_cached_live_holder_is_read_again_once_the_index_sees_its_deletion_begin() {
         let (f, calls) = counting(Ok(Some(Holder::from(indexed("u")))));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         c.confirm("ns", "p", &indexed("u")).await;
         c.confirm("ns", "p", &indexed("u")).await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -466,7 +494,7 @@ mod tests {
     #[tokio::test]
     async fn reads_of_a_stalled_api_server_are_bounded_in_time_and_in_number() {
         let (client, stalled) = crate::follow_up::tests::stalled_client().await;
-        let (metrics, _) = Metrics::new();
+        let metrics = ConfirmMetrics::default();
         let c = Confirmer::live(
             client,
             Duration::from_millis(300),
@@ -501,17 +529,14 @@ mod tests {
             )
             .count();
         assert_eq!((bounded, timed_out), (8, MAX_READS_IN_FLIGHT), "{all:?}");
-        assert_eq!(
-            metrics.confirmation_errors.get(),
-            (MAX_READS_IN_FLIGHT + 8) as u64
-        );
+        assert_eq!(metrics.errors.get(), (MAX_READS_IN_FLIGHT + 8) as u64);
         stalled.abort();
     }
 
     #[tokio::test]
     async fn a_free_name_is_not_cached() {
         let (f, calls) = counting(Ok(None));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         for _ in 0..2 {
             assert!(matches!(
                 c.confirm("ns", "p", &indexed("u")).await,
@@ -529,7 +554,7 @@ mod tests {
             name: "p".into(),
             cause: Cause::TimedOut(Duration::from_secs(1)),
         }));
-        let c = Confirmer::new(f, Duration::from_secs(60), 100, Metrics::new().0);
+        let c = Confirmer::new(f, Duration::from_secs(60), 100, ConfirmMetrics::default());
         assert!(
             matches!(c.confirm("ns", "p", &indexed("u")).await, Confirmation::Failed(e) if e.name == "p")
         );

@@ -37,7 +37,50 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Version};
 use axum::middleware::Next;
 use axum::response::Response;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
+
+/// Connections graceguard ended gracefully, by why.
+#[derive(Clone, Default)]
+pub struct ConnectionMetrics {
+    pub ended: Family<ConnectionEndLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionEndLabels {
+    /// Why graceguard ended a connection: `idle`, `max_age`, `shutdown`.
+    pub reason: &'static str,
+}
+
+impl ConnectionMetrics {
+    /// The series, registered, every reason at 0 from the start.
+    pub fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        for end in End::ALL {
+            let _ = m.ended.get_or_create(&ConnectionEndLabels {
+                reason: end.as_str(),
+            });
+        }
+        r.register(
+            "connections_ended",
+            "Connections graceguard ended gracefully (HTTP/2 GOAWAY, HTTP/1 Connection: close; nothing in flight is cut), by reason: idle, max_age, shutdown",
+            m.ended.clone(),
+        );
+        m
+    }
+
+    /// One connection ended for `end`.
+    pub fn ended(&self, end: End) {
+        self.ended
+            .get_or_create(&ConnectionEndLabels {
+                reason: end.as_str(),
+            })
+            .inc();
+    }
+}
 
 /// The two limits; `Duration::ZERO` turns one off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

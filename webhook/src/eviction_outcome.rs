@@ -46,7 +46,44 @@ use kube::{Api, Client};
 use crate::audit::AuditRecord;
 use crate::disruption::{self, Disruption};
 use crate::follow_up::{FollowUp, Source};
-use crate::metrics::{Metrics, OutcomeLabels};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+/// Eviction attempts by what became of them.
+#[derive(Clone, Default)]
+pub struct OutcomeMetrics {
+    pub outcomes: Family<OutcomeLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+impl OutcomeMetrics {
+    /// The series, registered, every outcome at 0 from the start so
+    /// `increase()` sees the first one.
+    pub fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        for outcome in Outcome::ALL.iter().map(|o| o.as_str()).chain(["untracked"]) {
+            let _ = m.outcomes.get_or_create(&OutcomeLabels { outcome });
+        }
+        r.register(
+            "eviction_outcomes",
+            "Eviction attempts by what became of them: evicted (the pod's deletion began), not_evicted (refused or failed), untracked (too many pending)",
+            m.outcomes.clone(),
+        );
+        m
+    }
+
+    fn count(&self, outcome: &'static str) {
+        self.outcomes
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+}
 
 /// How long an attempt waits for its pod's deletion before graceguard reads
 /// the pod to settle it: longer than the pod watch's worst lag behind a
@@ -422,20 +459,13 @@ pub struct EvictionOutcomes {
     client: Option<Client>,
     reads: Arc<tokio::sync::Semaphore>,
     follow_up: FollowUp,
-    metrics: Metrics,
+    metrics: OutcomeMetrics,
 }
 
 impl EvictionOutcomes {
     /// `client` reads the pods whose attempts are to be settled (RBAC `get`
     /// on pods); without one every read is unreadable.
-    pub fn new(client: Option<Client>, follow_up: FollowUp, metrics: Metrics) -> Self {
-        // Every outcome exported from the start at 0, so `increase()` sees
-        // the first one.
-        for outcome in Outcome::ALL.iter().map(|o| o.as_str()).chain(["untracked"]) {
-            let _ = metrics
-                .eviction_outcomes
-                .get_or_create(&OutcomeLabels { outcome });
-        }
+    pub fn new(client: Option<Client>, follow_up: FollowUp, metrics: OutcomeMetrics) -> Self {
         Self {
             attempts: Arc::new(Mutex::new(Attempts::default())),
             client,
@@ -456,12 +486,7 @@ impl EvictionOutcomes {
         let uid = attempt.uid.clone();
         let noted = self.lock().attempt(namespace, name, attempt);
         if !noted {
-            self.metrics
-                .eviction_outcomes
-                .get_or_create(&OutcomeLabels {
-                    outcome: "untracked",
-                })
-                .inc();
+            self.metrics.count("untracked");
             self.follow_up
                 .request(namespace, name, uid.as_deref(), Source::Eviction);
         }
@@ -470,12 +495,7 @@ impl EvictionOutcomes {
 
     fn resolved(&self, all: Vec<Resolved>) {
         for r in all {
-            self.metrics
-                .eviction_outcomes
-                .get_or_create(&OutcomeLabels {
-                    outcome: r.outcome.as_str(),
-                })
-                .inc();
+            self.metrics.count(r.outcome.as_str());
             if r.outcome == Outcome::Evicted {
                 self.follow_up.request(
                     &r.namespace,

@@ -40,8 +40,53 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 
 use crate::audit::AuditRecord;
-use crate::metrics::{FollowUpLabels, Metrics};
+use crate::tagger::TagMetrics;
 use crate::{disruption, tagger};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+/// The follow-up queue's series: what each follow-up came to, and requests
+/// the full queue turned away. A pod it tags counts in [`TagMetrics`] too.
+#[derive(Clone, Default)]
+pub struct FollowUpMetrics {
+    pub follow_ups: Family<FollowUpLabels, Counter>,
+    pub follow_ups_dropped: Counter,
+    pub tags: TagMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FollowUpLabels {
+    pub outcome: &'static str,
+}
+
+impl FollowUpMetrics {
+    /// The series, registered (each outcome at 0 from the start); `tags`
+    /// are registered by their owner, [`crate::tagger`].
+    pub fn register(r: &mut Registry, tags: TagMetrics) -> Self {
+        let m = Self {
+            tags,
+            ..Self::default()
+        };
+        for outcome in Outcome::ALL {
+            let _ = m.follow_ups.get_or_create(&FollowUpLabels {
+                outcome: outcome.as_str(),
+            });
+        }
+        r.register(
+            "follow_up_tags",
+            "Follow-up tagging under graceguard's own identity, by outcome",
+            m.follow_ups.clone(),
+        );
+        r.register(
+            "follow_up_tags_dropped",
+            "Follow-up tagging requests dropped because the queue was full",
+            m.follow_ups_dropped.clone(),
+        );
+        m
+    }
+}
 
 /// Why a follow-up was asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,7 +169,7 @@ struct Inner {
     /// The follow-ups queued or running, by namespace/name: one at a time
     /// per pod; what is left here at shutdown is recorded as dropped.
     pending: Mutex<HashMap<(String, String), Job>>,
-    metrics: Metrics,
+    metrics: FollowUpMetrics,
 }
 
 /// What one follow-up ended with.
@@ -178,13 +223,8 @@ impl FollowUp {
     }
 
     /// Starts the worker, which tags through `client`.
-    pub fn spawn(client: Client, metrics: Metrics, settings: Settings) -> Self {
+    pub fn spawn(client: Client, metrics: FollowUpMetrics, settings: Settings) -> Self {
         let (tx, rx) = mpsc::channel(settings.queue.max(1));
-        for outcome in Outcome::ALL {
-            let _ = metrics.follow_ups.get_or_create(&FollowUpLabels {
-                outcome: outcome.as_str(),
-            });
-        }
         let inner = Arc::new(Inner {
             tx,
             pending: Mutex::new(HashMap::new()),
@@ -319,11 +359,7 @@ async fn worker(
                 .inc();
             if outcome == Outcome::Tagged {
                 if let Some(reason) = &rec.disruption_reason {
-                    inner
-                        .metrics
-                        .disruption_tags
-                        .get_or_create(&crate::metrics::reason_labels(reason))
-                        .inc();
+                    inner.metrics.tags.tagged(reason);
                 }
             }
             rec.emit();
@@ -527,7 +563,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn asking_never_waits_and_one_pod_is_pending_once() {
-        let (metrics, _) = Metrics::new();
+        let metrics = FollowUpMetrics::default();
         let (tx, _rx) = mpsc::channel(1);
         let f = FollowUp {
             inner: Some(Arc::new(Inner {

@@ -75,7 +75,7 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
     let req = match review::parse_as(body, read) {
         Ok(r) => r,
         Err(e) => {
-            app.metrics.bad_requests.inc();
+            app.metrics.reviews.bad_requests.inc();
             tracing::warn!(endpoint = endpoint.as_str(), error = %e, "unreadable admission request");
             return review::unreadable(body, &e);
         }
@@ -122,7 +122,7 @@ async fn handle(app: &App, endpoint: Endpoint, peer: Option<Peer>, body: &[u8]) 
         rec.name.clone_from(&req.name);
     }
     rec.latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-    let series = app.metrics.review(endpoint);
+    let series = app.metrics.reviews.review(endpoint);
     match answer.allowed {
         true => series.allowed.inc(),
         false => series.denied.inc(),

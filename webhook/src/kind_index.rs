@@ -22,9 +22,65 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
+use crate::confirm::ConfirmMetrics;
 use crate::confirm::Confirmer;
 use crate::meta_index::MetaIndex;
-use crate::metrics::{KindLabels, Metrics};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The kind indexes' series, one of each per kind some quota counts (a
+/// kind's series go when its index stops). Their confirmation reads count
+/// in [`ConfirmMetrics`].
+#[derive(Clone, Default)]
+pub struct KindIndexMetrics {
+    pub objects: Family<KindLabels, Gauge>,
+    pub ready: Family<KindLabels, Gauge>,
+    pub over_cap: Family<KindLabels, Gauge>,
+    pub confirm: ConfirmMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `resource[.group]`.
+    pub kind: String,
+}
+
+impl KindLabels {
+    pub fn of(kind: &GroupResource) -> Self {
+        Self {
+            kind: kind.to_string(),
+        }
+    }
+}
+
+impl KindIndexMetrics {
+    /// The series, registered; `confirm` are registered by their owner,
+    /// [`crate::confirm`].
+    pub fn register(r: &mut Registry, confirm: ConfirmMetrics) -> Self {
+        let m = Self {
+            confirm,
+            ..Self::default()
+        };
+        r.register(
+            "kind_index_objects",
+            "Objects in the name index of a kind some quota counts (pods: index_pods)",
+            m.objects.clone(),
+        );
+        r.register(
+            "kind_index_ready",
+            "1 when that kind's index is synced and its watch healthy",
+            m.ready.clone(),
+        );
+        r.register(
+            "kind_index_over_cap",
+            "1 while that kind has more objects than --kind-index-max-objects: its index holds none and its Creates are allowed unchecked",
+            m.over_cap.clone(),
+        );
+        m
+    }
+}
 use crate::pod_index::HeldPod;
 use crate::quota_kinds::{charged_kinds, GroupResource};
 
@@ -125,7 +181,7 @@ pub struct KindIndexes {
     allowed: Allowed,
     confirm: ConfirmSettings,
     bounds: IndexBounds,
-    metrics: Metrics,
+    metrics: KindIndexMetrics,
     running: RwLock<HashMap<GroupResource, Arc<KindIndex>>>,
 }
 
@@ -135,7 +191,7 @@ impl KindIndexes {
         allowed: Allowed,
         confirm: ConfirmSettings,
         bounds: IndexBounds,
-        metrics: Metrics,
+        metrics: KindIndexMetrics,
     ) -> Self {
         Self {
             client,
@@ -275,14 +331,11 @@ impl KindIndexes {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(gone);
             if removed.is_some() {
-                self.metrics
-                    .kind_index_objects
-                    .remove(&KindLabels::of(gone));
-                self.metrics.kind_index_ready.remove(&KindLabels::of(gone));
+                let labels = KindLabels::of(gone);
+                self.metrics.objects.remove(&labels);
+                self.metrics.ready.remove(&labels);
                 // Else a kind stopped while over its cap would alert forever.
-                self.metrics
-                    .kind_index_over_cap
-                    .remove(&KindLabels::of(gone));
+                self.metrics.over_cap.remove(&labels);
                 tracing::info!(kind = %gone, "no quota counts this kind any more; its index is stopped");
             }
         }
@@ -342,7 +395,7 @@ impl KindIndexes {
             ar.clone(),
             self.confirm.timeout,
             self.confirm.ttl,
-            self.metrics.clone(),
+            self.metrics.confirm.clone(),
         );
         // Metadata only: names, uids and deletion state, never the objects.
         let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(self.client.clone(), &ar);
@@ -355,16 +408,13 @@ impl KindIndexes {
         let task = tokio::spawn(async move {
             let config = crate::meta_index::watch_config().page_size(page_size);
             let on_change = |i: &MetaIndex<HeldPod>| {
+                metrics.objects.get_or_create(&labels).set(i.len() as i64);
                 metrics
-                    .kind_index_objects
-                    .get_or_create(&labels)
-                    .set(i.len() as i64);
-                metrics
-                    .kind_index_ready
+                    .ready
                     .get_or_create(&labels)
                     .set(i64::from(i.is_ready()));
                 metrics
-                    .kind_index_over_cap
+                    .over_cap
                     .get_or_create(&labels)
                     .set(i64::from(i.is_over_cap()));
             };

@@ -36,7 +36,40 @@ use http_body_util::BodyExt;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Semaphore;
 
-use crate::metrics::{LimitLabels, Metrics};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+/// Requests and connections the port's limits refused at once, by limit.
+#[derive(Clone, Default)]
+pub struct LimitMetrics {
+    pub limited: Family<LimitLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// Which limit: `in_flight`, `body_bytes`, `body_timeout`,
+    /// `connections_per_client`.
+    pub limit: &'static str,
+}
+
+impl LimitMetrics {
+    /// The series, registered.
+    pub fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        r.register(
+            "admission_limited",
+            "Admission requests and connections refused at once by a limit of the port (load shed, so the API server applies failurePolicy instead of waiting), by limit",
+            m.limited.clone(),
+        );
+        m
+    }
+
+    /// The counter of refusals by `limit`, resolved once by its holder.
+    pub fn counter(&self, limit: &'static str) -> Counter {
+        self.limited.get_or_create(&LimitLabels { limit }).clone()
+    }
+}
 
 /// The port's numbers (flags `--max-*`, `--body-timeout`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,17 +202,12 @@ pub struct PerClient {
 }
 
 impl PerClient {
-    pub fn new(cap: usize, trusted: TrustedPeers, metrics: &Metrics) -> Arc<Self> {
+    pub fn new(cap: usize, trusted: TrustedPeers, metrics: &LimitMetrics) -> Arc<Self> {
         Arc::new(Self {
             open: Mutex::new(HashMap::new()),
             cap: cap.max(1),
             trusted,
-            refused: metrics
-                .limited
-                .get_or_create(&LimitLabels {
-                    limit: "connections_per_client",
-                })
-                .clone(),
+            refused: metrics.counter("connections_per_client"),
         })
     }
 
@@ -413,13 +441,8 @@ enum Refusal {
 }
 
 impl Intake {
-    pub fn new(limits: &Limits, metrics: &Metrics) -> Arc<Self> {
-        let counter = |limit| {
-            metrics
-                .limited
-                .get_or_create(&LimitLabels { limit })
-                .clone()
-        };
+    pub fn new(limits: &Limits, metrics: &LimitMetrics) -> Arc<Self> {
+        let counter = |limit| metrics.counter(limit);
         Arc::new(Self {
             bytes: Arc::new(Semaphore::new(limits.max_body_bytes_in_flight)),
             clients: Mutex::new(HashMap::new()),
@@ -583,13 +606,13 @@ mod tests {
     }
 
     /// `graceguard_admission_limited_total{limit}` now.
-    fn limited(metrics: &Metrics, limit: &'static str) -> u64 {
+    fn limited(metrics: &LimitMetrics, limit: &'static str) -> u64 {
         metrics.limited.get_or_create(&LimitLabels { limit }).get()
     }
 
     #[test]
     fn one_address_holds_at_most_its_cap_and_gets_slots_back() {
-        let (metrics, _) = Metrics::new();
+        let metrics = LimitMetrics::default();
         let per = PerClient::new(2, TrustedPeers::default(), &metrics);
         let a1 = per.admit(ip(1));
         let a2 = per.admit(ip(1));
@@ -647,8 +670,8 @@ mod tests {
         assert_eq!(zero.check(), Err(LimitError::Zero("--max-in-flight")));
     }
 
-    fn router(limits: Limits) -> (Router, Metrics) {
-        let (metrics, _) = Metrics::new();
+    fn router(limits: Limits) -> (Router, LimitMetrics) {
+        let metrics = LimitMetrics::default();
         let intake_state = Intake::new(&limits, &metrics);
         let router = Router::new()
             .route(
@@ -716,7 +739,7 @@ mod tests {
             max_in_flight_per_client: 2,
             ..Limits::default()
         };
-        let (metrics, _) = Metrics::new();
+        let metrics = LimitMetrics::default();
         let intake = Intake::new(&limits, &metrics);
         let (a, b) = (ip(2), ip(3));
         let mut t1 = intake.admit(a, Trust::None).map_err(|e| format!("{e:?}"));
@@ -747,7 +770,7 @@ mod tests {
             max_in_flight_per_client: 2,
             ..Limits::default()
         };
-        let (metrics, _) = Metrics::new();
+        let metrics = LimitMetrics::default();
         let intake = Intake::new(&limits, &metrics);
         let trusted = TrustedPeers::new(vec![
             parse_trusted_peer("10.0.0.0/24").unwrap_or_else(|e| panic!("{e}")),

@@ -23,10 +23,10 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 
 use crate::app::App;
-use crate::connection_life::{self, Activity, End, Lifetime, Protocol};
+use crate::connection_life::ConnectionMetrics;
+use crate::connection_life::{self, Activity, Lifetime, Protocol};
 use crate::handlers;
 use crate::limits::{self, ClientSlot, Intake, Limits, Peer, PerClient, Trust};
-use crate::metrics::{ConnectionEndLabels, LimitLabels, Metrics};
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,13 +42,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// shedding, never a queue), each within the body budget and deadline, and a
 /// time limit, so a slow or silent client cannot hold a connection forever.
 pub fn admission_router(app: Arc<App>, limits: &Limits) -> Router {
-    let shed = app
-        .metrics
-        .limited
-        .get_or_create(&LimitLabels { limit: "in_flight" })
-        .clone();
+    let shed = app.metrics.limits.counter("in_flight");
     let max_in_flight = limits.max_in_flight;
-    let intake_state = Intake::new(limits, &app.metrics);
+    let intake_state = Intake::new(limits, &app.metrics.limits);
     let router = Router::new()
         .route("/validate/pods", post(handlers::validate_pods))
         .route("/validate/collision", post(handlers::validate_pods))
@@ -145,12 +141,12 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     // The log writer keeps its own count; the counter catches up at each scrape.
     if let Some(dropped) = &h.app.log_dropped {
-        let counter = &h.app.metrics.audit_records_dropped;
+        let counter = &h.app.metrics.process.audit_records_dropped;
         let now = u64::try_from(dropped.dropped_lines()).unwrap_or(u64::MAX);
         counter.inc_by(now.saturating_sub(counter.get()));
     }
     if let Some(expiry) = h.app.certificate.as_ref().and_then(|c| c.not_after_unix()) {
-        h.app.metrics.certificate_expiry.set(expiry);
+        h.app.metrics.process.certificate_expiry.set(expiry);
     }
     (
         [(
@@ -210,7 +206,7 @@ pub struct Connections {
     draining: CancellationToken,
     stop: CancellationToken,
     last_call: CancellationToken,
-    metrics: Metrics,
+    metrics: ConnectionMetrics,
 }
 
 /// At most how long after a shutdown stops accepting an HTTP/1 connection
@@ -219,14 +215,7 @@ pub struct Connections {
 const LAST_CALL: Duration = Duration::from_secs(5);
 
 impl Connections {
-    pub fn new(lifetime: Lifetime, metrics: &Metrics) -> Self {
-        for end in End::ALL {
-            let _ = metrics
-                .connections_ended
-                .get_or_create(&ConnectionEndLabels {
-                    reason: end.as_str(),
-                });
-        }
+    pub fn new(lifetime: Lifetime, metrics: &ConnectionMetrics) -> Self {
         Self {
             lifetime,
             draining: CancellationToken::new(),
@@ -274,12 +263,7 @@ impl Connections {
         )
         .await;
         if let Some(end) = end {
-            self.metrics
-                .connections_ended
-                .get_or_create(&ConnectionEndLabels {
-                    reason: end.as_str(),
-                })
-                .inc();
+            self.metrics.ended(end);
         }
         res
     }

@@ -17,8 +17,67 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
 use serde_json::{json, Value};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
 use crate::disruption::Disruption;
 use crate::review::{Meta, Pod};
+
+/// Pods tagged with their `DisruptionTarget` reason: counted where a tag is
+/// written, in its request ([`crate::endpoints::disruption_tagger`]) or
+/// afterwards ([`crate::follow_up`]).
+#[derive(Clone, Default)]
+pub struct TagMetrics {
+    pub disruption_tags: Family<ReasonLabels, Counter>,
+}
+
+impl TagMetrics {
+    /// The series, registered (each known reason at 0 from the start).
+    pub fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        for reason in KNOWN_REASONS.iter().chain(&["Other"]) {
+            let _ = m.disruption_tags.get_or_create(&reason_labels(reason));
+        }
+        r.register(
+            "disruption_tags",
+            "Pods tagged with their DisruptionTarget reason, by reason",
+            m.disruption_tags.clone(),
+        );
+        m
+    }
+
+    /// One pod tagged for `reason`.
+    pub fn tagged(&self, reason: &str) {
+        self.disruption_tags
+            .get_or_create(&reason_labels(reason))
+            .inc();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+/// The `DisruptionTarget` reasons Kubernetes writes; any other is counted as
+/// `Other`, so a status writer cannot grow the metric without bound.
+pub const KNOWN_REASONS: &[&str] = &[
+    "PreemptionByScheduler",
+    "DeletionByTaintManager",
+    "EvictionByEvictionAPI",
+    "DeletionByPodGC",
+    "TerminationByKubelet",
+];
+
+/// The `disruption_tags` labels for `reason`.
+pub fn reason_labels(reason: &str) -> ReasonLabels {
+    let known = KNOWN_REASONS.iter().find(|r| **r == reason);
+    ReasonLabels {
+        reason: known.map_or("Other", |r| r).to_string(),
+    }
+}
 
 pub const LABEL: &str = "graceguard.io/disruption";
 pub const MESSAGE_ANNOTATION: &str = "graceguard.io/disruption-message";

@@ -15,7 +15,30 @@ use kube::{Api, Client};
 
 use crate::confirm::Confirmer;
 use crate::eviction_outcome::EvictionOutcomes;
-use crate::metrics::Metrics;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The pod index's series: its size, and whether it is synced with a
+/// healthy watch.
+#[derive(Clone, Default)]
+pub struct PodIndexMetrics {
+    pub pods: Gauge,
+    pub ready: Gauge,
+}
+
+impl PodIndexMetrics {
+    /// The series, registered.
+    pub fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        r.register("index_pods", "Pods in the name index", m.pods.clone());
+        r.register(
+            "index_ready",
+            "1 when the pod index is synced and its watch healthy",
+            m.ready.clone(),
+        );
+        m
+    }
+}
 use crate::pod_index::{namespace_mode, HeldPod, NamespaceModes, PodIndex};
 
 /// How the pod index makes its initial list (and every re-list).
@@ -75,7 +98,7 @@ pub fn spawn_watchers(
     evictions: EvictionOutcomes,
     pods: Arc<PodIndex>,
     namespaces: Arc<NamespaceModes>,
-    metrics: Metrics,
+    metrics: PodIndexMetrics,
     list: PodList,
 ) {
     let pod_api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
@@ -101,8 +124,8 @@ pub fn spawn_watchers(
                 stream,
                 |meta| Some(HeldPod::from_meta(meta)),
                 |idx| {
-                    m.index_pods.set(idx.len() as i64);
-                    m.index_ready.set(i64::from(idx.is_ready()));
+                    m.pods.set(idx.len() as i64);
+                    m.ready.set(i64::from(idx.is_ready()));
                 },
             )
             .await;

@@ -66,12 +66,12 @@ fn harness(held: &[(&str, &str)], live: Result<Option<HeldPod>, ReadError>, mode
     let app = Arc::new(App {
         pods,
         namespaces,
-        confirmer: Confirmer::new(fetch, Duration::from_secs(1), 100, metrics.clone()),
+        confirmer: Confirmer::new(fetch, Duration::from_secs(1), 100, metrics.confirm.clone()),
         livelock: LivelockDetector::new(Duration::from_secs(10), 5),
         evictions: graceguard_webhook::eviction_outcome::EvictionOutcomes::new(
             None,
             FollowUp::disabled(),
-            metrics.clone(),
+            metrics.evictions.clone(),
         ),
         metrics,
         follow_up: FollowUp::disabled(),
@@ -415,7 +415,14 @@ async fn the_tagger_never_changes_a_running_pod() {
     assert_eq!(v["response"]["allowed"], true);
     assert!(v["response"].get("patch").is_none(), "{v}");
     assert!(v["response"].get("patchType").is_none(), "{v}");
-    assert_eq!(h.app.metrics.running_pods_left_unchanged.get(), 1);
+    assert_eq!(
+        h.app
+            .metrics
+            .disruption_tagger
+            .running_pods_left_unchanged
+            .get(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -445,7 +452,14 @@ async fn the_tagger_patches_a_status_update_of_a_pod_being_deleted_or_ended() {
             "2026-11-30T11:30:00Z"
         );
     }
-    assert_eq!(h.app.metrics.running_pods_left_unchanged.get(), 0);
+    assert_eq!(
+        h.app
+            .metrics
+            .disruption_tagger
+            .running_pods_left_unchanged
+            .get(),
+        0
+    );
 
     // The same update of a pod that already carries the tags: no patch.
     let tagged = status_update_with(|v| {
@@ -676,8 +690,8 @@ async fn when_graceguard_knows_the_api_server_anyone_elses_review_changes_nothin
     .await;
     assert_eq!(v["response"]["allowed"], true, "{v}");
     // ...but changes nothing: no denial counted, no eviction attempt.
-    assert_eq!(app.metrics.quota_charges_prevented.get(), 0);
-    assert_eq!(app.metrics.evictions_audited.get(), 0);
+    assert_eq!(app.metrics.collision_guard.quota_charges_prevented.get(), 0);
+    assert_eq!(app.metrics.audits.evictions_audited.get(), 0);
     // The API server's own reviews do.
     post_as(
         &router,
@@ -693,8 +707,8 @@ async fn when_graceguard_knows_the_api_server_anyone_elses_review_changes_nothin
         api_server,
     )
     .await;
-    assert_eq!(app.metrics.quota_charges_prevented.get(), 1);
-    assert_eq!(app.metrics.evictions_audited.get(), 1);
+    assert_eq!(app.metrics.collision_guard.quota_charges_prevented.get(), 1);
+    assert_eq!(app.metrics.audits.evictions_audited.get(), 1);
 }
 
 #[test]
@@ -727,7 +741,7 @@ fn clone_app(app: &App) -> App {
         evictions: graceguard_webhook::eviction_outcome::EvictionOutcomes::new(
             None,
             FollowUp::disabled(),
-            metrics.clone(),
+            metrics.evictions.clone(),
         ),
         metrics,
         follow_up: FollowUp::disabled(),

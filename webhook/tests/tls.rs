@@ -79,7 +79,7 @@ async fn start_on(
     let (stop, rx) = watch::channel(false);
     let connections = graceguard_webhook::server::Connections::new(
         graceguard_webhook::connection_life::Lifetime::UNBOUNDED,
-        &graceguard_webhook::metrics::Metrics::new().0,
+        &graceguard_webhook::connection_life::ConnectionMetrics::default(),
     );
     let done = tokio::spawn(serve_tls(
         listener,
@@ -96,7 +96,7 @@ async fn start_on(
                     .map(|t| graceguard_webhook::limits::parse_trusted_peer(t).expect("cidr"))
                     .collect(),
             ),
-            &graceguard_webhook::metrics::Metrics::new().0,
+            &graceguard_webhook::limits::LimitMetrics::default(),
         ),
         connections.clone(),
     ));
@@ -489,7 +489,7 @@ async fn the_health_listener_closes_a_client_that_never_sends_a_request() {
         rx,
         graceguard_webhook::server::Connections::new(
             graceguard_webhook::connection_life::Lifetime::UNBOUNDED,
-            &graceguard_webhook::metrics::Metrics::new().0,
+            &graceguard_webhook::connection_life::ConnectionMetrics::default(),
         ),
     ));
     let mut tcp = TcpStream::connect(addr).await.expect("connect");

@@ -119,7 +119,7 @@ fn record_denial(app: &App, req: &Request, rec: &AuditRecord, name: &str) -> Rec
     };
     let recorded = app.livelock.record(&req.namespace, &looped_on, user);
     if let Some(count) = recorded.report {
-        app.metrics.livelock_suspected.inc();
+        app.metrics.collision_guard.livelock_suspected.inc();
         AuditRecord {
             event: "livelock_suspected",
             endpoint: Endpoint::collision_guard.as_str(),
@@ -247,9 +247,10 @@ async fn collide(app: &App, req: &Request, acts: Acts) -> Reviewed {
         rec.uid = Some(p.held.uid.clone());
     }
     if acts.yes() {
-        app.metrics.quota_charges_prevented.inc();
+        app.metrics.collision_guard.quota_charges_prevented.inc();
         if d.status.code == 429 {
             app.metrics
+                .collision_guard
                 .retry_answers
                 .get_or_create(&ModeLabels {
                     mode: mode.as_str(),

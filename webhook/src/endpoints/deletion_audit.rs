@@ -71,6 +71,7 @@ pub fn review(app: &App, req: &Request, acts: Acts) -> Reviewed {
     if acts.counted() {
         let explained = if explained { "yes" } else { "no" };
         app.metrics
+            .audits
             .deletions_audited
             .get_or_create(&ExplainedLabels { explained })
             .inc();

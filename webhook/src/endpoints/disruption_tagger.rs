@@ -11,7 +11,6 @@ use crate::app::App;
 use crate::audit::AuditRecord;
 use crate::disruption;
 use crate::follow_up::Source;
-use crate::metrics::reason_labels;
 use crate::review::{Answer, Request};
 use crate::tagger;
 
@@ -139,8 +138,8 @@ pub fn review(app: &App, req: &Request, acts: Acts) -> Reviewed {
     };
     if let Some((why, source)) = left {
         let left_unchanged = match why {
-            Left::NodeRequest => &app.metrics.node_requests_left_unchanged,
-            Left::RunningPod => &app.metrics.running_pods_left_unchanged,
+            Left::NodeRequest => &app.metrics.disruption_tagger.node_requests_left_unchanged,
+            Left::RunningPod => &app.metrics.disruption_tagger.running_pods_left_unchanged,
         };
         left_unchanged.inc();
         rec.patched = Some(false);
@@ -166,10 +165,7 @@ pub fn review(app: &App, req: &Request, acts: Acts) -> Reviewed {
     match serde_json::to_vec(&patch) {
         Ok(bytes) => {
             if acts.counted() {
-                app.metrics
-                    .disruption_tags
-                    .get_or_create(&reason_labels(&d.reason))
-                    .inc();
+                app.metrics.tags.tagged(&d.reason);
             }
             rec.patched = Some(true);
             let mut reviewed = Reviewed::allow(Reason::Tagged.as_str(), rec);

@@ -44,7 +44,7 @@ pub fn review(app: &App, req: &Request, acts: Acts) -> Reviewed {
         return Reviewed::allow(Reason::NotAnEviction.as_str(), AuditRecord::default());
     }
     if acts.counted() {
-        app.metrics.evictions_audited.inc();
+        app.metrics.audits.evictions_audited.inc();
     }
     let held = app.pods.get(&req.namespace, &req.name);
     let already_terminating = held.as_ref().map(|p| p.deletion.is_some());

@@ -68,7 +68,7 @@ fn refused_for_term(
     status: Box<kube::core::Status>,
 ) -> Reviewed {
     if acts != Acts::Unauthenticated {
-        app.metrics.fenced_writes_refused.inc();
+        app.metrics.collision_guard.fenced_writes_refused.inc();
     }
     record.reason = reason.as_str().into();
     record.fencing = Some(reason.as_str());
