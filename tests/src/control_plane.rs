@@ -211,6 +211,10 @@ pub struct TestBedOptions {
 
 pub use crate::pods::NODE;
 
+/// The label that opts a namespace out of graceguard's webhooks, as the
+/// chart's selectors do; the bed puts it on the system namespaces.
+pub const OPT_OUT_LABEL: &str = "graceguard.io/ignore";
+
 /// The common name of the client certificate the bed's API server presents
 /// to a webhook that asks for one.
 pub const ADMISSION_CLIENT_NAME: &str = "kube-apiserver-admission";
@@ -691,8 +695,8 @@ impl TestBed {
                 "conditions": [{
                     "type": "Ready", "status": "True", "reason": "KubeletReady",
                     "message": "kubelet is posting ready status",
-                    "lastHeartbeatTime": crate::kubelet::now_rfc3339(),
-                    "lastTransitionTime": crate::kubelet::now_rfc3339(),
+                    "lastHeartbeatTime": crate::clock::now_rfc3339(),
+                    "lastTransitionTime": crate::clock::now_rfc3339(),
                 }],
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
             },
@@ -1069,13 +1073,7 @@ impl TestBed {
     /// when `opt_out`, and waits for its default ServiceAccount where a
     /// controller makes one.
     pub async fn namespace_named(&self, name: &str, opt_out: bool) -> Result<()> {
-        let labels = opt_out.then(|| {
-            [(
-                crate::webhook::OPT_OUT_LABEL.to_string(),
-                "true".to_string(),
-            )]
-            .into()
-        });
+        let labels = opt_out.then(|| [(OPT_OUT_LABEL.to_string(), "true".to_string())].into());
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),

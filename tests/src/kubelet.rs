@@ -207,12 +207,7 @@ fn disruption_condition(reason: &str, message: &str) -> Value {
     })
 }
 
-/// Now, as the API writes times.
-pub fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
+pub use crate::clock::now_rfc3339;
 
 /// The status a kubelet reports when a pod's containers have ended: the
 /// phase, not-ready conditions, terminated containers; `extra` is one more

@@ -6,13 +6,17 @@
 //! so every lap leaks one pod of quota. `scripts/demo` and the tests run this
 //! same code, with and without graceguard in front of the API server.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{ensure, Context, Result};
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
+use crate::disruptions::{most_of_node_cpu, priority_classes, Kubelets, HIGH, LOW};
 use crate::pods::{self, CreateOutcome};
 use crate::quota;
+use crate::TestBed;
 
 /// The high-priority pod that preempts a task in the preemption scenarios.
 pub const INTRUDER: &str = "intruder";
@@ -272,12 +276,11 @@ pub enum Disruption {
 /// with `audit: true`.
 pub async fn guard_graceful_delete(
     bed: &crate::TestBed,
-    kubelets: &crate::disruptions::Kubelets<'_>,
+    kubelets: &Kubelets<'_>,
     ns: &str,
     terminating: std::time::Duration,
     how: Disruption,
 ) -> Result<CollisionReport> {
-    use crate::disruptions::{most_of_node_cpu, priority_classes, Kubelets, HIGH, LOW};
     use crate::guard_task::{spec, RunningTask};
     use std::time::Duration;
     const MIN: Duration = Duration::from_secs(60);
@@ -474,5 +477,73 @@ pub async fn pvc_collision(
     }
     r.leaked_pvcs = used("persistentvolumeclaims").await?.parse::<i64>()? - pvcs0.parse::<i64>()?;
     r.leaked_storage_gi = gi(used("requests.storage").await?)? - storage0;
+    Ok(r)
+}
+
+/// flyteorg/flyte#8066 with a real preemption: a naive executor runs task pod
+/// `flyte-a0-0` (low priority, three quarters of the node's CPU); kube-scheduler
+/// preempts it for a high-priority pod; while it is Terminating, the executor
+/// reads it as an unexpected deletion and re-creates the same name `laps`
+/// times, every 80 ms (Flyte loops at about 12 Hz). The leak is read from the
+/// real quota controller's status. `mode` names the run (`bare`, or
+/// `graceguard` with the collision guard registered). Afterwards the preempted
+/// pod is finished (or waited out, on real nodes) and the intruder removed, so
+/// the node is free again.
+pub async fn flyte_seed_naive(
+    bed: &TestBed,
+    kubelets: &Kubelets<'_>,
+    ns: &str,
+    mode: &str,
+    laps: u32,
+) -> Result<CollisionReport> {
+    priority_classes(bed).await?;
+    crate::quota::set_pods_quota(bed, ns, 10).await?;
+    let cpu = most_of_node_cpu(bed, pods::NODE).await?;
+    let executor: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, ns);
+    let pod = kubelets.schedulable_pod("flyte-a0-0", 30, LOW, &cpu);
+    let out = pods::create(&executor, &pod).await?;
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating flyte-a0-0: {out:?}"
+    );
+    pods::wait_running(&executor, "flyte-a0-0").await?;
+    let uid = executor.get("flyte-a0-0").await?.uid().unwrap_or_default();
+    let intruder = kubelets.schedulable_pod(INTRUDER, 0, HIGH, &cpu);
+    let out = pods::create(&executor, &intruder).await?;
+    ensure!(
+        out == CreateOutcome::Created,
+        "creating the intruder: {out:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while executor
+        .get("flyte-a0-0")
+        .await?
+        .metadata
+        .deletion_timestamp
+        .is_none()
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "kube-scheduler did not preempt flyte-a0-0 within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut r = CollisionReport {
+        scenario: "flyte-seed",
+        mode: mode.into(),
+        kube_version: bed.version.as_str(),
+        kubelet: kubelets.name(),
+        ..Default::default()
+    };
+    collide(&executor, &pod, laps, Duration::from_millis(80), &mut r).await?;
+    r.still_terminating_after = Some(
+        executor
+            .get_opt("flyte-a0-0")
+            .await?
+            .is_some_and(|p| p.uid().as_deref() == Some(uid.as_str())),
+    );
+    r.leaked_quota_charges = leaked_charges(&bed.client, ns).await?;
+    kubelets.finish(&executor, ns, "flyte-a0-0", &uid).await?;
+    pods::delete_gracefully(&executor, INTRUDER, Some(0)).await?;
     Ok(r)
 }

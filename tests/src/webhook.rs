@@ -182,8 +182,7 @@ pub struct Registration {
 pub const REGISTERED_LABEL: (&str, &str) =
     ("testbed.graceguard.io/registered-by", "webhook-process");
 
-/// The label that opts a namespace out, as the chart does.
-pub const OPT_OUT_LABEL: &str = "graceguard.io/ignore";
+pub use crate::control_plane::OPT_OUT_LABEL;
 
 fn opt_out() -> LabelSelector {
     LabelSelector {
@@ -360,7 +359,7 @@ async fn wait_noop_called(bed: &TestBed, probe_ns: &str, name: &str) -> Result<(
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     let named = |metrics: &str, series: &str| {
-        crate::bench::histogram::sum(metrics, series, &[("name", name)])
+        crate::load::histogram::sum(metrics, series, &[("name", name)])
     };
     for n in 0.. {
         api.create(&dry, &crate::pods::task_pod(&format!("noop-probe-{n}"), 1))
@@ -695,7 +694,7 @@ impl WebhookProcess {
                             status["status"]["conditions"] = serde_json::json!([{
                                 "type": "DisruptionTarget", "status": "True",
                                 "reason": format!("RegistrationProbe{n}"),
-                                "message": "probe", "lastTransitionTime": crate::kubelet::now_rfc3339(),
+                                "message": "probe", "lastTransitionTime": crate::clock::now_rfc3339(),
                             }]);
                         }
                         api.patch_status(POD, &PatchParams::default(), &Patch::Strategic(&status))
@@ -816,18 +815,18 @@ impl WebhookProcess {
 
     /// Where to send reviews, for the load generator (HTTP/2, as the API
     /// server calls webhooks).
-    pub fn target(&self, path: &str) -> Result<crate::bench::loadgen::Target> {
+    pub fn target(&self, path: &str) -> Result<crate::load::loadgen::Target> {
         let addr = self
             .url
             .strip_prefix("https://")
             .unwrap_or(&self.url)
             .parse()
             .with_context(|| format!("{} is not an https://ADDRESS", self.url))?;
-        Ok(crate::bench::loadgen::Target {
+        Ok(crate::load::loadgen::Target {
             addr,
             path: path.into(),
             ca_pem: self.ca_pem.clone(),
-            protocol: crate::bench::loadgen::Protocol::H2,
+            protocol: crate::load::loadgen::Protocol::H2,
         })
     }
 
@@ -842,7 +841,7 @@ impl WebhookProcess {
     ) -> Result<Option<u16>> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let target = self.target("/validate/pods")?;
-        let cfg = crate::bench::loadgen::client_config(&self.ca_pem, client)?;
+        let cfg = crate::load::loadgen::client_config(&self.ca_pem, client)?;
         let tcp = tokio::net::TcpStream::connect(target.addr).await?;
         let mut tls = match tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
             .connect(

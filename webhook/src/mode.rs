@@ -32,16 +32,20 @@ impl Mode {
     }
 }
 
+/// A mode name (`--mode`, a namespace's `graceguard.io/mode` label) that
+/// is none of graceguard's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a graceguard mode; use \"conflict\", \"retry\" or \"adaptive\"")]
+pub struct UnknownMode(pub String);
+
 impl FromStr for Mode {
-    type Err = String;
+    type Err = UnknownMode;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "conflict" => Ok(Mode::Conflict),
             "retry" => Ok(Mode::Retry),
             "adaptive" => Ok(Mode::Adaptive),
-            other => Err(format!(
-                "{other:?} is not a graceguard mode; use \"conflict\", \"retry\" or \"adaptive\""
-            )),
+            other => Err(UnknownMode(other.to_string())),
         }
     }
 }

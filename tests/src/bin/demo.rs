@@ -4,13 +4,11 @@
 
 use anyhow::Result;
 use clap::Parser;
-use testbed::disruptions::{
-    drain, drain_node, flyte_seed_naive, scheduler_preemption, DrainReport, Kubelets,
-};
+use testbed::disruptions::{drain, drain_node, scheduler_preemption, DrainReport, Kubelets};
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::scenario::{
-    graceful_delete_collision, guard_graceful_delete, preemption, pvc_collision, CollisionReport,
-    Disruption, PreemptionReport, PvcReport,
+    flyte_seed_naive, graceful_delete_collision, guard_graceful_delete, preemption, pvc_collision,
+    CollisionReport, Disruption, PreemptionReport, PvcReport,
 };
 use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
 use testbed::{KubeVersion, TestBed, TestBedOptions};

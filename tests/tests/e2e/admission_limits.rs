@@ -182,11 +182,8 @@ async fn idle_and_old_connections_end_gracefully_and_no_review_is_lost() -> R {
         "the connection of the lone Create was not closed when idle"
     );
     let metrics = bed.apiserver_metrics().await?;
-    let failed_open = testbed::bench::histogram::sum(
-        &metrics,
-        "apiserver_admission_webhook_fail_open_count",
-        &[],
-    );
+    let failed_open =
+        testbed::load::histogram::sum(&metrics, "apiserver_admission_webhook_fail_open_count", &[]);
     assert_eq!(
         failed_open, 0.0,
         "the API server failed open on a call while connections ended"

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use testbed::bench::loadgen;
+use testbed::load::loadgen;
 use testbed::pods::{self, CreateOutcome};
 use testbed::webhook::{Hook, WebhookProcess};
 use testbed::{TestBed, TestBedOptions};

@@ -34,11 +34,8 @@ async fn on_a_dual_stack_listener_the_api_server_reviews_over_ipv6_and_ipv4_prob
         "the API server's review came over IPv6: {recs:?}"
     );
     let metrics = bed.apiserver_metrics().await?;
-    let failed_open = testbed::bench::histogram::sum(
-        &metrics,
-        "apiserver_admission_webhook_fail_open_count",
-        &[],
-    );
+    let failed_open =
+        testbed::load::histogram::sum(&metrics, "apiserver_admission_webhook_fail_open_count", &[]);
     assert_eq!(failed_open, 0.0, "every call over IPv6 answered");
     Ok(())
 }

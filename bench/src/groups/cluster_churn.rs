@@ -19,20 +19,21 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::prelude::{emit, floor_certificate, table, Args, BaselineServer};
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 
-use super::histogram::{self, Buckets};
-use super::procfs;
-use super::stats::{percentile_f64, round3};
-use crate::audit_log::AuditEvent;
-use crate::churn::{self, PodWatch, Shape};
-use crate::helm::{self, Helm};
-use crate::webhook::register_noop_like;
-use crate::{TestBed, TestBedOptions};
+use testbed::audit_log::AuditEvent;
+use testbed::churn::{self, PodWatch, Shape};
+use testbed::helm::{self, Helm};
+use testbed::load::histogram::{self, Buckets};
+use testbed::load::procfs;
+use testbed::load::stats::{percentile_f64, round3};
+use testbed::webhook::register_noop_like;
+use testbed::{TestBed, TestBedOptions};
 
 /// The phases, in the order of the first repetition.
 pub const PHASES: [&str; 3] = ["none", "noop", "graceguard"];
@@ -745,10 +746,48 @@ fn summary_line(s: &Value) -> String {
     )
 }
 
+/// The cluster at scale ([`testbed::load::cluster_churn`]): hollow nodes,
+/// a churning workload, the API server's latency SLIs with no webhook, the
+/// no-op floor and graceguard installed by its chart.
+pub(crate) async fn cluster_churn(args: &Args) -> Result<()> {
+    let q = args.quick;
+    let dir = tempfile::tempdir()?;
+    let ca = floor_certificate(dir.path())?;
+    let noop =
+        BaselineServer::serving(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await?;
+    let opts = Options {
+        hollow_nodes: args.hollow_nodes.unwrap_or(if q { 3 } else { 50 }),
+        seconds: args.churn_seconds.unwrap_or(if q { 8.0 } else { 60.0 }),
+        repetitions: args
+            .churn_repetitions
+            .unwrap_or(if q { 1 } else { 3 })
+            .max(1),
+        quick: q,
+        noop_url: format!("https://127.0.0.1:{}", noop.port),
+        noop_ca_pem: ca.cert_pem(),
+        api_audit: std::env::var("GRACEGUARD_CHURN_API_AUDIT").is_ok_and(|v| v == "1"),
+    };
+    anyhow::ensure!(
+        opts.seconds.is_finite() && opts.seconds >= 1.0,
+        "--churn-seconds must be a number of seconds of at least 1, got {}",
+        opts.seconds
+    );
+    anyhow::ensure!(
+        opts.hollow_nodes >= 2,
+        "--hollow-nodes must be at least 2 for cluster_churn (one is drained while the others take its pods), got {}",
+        opts.hollow_nodes
+    );
+    for row in run(&opts, table).await? {
+        emit(row);
+    }
+    drop(noop);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::churn::schedule;
+    use testbed::churn::schedule;
 
     fn opts() -> Options {
         Options {

@@ -1,6 +1,6 @@
 //! `scripts/bench` group `preemption_trace`: the same fixed schedule of
 //! scheduler preemptions on a real node (real kubelet, containerd, runc),
-//! one at a time, traced ([`crate::preemption_trace`]) in four phases that
+//! one at a time, traced ([`testbed::preemption_trace`]) in four phases that
 //! differ only in what admission calls:
 //!
 //! * `none`: no webhook (the namespace carries `graceguard.io/ignore=true`);
@@ -17,17 +17,18 @@
 
 use std::collections::BTreeMap;
 
+use crate::prelude::{emit, floor_certificate, table, Args, BaselineServer};
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PostParams;
 use kube::Api;
 use serde_json::{json, Value};
 
-use super::stats::{percentile_f64, round3};
-use crate::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
-use crate::preemption_trace::{preempt_once, Timeline, Trace};
-use crate::webhook::{register_noop_like, WebhookProcess, OPT_OUT_LABEL, REGISTERED_LABEL};
-use crate::{TestBed, TestBedOptions};
+use testbed::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
+use testbed::load::stats::{percentile_f64, round3};
+use testbed::preemption_trace::{preempt_once, Timeline, Trace};
+use testbed::webhook::{register_noop_like, WebhookProcess, OPT_OUT_LABEL, REGISTERED_LABEL};
+use testbed::{TestBed, TestBedOptions};
 
 /// The phases, in their first repetition's order.
 pub const PHASES: [&str; 4] = ["none", "noop", "noop_tagging", "graceguard"];
@@ -107,7 +108,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
         .await?;
     }
     priority_classes(&bed).await?;
-    let cpu = most_of_node_cpu(&bed, crate::pods::NODE).await?;
+    let cpu = most_of_node_cpu(&bed, testbed::pods::NODE).await?;
     let image = bed.task_image()?;
     let kubelets = Kubelets::Real {
         image: &image,
@@ -231,10 +232,36 @@ fn summary_line(s: &Value) -> String {
     )
 }
 
+/// Scheduler preemptions on a real node with no webhook, the no-op floor,
+/// the floor tagging in admission, and graceguard ([`testbed::load::preemption_trace`]).
+pub(crate) async fn preemption_trace(args: &Args) -> Result<()> {
+    let q = args.quick;
+    let dir = tempfile::tempdir()?;
+    let ca = floor_certificate(dir.path())?;
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let noop = BaselineServer::spawn(&cert, &key, false).await?;
+    let tagging = BaselineServer::spawn(&cert, &key, true).await?;
+    let opts = Options {
+        preemptions: args.preemptions.unwrap_or(if q { 1 } else { 8 }).max(1),
+        repetitions: args
+            .preemption_repetitions
+            .unwrap_or(if q { 1 } else { 3 })
+            .max(1),
+        noop_url: format!("https://127.0.0.1:{}", noop.port),
+        tagging_url: format!("https://127.0.0.1:{}", tagging.port),
+        ca_pem: ca.cert_pem(),
+    };
+    for row in run(&opts, table).await? {
+        emit(row);
+    }
+    drop((noop, tagging));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::preemption_trace::VictimVersion;
+    use testbed::preemption_trace::VictimVersion;
 
     fn trace(running: f64, deletion: f64, gone: f64, tagged_running: bool) -> Trace {
         let v = |tagged, deleting| VictimVersion {
