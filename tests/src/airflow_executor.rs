@@ -25,9 +25,9 @@ use kube::ResourceExt;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::control_plane::TestBed;
-use crate::kubelet::{Kubelet, Terminal};
-use crate::postgres::Postgres;
+use testbed::control_plane::TestBed;
+use testbed::kubelet::{Kubelet, Terminal};
+use testbed::postgres::Postgres;
 
 /// The provider versions measured: the one apache/airflow#68683 was filed
 /// against, and the newest on PyPI when this was written.
@@ -65,7 +65,7 @@ pub struct AirflowRun {
 /// task pods (`kubernetes_executor=True`, `airflow-worker=<job id>`, the
 /// task instance's key in annotations).
 fn worker_pod(name: &str, task: &str, dead: i64) -> Pod {
-    let mut pod = crate::pods::task_pod(name, 30);
+    let mut pod = testbed::pods::task_pod(name, 30);
     let meta = &mut pod.metadata;
     meta.labels = Some(
         [
@@ -129,7 +129,7 @@ async fn next_line(
         Some(l) => serde_json::from_str(&l).with_context(|| format!("the driver printed {l:?}")),
         None => bail!(
             "the driver ended; its log:\n{}",
-            crate::process::tail(log, 40)
+            testbed::process::tail(log, 40)
         ),
     }
 }
@@ -248,7 +248,7 @@ pub async fn run(
         .await
         .with_context(|| format!("creating {n}"))?;
     }
-    crate::pods::wait_running(&api, &names[pods - 1]).await?;
+    testbed::pods::wait_running(&api, &names[pods - 1]).await?;
     next_line(&mut lines, &log).await?; // ready
     let per_sync = pods.div_ceil(syncs.max(1));
     for s in 0..syncs {

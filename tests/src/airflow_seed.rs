@@ -14,9 +14,9 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde::Serialize;
 
-use crate::control_plane::TestBed;
 use crate::guard_task::managed_pod;
-use crate::kubelet::{Kubelet, Terminal};
+use testbed::control_plane::TestBed;
+use testbed::kubelet::{Kubelet, Terminal};
 
 const DEAD: &str = "dead-scheduler";
 

@@ -1,5 +1,5 @@
 //! The `cluster_churn` workload of `scripts/bench`: what a busy cluster does
-//! to its pods, on hollow nodes ([`crate::node::hollow`]), on a fixed
+//! to its pods, on hollow nodes ([`testbed::node::hollow`]), on a fixed
 //! schedule, so that every phase does the same work and a slower path shows
 //! as latency, never as fewer samples:
 //!
@@ -42,7 +42,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::node::hollow;
+use testbed::node::hollow;
 
 /// The namespace the workload runs in.
 pub const NS: &str = "churn";
@@ -845,16 +845,16 @@ async fn create_until_made(pods: &Api<Pod>, t: &Shared, name: &str, deadline: In
         }
     };
     while Instant::now() < deadline {
-        let wait = match crate::pods::create(pods, &pod).await {
-            Ok(crate::pods::CreateOutcome::Created) => {
+        let wait = match testbed::pods::create(pods, &pod).await {
+            Ok(testbed::pods::CreateOutcome::Created) => {
                 tally(t, |t| t.executor_creates += 1);
                 return true;
             }
-            Ok(crate::pods::CreateOutcome::Refused { code: 409, .. }) => {
+            Ok(testbed::pods::CreateOutcome::Refused { code: 409, .. }) => {
                 tally(t, |t| t.executor_conflicts += 1);
                 Duration::from_millis(50)
             }
-            Ok(crate::pods::CreateOutcome::Refused {
+            Ok(testbed::pods::CreateOutcome::Refused {
                 code: 429,
                 retry_after_seconds,
                 ..

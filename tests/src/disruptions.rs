@@ -13,11 +13,11 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
-use crate::containers::PodRecorder;
-use crate::kubelet::{FinishDeletions, Kubelet, KubeletOptions};
-use crate::pods::{self, CreateOutcome};
-use crate::webhook::WebhookProcess;
-use crate::TestBed;
+use testbed::containers::PodRecorder;
+use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions};
+use testbed::pods::{self, CreateOutcome};
+use testbed::webhook::WebhookProcess;
+use testbed::TestBed;
 
 /// The label the tagger writes.
 pub const LABEL: &str = "graceguard.io/disruption";
@@ -94,7 +94,7 @@ pub struct SchedulerPreemptionReport {
 
 /// kube-scheduler preempts a running low-priority pod for a high-priority one
 /// on a full node. Needs the tagger and deletion audit registered; the
-/// victim's node is [`crate::pods::NODE`], run by `kubelet`.
+/// victim's node is [`testbed::pods::NODE`], run by `kubelet`.
 pub async fn scheduler_preemption(
     bed: &TestBed,
     webhook: &WebhookProcess,

@@ -11,14 +11,14 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::Api;
 
-use crate::sidecar::SidecarProcess;
-use crate::stall::HoldingProxy;
-use crate::webhook::{Hook, WebhookProcess};
-use crate::TestBed;
+use testbed::sidecar::SidecarProcess;
+use testbed::stall::HoldingProxy;
+use testbed::webhook::{Hook, WebhookProcess};
+use testbed::TestBed;
 
 /// A task pod carrying `token` as the guard stamps it.
 pub fn pod_under(name: &str, token: &graceguard_contract::fencing::Token) -> Pod {
-    let mut pod = crate::pods::task_pod_on(name, 30, None);
+    let mut pod = testbed::pods::task_pod_on(name, 30, None);
     pod.metadata.annotations = Some(
         [(
             graceguard_contract::fencing::ANNOTATION.to_string(),

@@ -26,10 +26,10 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use serde::Serialize;
 
-use crate::control_plane::TestBed;
-use crate::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
-use crate::pods;
-use crate::sidecar::SidecarProcess;
+use testbed::control_plane::TestBed;
+use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
+use testbed::pods;
+use testbed::sidecar::SidecarProcess;
 
 /// How much chaos.
 #[derive(Clone, Debug)]
@@ -170,7 +170,7 @@ pub async fn run(bed: &mut TestBed, ns: &str, opts: &ChaosOptions) -> Result<Cha
         async move {
             for n in todo {
                 let path = format!("/v1/tasks/{ns}/{n}");
-                let (code, st) = crate::sidecar::http(&socket, "PUT", &path, Some(&body)).await?;
+                let (code, st) = testbed::sidecar::http(&socket, "PUT", &path, Some(&body)).await?;
                 if code != 201 && code != 200 {
                     bail!("PUT {path}: {code} {st}");
                 }

@@ -104,8 +104,8 @@ pub fn summary(ts: &[Transition]) -> Vec<String> {
 
 /// A bed with the API server's audit log on, and a fresh namespace named
 /// after `prefix`: what the guard's end-to-end tests count requests with.
-pub async fn audited_bed(prefix: &str) -> Result<(crate::TestBed, String)> {
-    let bed = crate::TestBed::start_with(crate::TestBedOptions {
+pub async fn audited_bed(prefix: &str) -> Result<(testbed::TestBed, String)> {
+    let bed = testbed::TestBed::start_with(testbed::TestBedOptions {
         audit: true,
         ..Default::default()
     })
@@ -120,7 +120,7 @@ pub fn managed_pod(name: &str, instance: &str) -> Pod {
     use graceguard::core::naming::{
         ATTEMPT_LABEL, INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, TASK_LABEL,
     };
-    let mut p = crate::pods::task_pod(name, 30);
+    let mut p = testbed::pods::task_pod(name, 30);
     let labels = p.metadata.labels.get_or_insert_with(Default::default);
     labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
     labels.insert(INSTANCE_LABEL.into(), instance.into());
@@ -140,7 +140,7 @@ pub const LIVE: i32 = 3600;
 /// it lapses `duration_secs` after an adopter first reads it ([`DEAD`],
 /// [`LIVE`]).
 pub async fn instance_lease(
-    bed: &crate::TestBed,
+    bed: &testbed::TestBed,
     ns: &str,
     instance: &str,
     duration_secs: i32,

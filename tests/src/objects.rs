@@ -9,9 +9,9 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::pods::CreateOutcome;
-use crate::webhook::{Hook, WebhookProcess, COLLISION_KINDS};
-use crate::TestBed;
+use testbed::pods::CreateOutcome;
+use testbed::webhook::{Hook, WebhookProcess, COLLISION_KINDS};
+use testbed::TestBed;
 
 /// The webhook guarding [`COLLISION_KINDS`], registered for them.
 pub async fn guarding_kinds(bed: &TestBed) -> Result<WebhookProcess> {
@@ -24,7 +24,7 @@ pub async fn guarding_kinds(bed: &TestBed) -> Result<WebhookProcess> {
 /// endpoint and the other kinds' guard registered.
 pub async fn guarding_everything(bed: &TestBed) -> Result<WebhookProcess> {
     let webhook = WebhookProcess::start(bed, &["--collision-kinds", COLLISION_KINDS]).await?;
-    let hooks: Vec<Hook> = crate::webhook::ALL_HOOKS
+    let hooks: Vec<Hook> = testbed::webhook::ALL_HOOKS
         .iter()
         .copied()
         .chain([Hook::CollisionKinds])
@@ -38,7 +38,7 @@ pub async fn create<K>(api: &Api<K>, obj: &K) -> Result<CreateOutcome>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
-    crate::pods::outcome(api.create(&PostParams::default(), obj).await)
+    testbed::pods::outcome(api.create(&PostParams::default(), obj).await)
 }
 
 /// Waits (up to 60 s) until the object `name` is terminating (a deletionTimestamp).
@@ -76,7 +76,7 @@ where
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let out = crate::pods::outcome(api.create(&dry, obj).await)?;
+        let out = testbed::pods::outcome(api.create(&dry, obj).await)?;
         if matches!(&out, CreateOutcome::Refused { message, .. }
             if message.contains("graceguard denied") && message.contains(expect))
         {

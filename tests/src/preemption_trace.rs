@@ -22,7 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::disruptions::{Kubelets, HIGH, LOW};
-use crate::pods::{self, CreateOutcome};
+use testbed::pods::{self, CreateOutcome};
 
 /// One version of the victim, as the watch delivered it.
 #[derive(Clone, Debug, Serialize)]

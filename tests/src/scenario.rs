@@ -14,9 +14,9 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::disruptions::{most_of_node_cpu, priority_classes, Kubelets, HIGH, LOW};
-use crate::pods::{self, CreateOutcome};
-use crate::quota;
-use crate::TestBed;
+use testbed::pods::{self, CreateOutcome};
+use testbed::quota;
+use testbed::TestBed;
 
 /// The high-priority pod that preempts a task in the preemption scenarios.
 pub const INTRUDER: &str = "intruder";
@@ -83,7 +83,7 @@ pub async fn leaked_charges(client: &Client, ns: &str) -> Result<i64> {
 /// creates [`POD`] (grace 60 s), deletes it gracefully, then issues `creates`
 /// colliding Creates while it is Terminating. The pod is left Terminating.
 pub async fn graceful_delete_collision(
-    bed: &crate::TestBed,
+    bed: &testbed::TestBed,
     ns: &str,
     mode: &str,
     creates: u32,
@@ -173,9 +173,9 @@ pub struct PreemptionReport {
 /// (`--grace-period=45`); graceguard tags it once the deletion has begun. Needs the tagger and deletion audit registered and
 /// a simulated kubelet running.
 pub async fn preemption(
-    bed: &crate::TestBed,
-    kubelet: &crate::kubelet::Kubelet,
-    webhook: &crate::webhook::WebhookProcess,
+    bed: &testbed::TestBed,
+    kubelet: &testbed::kubelet::Kubelet,
+    webhook: &testbed::webhook::WebhookProcess,
     ns: &str,
 ) -> Result<PreemptionReport> {
     use std::time::Duration;
@@ -275,7 +275,7 @@ pub enum Disruption {
 /// Creates are counted from the apiserver's audit log, so the bed must run
 /// with `audit: true`.
 pub async fn guard_graceful_delete(
-    bed: &crate::TestBed,
+    bed: &testbed::TestBed,
     kubelets: &Kubelets<'_>,
     ns: &str,
     terminating: std::time::Duration,
@@ -319,7 +319,7 @@ pub async fn guard_graceful_delete(
         .wait_for(MIN, |t| t.phase == "Running" && t.attempt == 0)
         .await?;
     let audit = bed.audit_log()?;
-    let creates = |audit: &crate::audit_log::AuditLog| -> Result<Vec<u16>> {
+    let creates = |audit: &testbed::audit_log::AuditLog| -> Result<Vec<u16>> {
         Ok(audit
             .events()?
             .into_iter()
@@ -356,7 +356,7 @@ pub async fn guard_graceful_delete(
         .await?;
     if let Kubelets::Simulated(kubelet) = kubelets {
         kubelet
-            .end_pod(ns, &next.pod, crate::kubelet::Terminal::Succeeded)
+            .end_pod(ns, &next.pod, testbed::kubelet::Terminal::Succeeded)
             .await?;
     }
     let (outcome, _) = task.finish(Duration::from_secs(120)).await?;
@@ -410,7 +410,7 @@ pub struct PvcReport {
 /// Runs the PVC scenario in `ns` under quota `storage` (10 claims, 20Gi): a
 /// 1Gi claim used by a pod is deleted, then created again `creates` times.
 pub async fn pvc_collision(
-    bed: &crate::TestBed,
+    bed: &testbed::TestBed,
     ns: &str,
     mode: &str,
     creates: u32,
@@ -497,7 +497,7 @@ pub async fn flyte_seed_naive(
     laps: u32,
 ) -> Result<CollisionReport> {
     priority_classes(bed).await?;
-    crate::quota::set_pods_quota(bed, ns, 10).await?;
+    testbed::quota::set_pods_quota(bed, ns, 10).await?;
     let cpu = most_of_node_cpu(bed, pods::NODE).await?;
     let executor: Api<Pod> = Api::namespaced(bed.client_as("alice").await?, ns);
     let pod = kubelets.schedulable_pod("flyte-a0-0", 30, LOW, &cpu);

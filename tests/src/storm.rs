@@ -1,4 +1,4 @@
-//! The storm scenario: the client-go executor (`crate::executor`, a model of
+//! The storm scenario: the client-go executor (`testbed::executor`, a model of
 //! Flyte's v2 pod plugin) runs its tasks once per mode, each mode in a
 //! namespace whose `graceguard.io/mode` label picks it, on a bed with a real
 //! node and graceguard's collision guard registered; every task's pod is then
@@ -17,9 +17,10 @@ use serde::Serialize;
 
 use graceguard_webhook::collision::CLIENT_GO_MAX_RETRIES;
 
-use crate::executor::{Executor, ExecutorReport, Load};
-use crate::webhook::{Hook, WebhookProcess};
-use crate::{disruptions, pods, quota, TestBed, TestBedOptions};
+use crate::disruptions;
+use testbed::executor::{Executor, ExecutorReport, Load};
+use testbed::webhook::{Hook, WebhookProcess};
+use testbed::{pods, quota, TestBed, TestBedOptions};
 
 /// The modes compared, in the order they are reported.
 pub const MODES: [&str; 3] = ["conflict", "retry", "adaptive"];

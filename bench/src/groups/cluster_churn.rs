@@ -26,8 +26,8 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 
+use scenarios::churn::{self, PodWatch, Shape};
 use testbed::audit_log::AuditEvent;
-use testbed::churn::{self, PodWatch, Shape};
 use testbed::helm::{self, Helm};
 use testbed::load::histogram::{self, Buckets};
 use testbed::load::procfs;
@@ -787,7 +787,7 @@ pub(crate) async fn cluster_churn(args: &Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use testbed::churn::schedule;
+    use scenarios::churn::schedule;
 
     fn opts() -> Options {
         Options {

@@ -9,8 +9,8 @@ use crate::prelude::*;
 /// workers than collisions. Mode `conflict` (graceguard before `adaptive`)
 /// is the same-run baseline of the request counts.
 pub(crate) async fn executor_storm(quick: bool) -> Result<()> {
+    use scenarios::storm::{self, MODES};
     use testbed::executor::Load;
-    use testbed::storm::{self, MODES};
     // The chart's defaults (mode adaptive, waits of at most 8 s); each
     // namespace's label picks its mode.
     let (bed, _webhook) = storm::bed_with_guard(&["--mode=adaptive"]).await?;

@@ -1,6 +1,6 @@
 //! `scripts/bench` group `preemption_trace`: the same fixed schedule of
 //! scheduler preemptions on a real node (real kubelet, containerd, runc),
-//! one at a time, traced ([`testbed::preemption_trace`]) in four phases that
+//! one at a time, traced ([`scenarios::preemption_trace`]) in four phases that
 //! differ only in what admission calls:
 //!
 //! * `none`: no webhook (the namespace carries `graceguard.io/ignore=true`);
@@ -24,9 +24,9 @@ use kube::api::PostParams;
 use kube::Api;
 use serde_json::{json, Value};
 
-use testbed::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
+use scenarios::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
+use scenarios::preemption_trace::{preempt_once, Timeline, Trace};
 use testbed::load::stats::{percentile_f64, round3};
-use testbed::preemption_trace::{preempt_once, Timeline, Trace};
 use testbed::webhook::{register_noop_like, WebhookProcess, OPT_OUT_LABEL, REGISTERED_LABEL};
 use testbed::{TestBed, TestBedOptions};
 
@@ -261,7 +261,7 @@ pub(crate) async fn preemption_trace(args: &Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use testbed::preemption_trace::VictimVersion;
+    use scenarios::preemption_trace::VictimVersion;
 
     fn trace(running: f64, deletion: f64, gone: f64, tagged_running: bool) -> Trace {
         let v = |tagged, deleting| VictimVersion {

@@ -9,8 +9,8 @@ use crate::prelude::*;
 /// whose container exits at SIGTERM. From the executor's informer seeing the
 /// old pod deleted to its successor's Create returning 201, per task.
 pub(crate) async fn relaunch_delay(quick: bool) -> Result<()> {
+    use scenarios::storm;
     use testbed::executor::Load;
-    use testbed::storm;
     let (bed, _webhook) = storm::bed_with_guard(&["--mode=adaptive"]).await?;
     let (tasks, grace) = if quick { (1, 10) } else { (6, 30) };
     for (holder, stop_after) in [("whole_grace", None), ("early_exit", Some(0))] {

@@ -4,12 +4,12 @@
 
 use anyhow::Result;
 use clap::Parser;
-use testbed::disruptions::{drain, drain_node, scheduler_preemption, DrainReport, Kubelets};
-use testbed::kubelet::{Kubelet, KubeletOptions};
-use testbed::scenario::{
+use scenarios::disruptions::{drain, drain_node, scheduler_preemption, DrainReport, Kubelets};
+use scenarios::scenario::{
     flyte_seed_naive, graceful_delete_collision, guard_graceful_delete, preemption, pvc_collision,
     CollisionReport, Disruption, PreemptionReport, PvcReport,
 };
+use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
 use testbed::{KubeVersion, TestBed, TestBedOptions};
 
@@ -83,14 +83,14 @@ async fn run(args: &Args) -> Result<()> {
     eprintln!(
         "mode graceguard: the same, with graceguard-webhook registered in front of the API server"
     );
-    let webhook = testbed::objects::guarding_everything(&bed).await?;
+    let webhook = scenarios::objects::guarding_everything(&bed).await?;
     let mut guarded = graceful_delete_collision(&bed, &ns, "graceguard", args.creates, 100).await?;
     let n = args.creates as usize + 1;
     guarded.audit_record = webhook
         .wait_records(
             Hook::CollisionGuard.endpoint(),
             &ns,
-            testbed::scenario::POD,
+            scenarios::scenario::POD,
             n,
         )
         .await?
@@ -109,7 +109,7 @@ async fn run(args: &Args) -> Result<()> {
     );
 
     let mut drained: Option<DrainReport> = None;
-    let mut storm: Vec<testbed::storm::StormRow> = Vec::new();
+    let mut storm: Vec<scenarios::storm::StormRow> = Vec::new();
     if real {
         eprintln!("starting a second control plane with a real node (kubelet, containerd, runc, CNI) for the disruptions...");
         let real_bed = TestBed::start_with(TestBedOptions {
@@ -142,7 +142,7 @@ async fn run(args: &Args) -> Result<()> {
         );
         // Before the drain, which leaves the node cordoned.
         eprintln!("flyte seed, client-go executor (a model of Flyte's v2 pod plugin): its task pod, grace 30 s taken in full, deleted gracefully; modes conflict, retry and adaptive side by side");
-        storm = testbed::storm::run(&real_bed, "demo-storm", 30).await?;
+        storm = scenarios::storm::run(&real_bed, "demo-storm", 30).await?;
         eprintln!("drain: kubectl drain of a real node running 3 pods (Eviction API; the kubelet terminates them)");
         let ns = real_bed.namespace("demo-drain").await?;
         let image = real_bed.task_image()?;
@@ -181,11 +181,11 @@ async fn run(args: &Args) -> Result<()> {
     for mode in ["naive", "guard"] {
         let ns = bed.namespace(&format!("demo-airflow-{mode}")).await?;
         airflow
-            .push(testbed::airflow_seed::airflow_seed(&bed, &kubelet, &ns, mode, 100, 50).await?);
+            .push(scenarios::airflow_seed::airflow_seed(&bed, &kubelet, &ns, mode, 100, 50).await?);
     }
     eprintln!("airflow seed with Airflow's own KubernetesExecutor (Airflow 3.3.2, PostgreSQL): provider 10.18.0 with one scheduler, 10.25.0 and graceguard's executor with two schedulers syncing at once; 20 completed pods, 10 syncs");
     let real_airflow = {
-        use testbed::airflow_executor::{run, Case, GRACEGUARD_EXECUTOR};
+        use scenarios::airflow_executor::{run, Case, GRACEGUARD_EXECUTOR};
         let pg = testbed::postgres::Postgres::start(&bed.dir().join("postgres")).await?;
         let ns = bed.namespace("demo-airflow-real").await?;
         let mut rows = Vec::new();

@@ -128,10 +128,10 @@ async fn run(args: &Args) -> Result<bool> {
 
 /// `tasks` tasks through one sidecar while it is SIGKILLed five times, the
 /// API server restarts twice, and every fourth running pod is deleted or
-/// evicted (see `testbed::guard_chaos`); on the simulated kubelet, or on a
+/// evicted (see `scenarios::guard_chaos`); on the simulated kubelet, or on a
 /// real node with `real_nodes`.
 async fn guard_chaos(tasks: usize, real_nodes: bool) -> Result<bool> {
-    use testbed::guard_chaos::{run, ChaosOptions};
+    use scenarios::guard_chaos::{run, ChaosOptions};
     let bed = TestBed::start_with(testbed::TestBedOptions {
         audit: true,
         real_nodes: u8::from(real_nodes),

@@ -7,7 +7,7 @@
 //! once) and results arrive; the executors' PATCHes are counted from the
 //! API server's audit log, and a watch sees which executors claimed a pod.
 
-use testbed::airflow_executor::{run, AirflowRun, Case, GRACEGUARD_EXECUTOR};
+use scenarios::airflow_executor::{run, AirflowRun, Case, GRACEGUARD_EXECUTOR};
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::postgres::Postgres;
 
@@ -17,7 +17,7 @@ const SYNCS: usize = 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_executor_re_patches_until_10_25_and_adopts_twice_with_two_schedulers(
 ) -> anyhow::Result<()> {
-    let (bed, ns) = testbed::guard_task::audited_bed("airflow").await?;
+    let (bed, ns) = scenarios::guard_task::audited_bed("airflow").await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let pg = Postgres::start(&bed.dir().join("postgres")).await?;
     let mut rows: Vec<AirflowRun> = Vec::new();

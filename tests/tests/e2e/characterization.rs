@@ -3,9 +3,9 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
+use scenarios::scenario::{graceful_delete_collision, POD};
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::pods::{self, CreateOutcome};
-use testbed::scenario::{graceful_delete_collision, POD};
 use testbed::{quota, TestBed};
 
 type R = anyhow::Result<()>;

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
+use scenarios::objects;
+use scenarios::scenario::{graceful_delete_collision, POD};
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::pods::{self, CreateOutcome};
-use testbed::scenario::{graceful_delete_collision, POD};
 use testbed::webhook::{Hook, WebhookProcess};
-use testbed::{objects, quota, TestBed, TestBedOptions};
+use testbed::{quota, TestBed, TestBedOptions};
 
 type R = anyhow::Result<()>;
 

@@ -11,11 +11,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, ResourceExt};
+use scenarios::objects;
 use serde_json::json;
 use testbed::kubelet::{Kubelet, KubeletOptions};
 use testbed::pods::{self, CreateOutcome};
+use testbed::quota;
 use testbed::TestBed;
-use testbed::{objects, quota};
 
 type R = anyhow::Result<()>;
 
@@ -40,7 +41,7 @@ async fn a_pvc_held_by_pvc_protection_is_denied_five_times_and_its_storage_quota
 {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("pvc").await?;
-    let webhook = testbed::objects::guarding_kinds(&bed).await?;
+    let webhook = scenarios::objects::guarding_kinds(&bed).await?;
     quota::set_named_quota(
         &bed,
         &ns,
@@ -128,7 +129,7 @@ async fn a_configmap_held_by_a_finalizer_is_denied_until_it_is_gone_and_free_nam
 ) -> R {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("cm").await?;
-    let webhook = testbed::objects::guarding_kinds(&bed).await?;
+    let webhook = scenarios::objects::guarding_kinds(&bed).await?;
     quota::set_named_quota(&bed, &ns, "objects", &[("count/configmaps", "10")]).await?;
     webhook.wait_kind_indexed("configmaps").await?;
     let api: Api<ConfigMap> = Api::namespaced(bed.client.clone(), &ns);
@@ -208,7 +209,7 @@ async fn a_custom_resource_is_indexed_once_a_quota_counts_it_and_unindexed_when_
         kube::runtime::wait::conditions::is_crd_established(),
     );
     tokio::time::timeout(Duration::from_secs(60), established).await??;
-    let webhook = testbed::objects::guarding_kinds(&bed).await?;
+    let webhook = scenarios::objects::guarding_kinds(&bed).await?;
     let gvk = GroupVersionKind::gvk("graceguard.test", "v1", "Widget");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");
     let api: Api<DynamicObject> = Api::namespaced_with(bed.client.clone(), &ns, &ar);

@@ -162,7 +162,7 @@ fn the_demo_shows_the_leak_bare_and_none_with_graceguard_or_the_guard() -> anyho
     };
     assert!(relaunch("conflict") >= 20, "{storm:?}");
     assert!(
-        (3..=testbed::storm::ADAPTIVE_RELAUNCH_MAX).contains(&relaunch("adaptive")),
+        (3..=scenarios::storm::ADAPTIVE_RELAUNCH_MAX).contains(&relaunch("adaptive")),
         "{storm:?}"
     );
     Ok(())

@@ -18,8 +18,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
-use testbed::fencing::{cause_of, create, pod_under, stalled_holder, until_refused};
-use testbed::guard_task::audited_bed;
+use scenarios::fencing::{cause_of, create, pod_under, stalled_holder, until_refused};
+use scenarios::guard_task::audited_bed;
 use testbed::pods;
 use testbed::webhook::{Hook, Registration, WebhookProcess};
 use testbed::TestBed;
@@ -260,7 +260,7 @@ async fn a_create_sent_under_a_lease_term_that_is_over_never_reaches_the_store()
     Ok(())
 }
 
-/// The stalled-holder scenario ([`testbed::fencing::stalled_holder`]) with
+/// The stalled-holder scenario ([`scenarios::fencing::stalled_holder`]) with
 /// a task whose pod never reaches a node: the Create A sent in time is
 /// refused after the takeover and no pod of it reaches the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
-use testbed::audit_log::AuditEvent;
-use testbed::guard_task::{
+use scenarios::guard_task::{
     audited_bed, instance_lease, managed_pod, spec, summary, RunningTask, DEAD, LIVE,
 };
+use testbed::audit_log::AuditEvent;
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::{quota, TestBed};

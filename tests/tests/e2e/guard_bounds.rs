@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use graceguard::{FailureKind, TaskSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
+use scenarios::guard_task::{audited_bed, summary, RunningTask};
 use testbed::audit_log::AuditEvent;
-use testbed::guard_task::{audited_bed, summary, RunningTask};
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions};
 use testbed::{pods, TestBed};
 

@@ -1,12 +1,12 @@
 //! `guard_chaos`, quick form (the full one is `scripts/reliability --only
 //! guard_chaos`): tasks through one sidecar while it is SIGKILLed, the API
 //! server restarts and running pods are deleted and evicted. See
-//! `testbed::guard_chaos` for what is checked.
+//! `scenarios::guard_chaos` for what is checked.
 
 use std::time::Duration;
 
-use testbed::guard_chaos::{run, ChaosOptions};
-use testbed::guard_task::audited_bed;
+use scenarios::guard_chaos::{run, ChaosOptions};
+use scenarios::guard_task::audited_bed;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_kills_restarts_and_disruptions_every_result_arrives_and_no_name_is_created_twice(

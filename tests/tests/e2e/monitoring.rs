@@ -17,10 +17,10 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
+use scenarios::objects;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use testbed::helm::{chart_dir, Helm};
-use testbed::objects;
 use testbed::pods::{self, CreateOutcome};
 use testbed::promql::{exposed_samples, metric_names};
 use testbed::sidecar::SidecarProcess;
@@ -158,7 +158,7 @@ async fn every_series_the_alerts_and_the_dashboard_name_is_exported() -> R {
     // The webhook with other kinds guarded (their index series exist once a
     // quota counts the kind), every endpoint registered.
     let ns = bed.namespace("monitoring").await?;
-    let webhook = testbed::objects::guarding_everything(&bed).await?;
+    let webhook = scenarios::objects::guarding_everything(&bed).await?;
     quota::set_named_quota(&bed, &ns, "claims", &[("persistentvolumeclaims", "10")]).await?;
     webhook.wait_kind_indexed("persistentvolumeclaims").await?;
 

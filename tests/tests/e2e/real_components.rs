@@ -9,12 +9,13 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, ResourceExt};
+use scenarios::disruptions::{drain, scheduler_preemption};
+use scenarios::objects;
 use serde_json::json;
-use testbed::disruptions::{drain, scheduler_preemption};
 use testbed::kubelet::{FinishDeletions, Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::webhook::{WebhookProcess, ALL_HOOKS};
-use testbed::{objects, quota, TestBed};
+use testbed::{quota, TestBed};
 
 type R = anyhow::Result<()>;
 
@@ -358,7 +359,7 @@ async fn job_pod(client: &Client, ns: &str) -> anyhow::Result<String> {
 async fn a_job_held_by_foreground_deletion_is_denied_and_count_jobs_never_charged() -> R {
     let bed = TestBed::start().await?;
     let ns = bed.namespace("job").await?;
-    let webhook = testbed::objects::guarding_kinds(&bed).await?;
+    let webhook = scenarios::objects::guarding_kinds(&bed).await?;
     quota::set_named_quota(&bed, &ns, "jobs", &[("count/jobs.batch", "5")]).await?;
     webhook.wait_kind_indexed("jobs.batch").await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;

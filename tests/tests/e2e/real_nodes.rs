@@ -11,13 +11,13 @@ use graceguard::FailureKind;
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::{Api, ResourceExt};
+use scenarios::disruptions::{drain_node, Kubelets, LabelWatch};
+use scenarios::guard_task::{spec, summary, RunningTask};
+use scenarios::scenario::flyte_seed_naive;
+use scenarios::scenario::{guard_graceful_delete, Disruption};
 use testbed::audit_log::AuditEvent;
 use testbed::containers::{EndWatch, PhaseLog};
-use testbed::disruptions::{drain_node, Kubelets, LabelWatch};
-use testbed::guard_task::{spec, summary, RunningTask};
 use testbed::pods::{self, CreateOutcome};
-use testbed::scenario::flyte_seed_naive;
-use testbed::scenario::{guard_graceful_delete, Disruption};
 use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
 use testbed::{TestBed, TestBedOptions};
 
@@ -400,7 +400,7 @@ async fn the_flyte_seed_on_real_nodes_bare_leaks_graceguard_does_not_guard_creat
 /// arrives, no name is created twice, nothing is left running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_chaos_on_a_real_node() -> R {
-    use testbed::guard_chaos::{run, ChaosOptions};
+    use scenarios::guard_chaos::{run, ChaosOptions};
     let (mut bed, ns) = bed("chaos", 1).await?;
     let opts = ChaosOptions {
         tasks: 12,
@@ -426,8 +426,8 @@ async fn guard_chaos_on_a_real_node() -> R {
 /// timing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion_begins() -> R {
-    use testbed::disruptions::{most_of_node_cpu, priority_classes};
-    use testbed::preemption_trace::{preempt_once, Timeline};
+    use scenarios::disruptions::{most_of_node_cpu, priority_classes};
+    use scenarios::preemption_trace::{preempt_once, Timeline};
     let (bed, ns) = bed("preempt-trace", 1).await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register_as_the_chart_does(&bed).await?;
@@ -482,7 +482,7 @@ async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion
 }
 
 /// The fence on a real node (kubelet, containerd, runc): the stalled-holder
-/// scenario ([`testbed::fencing::stalled_holder`]) with a task that runs a
+/// scenario ([`scenarios::fencing::stalled_holder`]) with a task that runs a
 /// container. A's Create, sent in time and delivered after B took the
 /// Lease, is refused; B, given the task, runs it on the node to its end:
 /// one pod stored, one container run, one result.
@@ -491,7 +491,7 @@ async fn a_stalled_holder_on_a_real_node_never_runs_its_task_twice() -> R {
     let (bed, ns) = bed("fence", 1).await?;
     let template = serde_json::to_value(container_pod(&bed, "template", 30, "echo ran")?)?;
     let held =
-        testbed::fencing::stalled_holder(&bed, &ns, ("fence", "work"), template.clone()).await?;
+        scenarios::fencing::stalled_holder(&bed, &ns, ("fence", "work"), template.clone()).await?;
     let (code, st) = held
         .b
         .request(

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
+use scenarios::guard_task::{audited_bed, instance_lease, managed_pod, DEAD};
 use testbed::audit_log::AuditEvent;
-use testbed::guard_task::{audited_bed, instance_lease, managed_pod, DEAD};
 use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::sidecar::{ClientRun, Lang, SidecarProcess};

@@ -185,7 +185,7 @@ fn template_file(bed: &TestBed) -> anyhow::Result<std::path::PathBuf> {
 /// on TCP with a token.
 async fn two_transports(
 ) -> anyhow::Result<(TestBed, String, Kubelet, SidecarProcess, SidecarProcess)> {
-    let (bed, ns) = testbed::guard_task::audited_bed("clients").await?;
+    let (bed, ns) = scenarios::guard_task::audited_bed("clients").await?;
     let kubelet = Kubelet::start(
         &bed,
         KubeletOptions {
@@ -337,7 +337,7 @@ async fn the_readme_example_survives_a_preemption(lang: testbed::sidecar::Lang) 
         "docs/sidecar-api.md does not quote {} as it is",
         file.display()
     );
-    let (bed, ns) = testbed::guard_task::audited_bed("example").await?;
+    let (bed, ns) = scenarios::guard_task::audited_bed("example").await?;
     let kubelet = Kubelet::start(&bed, KubeletOptions::default()).await?;
     let sidecar = SidecarProcess::start(&bed, "example", &ns).await?;
     let child = cmd

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use graceguard_webhook::meta_index::WATCH_TIMEOUT_SECS;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use testbed::guard_task::audited_bed;
+use scenarios::guard_task::audited_bed;
 use testbed::kubelet::{Kubelet, KubeletOptions, Terminal};
 use testbed::pods::{self, CreateOutcome};
 use testbed::sidecar::SidecarProcess;

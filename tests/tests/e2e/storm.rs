@@ -6,7 +6,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::Api;
-use testbed::{pods, storm};
+use scenarios::storm;
+use testbed::pods;
 
 type R = anyhow::Result<()>;
 

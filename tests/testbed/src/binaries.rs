@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 
 /// The supported minors and the release built for each: `tests/kube/versions`,
 /// the one list the scripts read too.
-const VERSIONS_FILE: &str = include_str!("../kube/versions");
+const VERSIONS_FILE: &str = include_str!("../../kube/versions");
 
 static VERSIONS: LazyLock<Vec<KubeVersion>> = LazyLock::new(|| {
     VERSIONS_FILE

@@ -21,7 +21,7 @@ struct Tools {
 const PASSWORD: &str = "graceguard-test-bed";
 
 fn scripts() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
 }
 
 /// Runs `cmd`; fails with what it printed unless it succeeded.

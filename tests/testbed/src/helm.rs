@@ -24,7 +24,7 @@ use crate::TestBed;
 
 /// The chart in this checkout.
 pub fn chart_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/graceguard")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../charts/graceguard")
 }
 
 /// The path `var` names, or an error saying which script sets it.

@@ -407,7 +407,7 @@ impl Lang {
 
 /// The repository's `clients/` directory.
 pub fn clients_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../clients")
 }
 
 /// The Python that has `clients/python` installed (with pytest and the

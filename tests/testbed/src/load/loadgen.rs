@@ -413,7 +413,7 @@ pub fn tag_inline(body: &[u8]) -> Vec<u8> {
 /// of indexed pods `idx-N` (N below `indexed`).
 pub fn review_bodies(indexed: usize) -> Result<Vec<Bytes>> {
     let template: Value = serde_json::from_str(include_str!(
-        "../../../webhook/tests/fixtures/01-create-pods.json"
+        "../../../../webhook/tests/fixtures/01-create-pods.json"
     ))?;
     let mut out = Vec::with_capacity(1000);
     for i in 0..1000usize {

@@ -147,7 +147,8 @@ impl Hook {
 }
 
 /// The chart's `matchConditions` (charts/graceguard/files/match-conditions.yaml).
-const MATCH_CONDITIONS: &str = include_str!("../../charts/graceguard/files/match-conditions.yaml");
+const MATCH_CONDITIONS: &str =
+    include_str!("../../../charts/graceguard/files/match-conditions.yaml");
 
 fn match_conditions(hook: Hook) -> Result<Value> {
     let all: Value = serde_yaml_ng::from_str(MATCH_CONDITIONS)

@@ -123,7 +123,7 @@ impl ExecutorReport {
 
 /// The executor binary (built from `tests/executor` on first use).
 pub fn binary() -> Result<PathBuf> {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("executor");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../executor");
     crate::go_build::cached(&src, "executor", "graceguard-test-executor")
 }
 
