@@ -365,7 +365,9 @@ impl Adopter {
             )
             .await
             {
-                Marked::Failed(why) => Err(GuardError::SupersededNotMarked { pod: name, why }),
+                Marked::Failed(source) => {
+                    Err(GuardError::SupersededNotMarked { pod: name, source })
+                }
                 _ => {
                     self.delivered.insert(uid);
                     Ok(None)

@@ -5,18 +5,17 @@
 //! write lets go of the result finalizer ([`crate::core::result_finalizer`]): an
 //! acknowledged result needs no keeping.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use serde::Serialize;
 
 use crate::core::naming::{CLAIMED_BY_ANNOTATION, DONE_LABEL};
 use crate::core::result_finalizer;
 
 /// What a done-mark came to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "sidecar", derive(utoipa::ToSchema))]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug)]
 pub enum Marked {
     /// This instance labelled the pod done.
     Done,
@@ -27,7 +26,36 @@ pub enum Marked {
     /// The API server could not be asked (or this process does not hold
     /// its instance's Lease); the event stays acknowledged, the pod
     /// unmarked (it is delivered again after a restart).
-    Failed(String),
+    Failed(MarkFailed),
+}
+
+impl Marked {
+    /// Whether this instance wrote the mark.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Self::Done)
+    }
+}
+
+/// Why a done-mark could not be written; the event stays acknowledged and
+/// the pod unmarked, so it is delivered again after a restart.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum MarkFailed {
+    #[error("marking pod {pod} done: {source}")]
+    Patch {
+        pod: String,
+        #[source]
+        source: Arc<kube::Error>,
+    },
+    #[error("re-reading pod {pod} after a conflict while marking it done: {source}")]
+    Reread {
+        pod: String,
+        #[source]
+        source: Arc<kube::Error>,
+    },
+    #[error("pod {pod} kept changing while being marked done (three conflicts); it is marked when delivered again")]
+    KeptChanging { pod: String },
+    #[error("pod {pod} not marked done: this process does not hold instance {instance}'s Lease now; it is delivered again once a process does")]
+    NotFenced { pod: String, instance: String },
 }
 
 /// Labels pod `name` done for `instance` and removes graceguard's result
@@ -78,10 +106,22 @@ pub async fn mark_done(
                     finalizers = p.finalizers().to_vec();
                 }
                 Ok(None) => return Marked::Gone,
-                Err(e) => return Marked::Failed(format!("re-reading pod {name}: {e}")),
+                Err(e) => {
+                    return Marked::Failed(MarkFailed::Reread {
+                        pod: name.to_string(),
+                        source: Arc::new(e),
+                    })
+                }
             },
-            Err(e) => return Marked::Failed(format!("marking pod {name} done: {e}")),
+            Err(e) => {
+                return Marked::Failed(MarkFailed::Patch {
+                    pod: name.to_string(),
+                    source: Arc::new(e),
+                })
+            }
         }
     }
-    Marked::Failed(format!("pod {name} kept changing while being marked done"))
+    Marked::Failed(MarkFailed::KeptChanging {
+        pod: name.to_string(),
+    })
 }

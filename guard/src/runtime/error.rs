@@ -30,8 +30,12 @@ pub enum GuardError {
     #[error("renewing the instance Lease {lease} got no answer within {after:?}; the API server or the connection to it is stalled. Retrying; this process stops acting once its fence's deadline passes")]
     LeaseRenewalTimedOut { lease: String, after: Duration },
     /// A dead owner's superseded attempt could not be marked done.
-    #[error("marking {pod}, an attempt its owner superseded, done failed: {why}; tried again at the next sync")]
-    SupersededNotMarked { pod: String, why: String },
+    #[error("marking {pod}, an attempt its owner superseded, done failed: {source}; tried again at the next sync")]
+    SupersededNotMarked {
+        pod: String,
+        #[source]
+        source: crate::runtime::done_marks::MarkFailed,
+    },
     #[error(transparent)]
     Task(#[from] TaskError),
 }

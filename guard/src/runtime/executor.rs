@@ -22,7 +22,7 @@ use crate::core::phase::Transition;
 use crate::core::reconcile::{Outcome, TaskSpec};
 use crate::core::task::{Submitted, TaskKey, TaskStatus};
 use crate::core::template::Template;
-use crate::runtime::done_marks::{mark_done, Marked};
+use crate::runtime::done_marks::{mark_done, MarkFailed, Marked};
 use crate::runtime::events::{EventBody, EventLog, Logged};
 pub use crate::runtime::executor_config::ExecutorConfig;
 use crate::runtime::executor_loop::Command;
@@ -245,10 +245,10 @@ impl Executor {
             _ => return None,
         };
         if !self.fence.holds() {
-            return Some(Marked::Failed(format!(
-                "pod {name} not marked done: this process does not hold instance {}'s Lease now; it is delivered again once a process does",
-                self.instance
-            )));
+            return Some(Marked::Failed(MarkFailed::NotFenced {
+                pod: name,
+                instance: self.instance.clone(),
+            }));
         }
         Some(
             mark_done(

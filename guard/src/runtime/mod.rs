@@ -23,7 +23,7 @@ pub mod result_release;
 mod server_clock;
 
 pub use api_timeouts::{bounded, READ_TIMEOUT, WATCH_TIMEOUT_SECS};
-pub use done_marks::Marked;
+pub use done_marks::{MarkFailed, Marked};
 pub use driver::{Guard, GuardConfig};
 pub use error::GuardError;
 pub use executor::Executor;

@@ -155,7 +155,37 @@ pub struct Ack {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Acked {
     pub seq: u64,
-    pub marked: Marked,
+    pub marked: MarkedAnswer,
+}
+
+/// What a done-mark came to.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Marked)]
+#[serde(rename_all = "snake_case")]
+pub enum MarkedAnswer {
+    /// This instance labelled the pod done.
+    Done,
+    /// Already done, or changed under another claim: another adopter won.
+    Lost,
+    /// The pod no longer exists.
+    Gone,
+    /// The API server could not be asked (or this process does not hold
+    /// its instance's Lease); the event stays acknowledged, the pod
+    /// unmarked (it is delivered again after a restart).
+    Failed(String),
+}
+
+impl From<Marked> for MarkedAnswer {
+    /// The API serves a failure as its message: the executor logs it, and
+    /// the event is delivered again either way.
+    fn from(m: Marked) -> Self {
+        match m {
+            Marked::Done => Self::Done,
+            Marked::Lost => Self::Lost,
+            Marked::Gone => Self::Gone,
+            Marked::Failed(e) => Self::Failed(e.to_string()),
+        }
+    }
 }
 
 /// `POST /v1/events/ack`'s answer.

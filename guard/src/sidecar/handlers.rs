@@ -285,7 +285,10 @@ pub async fn ack(
     };
     let acked = marks
         .into_iter()
-        .map(|(seq, marked)| Acked { seq, marked })
+        .map(|(seq, marked)| Acked {
+            seq,
+            marked: marked.into(),
+        })
         .collect();
     Ok(Json(AckAnswer { acked }))
 }
