@@ -16,74 +16,52 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// The groups `--quick` must print, each at least one row.
-pub const GROUPS: &[&str] = &[
-    "webhook_saturation",
-    "webhook_fixed_rate",
-    "apiserver_overhead",
-    "index_memory",
-    "index_list_options",
-    "livelock_storm",
-    "guard_recovery",
-    "tag_delay",
-    "kind_index_memory",
-    "kind_index_peak",
-    "match_conditions_share",
-    "sidecar_scale",
-    "sidecar_rss",
-    "executor_storm",
-    "cluster_churn",
-    "preemption_trace",
-    "relaunch_delay",
-];
+/// Declares the rows once: the enum the JSON lines read into (by their
+/// `group`), the list of groups `--quick` must print, and each row's
+/// group, so the three cannot disagree.
+macro_rules! rows {
+    ($($variant:ident($ty:ty) = $group:literal,)*) => {
+        /// One line of the bench's stdout, by its `group`: the fields the
+        /// contract reads, typed; the others are the docs' to describe and
+        /// are not read.
+        #[derive(Debug, Deserialize)]
+        #[serde(tag = "group")]
+        pub enum Row {
+            $(#[serde(rename = $group)] $variant($ty),)*
+        }
 
-/// One line of the bench's stdout, by its `group`: the fields the contract
-/// reads, typed; the others are the docs' to describe and are not read.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "group", rename_all = "snake_case")]
-pub enum Row {
-    WebhookSaturation(Throughput),
-    WebhookFixedRate(Throughput),
-    ApiserverOverhead(ApiserverOverhead),
-    IndexMemory(IndexMemory),
-    IndexListOptions(IndexListOption),
-    LivelockStorm(Untyped),
-    GuardRecovery(Untyped),
-    TagDelay(Untyped),
-    KindIndexMemory(Untyped),
-    KindIndexPeak(KindIndexPeak),
-    MatchConditionsShare(Untyped),
-    SidecarScale(SidecarScale),
-    SidecarRss(Untyped),
-    ExecutorStorm(Untyped),
-    ClusterChurn(ClusterChurn),
-    PreemptionTrace(PreemptionTrace),
-    RelaunchDelay(RelaunchDelay),
+        /// The groups `--quick` must print, each at least one row.
+        pub const GROUPS: &[&str] = &[$($group,)*];
+
+        impl Row {
+            /// The row's `group`, as printed.
+            pub fn group(&self) -> &'static str {
+                match self {
+                    $(Row::$variant(_) => $group,)*
+                }
+            }
+        }
+    };
 }
 
-impl Row {
-    /// The row's `group`, as printed.
-    pub fn group(&self) -> &'static str {
-        match self {
-            Row::WebhookSaturation(_) => "webhook_saturation",
-            Row::WebhookFixedRate(_) => "webhook_fixed_rate",
-            Row::ApiserverOverhead(_) => "apiserver_overhead",
-            Row::IndexMemory(_) => "index_memory",
-            Row::IndexListOptions(_) => "index_list_options",
-            Row::LivelockStorm(_) => "livelock_storm",
-            Row::GuardRecovery(_) => "guard_recovery",
-            Row::TagDelay(_) => "tag_delay",
-            Row::KindIndexMemory(_) => "kind_index_memory",
-            Row::KindIndexPeak(_) => "kind_index_peak",
-            Row::MatchConditionsShare(_) => "match_conditions_share",
-            Row::SidecarScale(_) => "sidecar_scale",
-            Row::SidecarRss(_) => "sidecar_rss",
-            Row::ExecutorStorm(_) => "executor_storm",
-            Row::ClusterChurn(_) => "cluster_churn",
-            Row::PreemptionTrace(_) => "preemption_trace",
-            Row::RelaunchDelay(_) => "relaunch_delay",
-        }
-    }
+rows! {
+    WebhookSaturation(Throughput) = "webhook_saturation",
+    WebhookFixedRate(Throughput) = "webhook_fixed_rate",
+    ApiserverOverhead(ApiserverOverhead) = "apiserver_overhead",
+    IndexMemory(IndexMemory) = "index_memory",
+    IndexListOptions(IndexListOption) = "index_list_options",
+    LivelockStorm(Untyped) = "livelock_storm",
+    GuardRecovery(Untyped) = "guard_recovery",
+    TagDelay(Untyped) = "tag_delay",
+    KindIndexMemory(Untyped) = "kind_index_memory",
+    KindIndexPeak(KindIndexPeak) = "kind_index_peak",
+    MatchConditionsShare(Untyped) = "match_conditions_share",
+    SidecarScale(SidecarScale) = "sidecar_scale",
+    SidecarRss(Untyped) = "sidecar_rss",
+    ExecutorStorm(Untyped) = "executor_storm",
+    ClusterChurn(ClusterChurn) = "cluster_churn",
+    PreemptionTrace(PreemptionTrace) = "preemption_trace",
+    RelaunchDelay(RelaunchDelay) = "relaunch_delay",
 }
 
 /// A group whose rows the contract only counts.

@@ -11,15 +11,6 @@ pub(crate) fn table(line: String) {
     eprintln!("{line}");
 }
 
-/// The no-op floor's own CA, with a serving pair for 127.0.0.1 written into
-/// `dir` (`tls.crt`, `tls.key`): its server runs on this machine.
-pub(crate) fn floor_certificate(dir: &std::path::Path) -> Result<graceguard_certs::Ca> {
-    let ca = graceguard_certs::Ca::new("graceguard-bench-noop")?;
-    let pair = ca.issue_server(&["localhost".to_string()], &["127.0.0.1".parse()?])?;
-    ca.write_files(&pair, dir)?;
-    Ok(ca)
-}
-
 /// Runs `create(i)` for every i below `n`, 16 at a time; any error fails it.
 /// PUTs task `task` in `ns` with `body`; any answer but 201 (created) or
 /// 200 (already there) is an error.

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::prelude::{emit, floor_certificate, table, Args, BaselineServer};
+use crate::prelude::{emit, table, Args, BaselineServer};
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -752,7 +752,7 @@ fn summary_line(s: &Value) -> String {
 pub(crate) async fn cluster_churn(args: &Args) -> Result<()> {
     let q = args.quick;
     let dir = tempfile::tempdir()?;
-    let ca = floor_certificate(dir.path())?;
+    let ca = BaselineServer::own_certificate(dir.path())?;
     let noop =
         BaselineServer::serving(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await?;
     let opts = Options {

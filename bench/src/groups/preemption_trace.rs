@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::prelude::{emit, floor_certificate, table, Args, BaselineServer};
+use crate::prelude::{emit, table, Args, BaselineServer};
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PostParams;
@@ -237,7 +237,7 @@ fn summary_line(s: &Value) -> String {
 pub(crate) async fn preemption_trace(args: &Args) -> Result<()> {
     let q = args.quick;
     let dir = tempfile::tempdir()?;
-    let ca = floor_certificate(dir.path())?;
+    let ca = BaselineServer::own_certificate(dir.path())?;
     let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     let noop = BaselineServer::spawn(&cert, &key, false).await?;
     let tagging = BaselineServer::spawn(&cert, &key, true).await?;

@@ -103,6 +103,16 @@ pub(crate) struct BaselineServer {
 }
 
 impl BaselineServer {
+    /// A CA of the floor's own, with a serving pair for 127.0.0.1 written
+    /// into `dir` (`tls.crt`, `tls.key`), for a floor registered beside
+    /// graceguard rather than serving the webhook's certificate.
+    pub(crate) fn own_certificate(dir: &std::path::Path) -> Result<graceguard_certs::Ca> {
+        let ca = graceguard_certs::Ca::new("graceguard-bench-noop")?;
+        let pair = ca.issue_server(&["localhost".to_string()], &["127.0.0.1".parse()?])?;
+        ca.write_files(&pair, dir)?;
+        Ok(ca)
+    }
+
     pub(crate) async fn start(webhook: &WebhookProcess) -> Result<Self> {
         Self::serving(&webhook.dir.join("tls.crt"), &webhook.dir.join("tls.key")).await
     }
