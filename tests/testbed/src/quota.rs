@@ -137,6 +137,8 @@ pub async fn counted_pods(client: &Client, ns: &str) -> Result<i64> {
 
 /// After pods ended or went: waits until the quota controller has
 /// recomputed `status.used.pods`.
+/// Where an executor's Create may race the recount, wait with
+/// [`released`] instead.
 pub async fn recalculate(bed: &TestBed, ns: &str) -> Result<()> {
     let deadline = Instant::now() + RECOMPUTE_WAIT;
     loop {
@@ -146,6 +148,31 @@ pub async fn recalculate(bed: &TestBed, ns: &str) -> Result<()> {
         }
         if Instant::now() > deadline {
             bail!("the quota controller did not recompute {ns}/{QUOTA} to {want} pods within {RECOMPUTE_WAIT:?} (its full resync is 5 min)");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// After a pod went while an executor keeps retrying its Create: waits
+/// until the quota controller has released the gone pod's charge, i.e.
+/// `status.used.pods` counts no more pods than exist. Not equality
+/// ([`recalculate`]): the controller recounts from its informer's cache, so
+/// a Create admitted (and charged) while it recounts can be counted out
+/// again, and such an undercount lasts until its full resync (5 min),
+/// longer than a test may wait. The release itself follows the pod's
+/// deletion event at once.
+pub async fn released(bed: &TestBed, ns: &str) -> Result<()> {
+    let deadline = Instant::now() + CONTROLLER_WAIT;
+    loop {
+        let (used, have) = (
+            used_pods(&bed.client, ns).await?,
+            counted_pods(&bed.client, ns).await?,
+        );
+        if used <= have {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the quota controller did not release the charge of a gone pod in {ns}/{QUOTA} within {CONTROLLER_WAIT:?}: it counts {used} pods, {have} exist");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

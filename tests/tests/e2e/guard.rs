@@ -176,7 +176,7 @@ async fn a_full_quota_is_waited_out_with_backoff_without_spending_attempts() -> 
 
     // The filler goes; the quota controller frees its charge.
     kubelet.finish_deletion(&ns, "filler").await?;
-    quota::recalculate(&bed, &ns).await?;
+    quota::released(&bed, &ns).await?;
     let queued = task
         .wait_for(Duration::from_secs(90), |t| t.phase == "Queued")
         .await?;

@@ -132,7 +132,7 @@ async fn full_quota_waits_without_spending_attempts(lang: Lang) -> R {
     );
 
     kubelet.finish_deletion(&ns, "filler").await?;
-    quota::recalculate(&bed, &ns).await?;
+    quota::released(&bed, &ns).await?;
     run.wait_phase("Running", 0).await?;
     kubelet.end_pod(&ns, "wait-0", Terminal::Succeeded).await?;
     let status = run.finish().await?;
