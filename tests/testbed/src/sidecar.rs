@@ -199,18 +199,35 @@ impl SidecarProcess {
         within: std::time::Duration,
     ) -> Result<serde_json::Value> {
         let deadline = std::time::Instant::now() + within;
+        // Read forward, as a client does: from the start, then after the
+        // newest event seen, so that a wait of 1 s waits for a new event
+        // instead of answering at once with the old ones (reading from 0
+        // each time kept the sidecar busy answering until the result came).
+        let (mut after, mut epoch) = (0u64, String::new());
         loop {
-            let (_, batch) = self
-                .request("GET", "/v1/events?after=0&wait=1", None)
-                .await?;
-            let found = batch["events"].as_array().and_then(|es| {
-                es.iter()
-                    .find(|e| e["type"] == "result" && e["task"] == task)
-                    .cloned()
-            });
+            let path = match after {
+                0 => "/v1/events?after=0&wait=1".to_string(),
+                _ => format!("/v1/events?after={after}&epoch={epoch}&wait=1"),
+            };
+            let (code, batch) = self.request("GET", &path, None).await?;
+            if code == 409 {
+                // Another process (a restart): its own numbering, from the start.
+                (after, epoch) = (0, String::new());
+                continue;
+            }
+            anyhow::ensure!(code == 200, "GET {path}: {code} {batch}");
+            let events = batch["events"].as_array().cloned().unwrap_or_default();
+            let found = events
+                .iter()
+                .find(|e| e["type"] == "result" && e["task"] == task)
+                .cloned();
             if let Some(mut r) = found {
                 r["epoch"] = batch["epoch"].clone();
                 return Ok(r);
+            }
+            if let Some(newest) = events.iter().filter_map(|e| e["seq"].as_u64()).max() {
+                after = newest;
+                epoch = batch["epoch"].as_str().unwrap_or_default().to_string();
             }
             anyhow::ensure!(
                 std::time::Instant::now() < deadline,

@@ -1021,22 +1021,8 @@ async fn acknowledged_and_deleted_tasks_are_forgotten() -> R {
     assert_eq!(code, 404, "forgotten");
     // The other ends; its result is acknowledged; 2 s later it is gone.
     kubelet.end_pod(&ns, "acked-0", Terminal::Succeeded).await?;
-    let (mut seq, mut epoch) = (None, serde_json::Value::Null);
-    for _ in 0..30 {
-        let (_, batch) = sidecar
-            .request("GET", "/v1/events?after=0&wait=1", None)
-            .await?;
-        epoch = batch["epoch"].clone();
-        seq = batch["events"].as_array().and_then(|es| {
-            es.iter()
-                .find(|e| e["type"] == "result" && e["task"] == "acked")
-                .map(|e| e["seq"].clone())
-        });
-        if seq.is_some() {
-            break;
-        }
-    }
-    let seq = seq.ok_or_else(|| anyhow::anyhow!("no result for acked"))?;
+    let result = sidecar.result_of("acked", Duration::from_secs(30)).await?;
+    let (seq, epoch) = (result["seq"].clone(), result["epoch"].clone());
     let (code, _) = sidecar
         .request("GET", &format!("/v1/tasks/{ns}/acked"), None)
         .await?;
