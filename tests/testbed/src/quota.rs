@@ -137,20 +137,15 @@ pub async fn counted_pods(client: &Client, ns: &str) -> Result<i64> {
 
 /// After pods ended or went: waits until the quota controller has
 /// recomputed `status.used.pods`.
+///
 /// Where an executor's Create may race the recount, wait with
 /// [`released`] instead.
 pub async fn recalculate(bed: &TestBed, ns: &str) -> Result<()> {
-    let deadline = Instant::now() + RECOMPUTE_WAIT;
-    loop {
-        let want = counted_pods(&bed.client, ns).await?;
-        if used_pods(&bed.client, ns).await? == want {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the quota controller did not recompute {ns}/{QUOTA} to {want} pods within {RECOMPUTE_WAIT:?} (its full resync is 5 min)");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let (used, have) = wait_counts(bed, ns, RECOMPUTE_WAIT, |used, have| used == have).await?;
+    if used != have {
+        bail!("the quota controller did not recompute {ns}/{QUOTA} to {have} pods within {RECOMPUTE_WAIT:?} (its full resync is 5 min); it counts {used}");
     }
+    Ok(())
 }
 
 /// After a pod went while an executor keeps retrying its Create: waits
@@ -162,17 +157,27 @@ pub async fn recalculate(bed: &TestBed, ns: &str) -> Result<()> {
 /// longer than a test may wait. The release itself follows the pod's
 /// deletion event at once.
 pub async fn released(bed: &TestBed, ns: &str) -> Result<()> {
-    let deadline = Instant::now() + CONTROLLER_WAIT;
+    let (used, have) = wait_counts(bed, ns, CONTROLLER_WAIT, |used, have| used <= have).await?;
+    if used > have {
+        bail!("the quota controller did not release the charge of a gone pod in {ns}/{QUOTA} within {CONTROLLER_WAIT:?}: it counts {used} pods, {have} exist");
+    }
+    Ok(())
+}
+
+/// Polls (`status.used.pods`, pods that count) until `done` holds or
+/// `limit` has passed; returns the last pair either way.
+async fn wait_counts(
+    bed: &TestBed,
+    ns: &str,
+    limit: Duration,
+    done: impl Fn(i64, i64) -> bool,
+) -> Result<(i64, i64)> {
+    let deadline = Instant::now() + limit;
     loop {
-        let (used, have) = (
-            used_pods(&bed.client, ns).await?,
-            counted_pods(&bed.client, ns).await?,
-        );
-        if used <= have {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the quota controller did not release the charge of a gone pod in {ns}/{QUOTA} within {CONTROLLER_WAIT:?}: it counts {used} pods, {have} exist");
+        let have = counted_pods(&bed.client, ns).await?;
+        let used = used_pods(&bed.client, ns).await?;
+        if done(used, have) || Instant::now() > deadline {
+            return Ok((used, have));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -210,12 +210,18 @@ impl SidecarProcess {
                 _ => format!("/v1/events?after={after}&epoch={epoch}&wait=1"),
             };
             let (code, batch) = self.request("GET", &path, None).await?;
-            if code == 409 {
-                // Another process (a restart): its own numbering, from the start.
+            if code != 200 {
+                // 409: another process (a restart) numbers its own events;
+                // 503: not serving yet. Read from the start once it answers.
                 (after, epoch) = (0, String::new());
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "no result for {task} within {within:?}: GET {path} answered {code} {batch}; the sidecar's log: {}",
+                    self.log()
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 continue;
             }
-            anyhow::ensure!(code == 200, "GET {path}: {code} {batch}");
             let events = batch["events"].as_array().cloned().unwrap_or_default();
             let found = events
                 .iter()
