@@ -79,6 +79,12 @@ pub struct Shape {
     pub executors: u32,
     /// A preemption starts this often (each on its own node).
     pub preempt_every: Duration,
+    /// Nodes drained a phase, one after another, each on a node of its own
+    /// (several, so that a phase run's drain figure is a median, not one
+    /// sample).
+    pub drains: u32,
+    /// A drain starts this often.
+    pub drain_every: Duration,
     /// Each executor deletes and re-creates its pod this often.
     pub executor_every: Duration,
 }
@@ -92,7 +98,12 @@ impl Shape {
             deletes_per_s: if quick { 2.0 } else { 5.0 },
             job_pods: 3,
             executors: if quick { 2 } else { 5 },
-            preempt_every: Duration::from_secs(2),
+            // Every second: about 45 preemptions a 60 s phase, so that a
+            // phase run's p50 and p99 rest on more than a couple of dozen.
+            preempt_every: Duration::from_secs(if quick { 2 } else { 1 }),
+            // Six nodes of the 50 a phase (one with --quick's 3).
+            drains: if quick { 1 } else { 6 },
+            drain_every: Duration::from_secs(7),
             executor_every: Duration::from_secs(10),
         }
     }
@@ -112,9 +123,10 @@ pub struct Tally {
     #[serde(skip)]
     pub preemption_ms: Vec<f64>,
     pub drains: u64,
-    /// Cordon → no workload pod left on the node (ms); none if the phase
-    /// ended first.
-    pub drain_ms: Option<f64>,
+    /// Each drain that finished within the phase: cordon → no workload pod
+    /// left on the node (ms).
+    #[serde(skip)]
+    pub drain_ms: Vec<f64>,
     pub evictions: u64,
     /// Graceful deletes of their pods by the executors (the schedule's count).
     pub executor_deletes: u64,
@@ -485,19 +497,10 @@ pub async fn run(
     seconds: f64,
     phase: usize,
 ) -> Result<Tally> {
-    anyhow::ensure!(
-        hollow_nodes.len() >= 2,
-        "the churn workload needs at least 2 hollow nodes"
-    );
+    let (drained, preempt_on) = split_nodes(hollow_nodes, shape.drains, phase)?;
     let t: Shared = Arc::default();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let drained = hollow_nodes[phase % hollow_nodes.len()].clone();
-    let preempt_on: Vec<String> = hollow_nodes
-        .iter()
-        .filter(|n| **n != drained)
-        .cloned()
-        .collect();
     let mut tasks = vec![
         tokio::spawn(delete_deployment_pods(
             pods.clone(),
@@ -522,13 +525,13 @@ pub async fn run(
             deadline,
             phase,
         )),
-        tokio::spawn(drain(
+        tokio::spawn(drains(
             client.clone(),
             watch.clone(),
             t.clone(),
             drained,
+            drain_starts(seconds, shape.drain_every),
             deadline,
-            seconds,
         )),
     ];
     // Staggered: one executor's turn every executor_every / executors.
@@ -763,61 +766,115 @@ async fn preempt(
     }
 }
 
-async fn drain(
+/// The nodes a phase drains (`drains` of them, others in each phase, at
+/// least one node left) and the ones its preemptions use (the rest, so a
+/// preemption never waits on a cordoned node).
+pub fn split_nodes(
+    hollow_nodes: &[String],
+    drains: u32,
+    phase: usize,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let n = hollow_nodes.len();
+    anyhow::ensure!(
+        n >= 2,
+        "the churn workload needs at least 2 hollow nodes (one drained, one for the preemptions), got {n}"
+    );
+    let k = usize::try_from(drains)
+        .unwrap_or(usize::MAX)
+        .clamp(1, n - 1);
+    let drained: Vec<String> = (0..k)
+        .map(|j| hollow_nodes[(phase * k + j) % n].clone())
+        .collect();
+    let rest = hollow_nodes
+        .iter()
+        .filter(|h| !drained.contains(h))
+        .cloned()
+        .collect();
+    Ok((drained, rest))
+}
+
+/// When a phase's drains start: the first a sixth into the phase (its
+/// re-creations then fall inside it), then every `every`, keeping 15 s (at
+/// most half the phase) for the last to finish.
+pub fn drain_starts(seconds: f64, every: Duration) -> Vec<Duration> {
+    let first = Duration::from_secs_f64(seconds.max(0.0) / 6.0);
+    schedule(
+        seconds - first.as_secs_f64(),
+        every,
+        Duration::from_secs(15),
+    )
+    .into_iter()
+    .map(|at| at + first)
+    .collect()
+}
+
+/// The phase's drains, one after another: each of `nodes` in turn at its
+/// start in `starts` (a drain still running delays the next).
+async fn drains(
     client: Client,
     watch: PodWatch,
     t: Shared,
-    node: String,
+    nodes: Vec<String>,
+    starts: Vec<Duration>,
     deadline: Instant,
-    seconds: f64,
 ) {
-    // A third into the phase, so that the drain's re-creations fall inside it.
-    tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
+    let t0 = Instant::now();
+    for (node, at) in nodes.into_iter().zip(starts) {
+        tokio::time::sleep_until((t0 + at).into()).await;
+        if Instant::now() >= deadline {
+            break;
+        }
+        drain(&client, &watch, &t, &node, deadline).await;
+    }
+}
+
+/// Cordons `node`, evicts every workload pod on it through the Eviction API,
+/// and times the cordon until none is left (`kubectl drain`'s work); the
+/// node is uncordoned after.
+async fn drain(client: &Client, watch: &PodWatch, t: &Shared, node: &str, deadline: Instant) {
     let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::namespaced(client, NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let cordon = |on: bool| json!({"spec": {"unschedulable": on}});
     let started = Instant::now();
     if let Err(e) = nodes
-        .patch(&node, &PatchParams::default(), &Patch::Merge(cordon(true)))
+        .patch(node, &PatchParams::default(), &Patch::Merge(cordon(true)))
         .await
     {
-        failed(&t, "cordoning a node", e);
+        failed(t, "cordoning a node", e);
         return;
     }
     let on_node: Vec<String> = watch
         .snapshot()
         .into_iter()
-        .filter(|(_, s)| s.node.as_deref() == Some(node.as_str()) && !s.terminating)
+        .filter(|(_, s)| s.node.as_deref() == Some(node) && !s.terminating)
         .map(|(n, _)| n)
         .collect();
     for name in &on_node {
         match pods.evict(name, &EvictParams::default()).await {
-            Ok(_) => tally(&t, |t| t.evictions += 1),
+            Ok(_) => tally(t, |t| t.evictions += 1),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => failed(&t, "evicting a pod", e),
+            Err(e) => failed(t, "evicting a pod", e),
         }
     }
     // Drained: nothing of the workload left on the node (or the phase ends).
     let on_it = || {
         watch.snapshot().iter().any(|(_, s)| {
-            s.node.as_deref() == Some(node.as_str())
-                && s.app != APP_PREEMPTOR
-                && s.app != APP_VICTIM
+            s.node.as_deref() == Some(node) && s.app != APP_PREEMPTOR && s.app != APP_VICTIM
         })
     };
     while Instant::now() < deadline && on_it() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let drained = !on_it();
-    tally(&t, |t| {
+    let ms = (!on_it()).then(|| started.elapsed().as_secs_f64() * 1000.0);
+    tally(t, |t| {
         t.drains += 1;
-        t.drain_ms = drained.then(|| started.elapsed().as_secs_f64() * 1000.0);
+        t.drain_ms.extend(ms);
     });
     if let Err(e) = nodes
-        .patch(&node, &PatchParams::default(), &Patch::Merge(cordon(false)))
+        .patch(node, &PatchParams::default(), &Patch::Merge(cordon(false)))
         .await
     {
-        failed(&t, "uncordoning a node", e);
+        failed(t, "uncordoning a node", e);
     }
 }
 

@@ -285,7 +285,11 @@ fn put_quantiles(row: &mut Value, key: &str, v: &mut [f64]) {
 /// deletion-to-gone p50/p99 and counts.
 fn put_workload(row: &mut Value, tally: &churn::Tally, watch: &PodWatch) {
     put_quantiles(row, "preemption", &mut tally.preemption_ms.clone());
-    row["drain_ms"] = json!(tally.drain_ms.map(round3));
+    // The median of the phase's drains, each a node of its own.
+    let mut drains = tally.drain_ms.clone();
+    row["drains_timed"] = json!(drains.len());
+    row["drain_max_ms"] = json!(drains.iter().copied().reduce(f64::max).map(round3));
+    row["drain_ms"] = json!(median(&mut drains).map(round3));
     put_quantiles(row, "victim_gone", &mut watch.gone_ms_of(churn::APP_VICTIM));
     put_quantiles(
         row,
@@ -958,6 +962,43 @@ mod tests {
         // a quick 8 s phase keeps half: 0, 2, 4.
         assert_eq!(s(8.0, 2), [0, 2, 4].map(Duration::from_secs).to_vec());
         assert!(s(0.0, 2).is_empty());
+    }
+
+    #[test]
+    fn a_full_phase_drains_six_nodes_none_of_which_it_preempts_on() {
+        let shape = Shape::for_nodes(50, false);
+        let starts = churn::drain_starts(60.0, shape.drain_every);
+        // from 10 s, every 7 s, the last 15 s before the end: 10, 17, ..., 45.
+        assert_eq!(
+            starts,
+            [10, 17, 24, 31, 38, 45].map(Duration::from_secs).to_vec()
+        );
+        let nodes: Vec<String> = (1..=50).map(|k| format!("hollow-{k}")).collect();
+        let (drained, rest) =
+            churn::split_nodes(&nodes, shape.drains, 8).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(drained.len(), starts.len());
+        assert_eq!(rest.len(), 44);
+        assert!(drained.iter().all(|d| !rest.contains(d)));
+        // the phase before drained others
+        let (next, _) =
+            churn::split_nodes(&nodes, shape.drains, 7).unwrap_or_else(|e| panic!("{e}"));
+        assert!(next.iter().all(|d| !drained.contains(d)));
+        // a preemption every second, from 0 to 45 s: 46 a 60 s phase
+        assert_eq!(
+            schedule(60.0, shape.preempt_every, Duration::from_secs(15)).len(),
+            46
+        );
+    }
+
+    #[test]
+    fn a_quick_phase_keeps_a_node_for_its_preemptions() {
+        let shape = Shape::for_nodes(3, true);
+        let nodes: Vec<String> = (1..=3).map(|k| format!("hollow-{k}")).collect();
+        let (drained, rest) =
+            churn::split_nodes(&nodes, shape.drains, 4).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((drained.len(), rest.len()), (1, 2));
+        assert_eq!(churn::drain_starts(8.0, shape.drain_every).len(), 1);
+        assert!(churn::split_nodes(&nodes[..1], 1, 0).is_err());
     }
 
     #[test]
