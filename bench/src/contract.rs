@@ -160,6 +160,12 @@ pub struct PreemptionTrace {
     pub victims_tagged_before_gone: Option<u64>,
     #[serde(default)]
     pub ratios_graceguard_over_noop: Option<BTreeMap<String, Value>>,
+    /// The median of a phase run's drains of the real node.
+    #[serde(default)]
+    pub drain_ms: Option<f64>,
+    /// The summary's per-run judgement of #40's figures.
+    #[serde(default)]
+    pub targets: Option<ChurnTargets>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -336,6 +342,16 @@ pub fn check(rows: &[Row]) -> Vec<String> {
         any(&|r| matches!(r, Row::PreemptionTrace(t) if t.preemption_p50_ms.is_some())),
         "preemption_trace has no preemption_p50_ms",
     );
+    need(
+        any(&|r| matches!(r, Row::PreemptionTrace(t) if t.drain_ms.is_some())),
+        "preemption_trace has no drain_ms (the real node's drain)",
+    );
+    need(
+        any(
+            &|r| matches!(r, Row::PreemptionTrace(t) if t.summary && t.targets.as_ref().is_some_and(|g| g.every_run_met.contains_key("drain_ms"))),
+        ),
+        "preemption_trace's summary judges no run (targets.every_run_met)",
+    );
     let graceguard = phase("graceguard");
     need(
         !graceguard.is_empty()
@@ -385,10 +401,10 @@ mod tests {
             r#"{"group":"cluster_churn","hollow_nodes":3,"summary":true,"ratios_graceguard_over_noop":{"drain_ms":1.0},"targets":{"every_run_met":{"drain_ms":true}}}"#,
             r#"{"group":"relaunch_delay","holder":"whole_grace","after_name_free_ms_median":-20}"#,
             r#"{"group":"relaunch_delay","holder":"early_exit","after_name_free_ms_median":null}"#,
-            r#"{"group":"preemption_trace","phase":"none","preemption_p50_ms":800.0}"#,
+            r#"{"group":"preemption_trace","phase":"none","preemption_p50_ms":800.0,"drain_ms":2000.0}"#,
             r#"{"group":"preemption_trace","phase":"noop_tagging","victims_changed_while_running":1,"victims_tagged_before_gone":1}"#,
             r#"{"group":"preemption_trace","phase":"graceguard","victims_changed_while_running":0,"victims_tagged_before_gone":1}"#,
-            r#"{"group":"preemption_trace","summary":true,"ratios_graceguard_over_noop":{"preemption_p50_ms":1.0}}"#,
+            r#"{"group":"preemption_trace","summary":true,"ratios_graceguard_over_noop":{"preemption_p50_ms":1.0},"targets":{"every_run_met":{"drain_ms":true}}}"#,
         ]
         .join("\n")
     }

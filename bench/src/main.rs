@@ -56,6 +56,10 @@ pub(crate) struct Args {
     /// Times each preemption_trace phase runs (3; 1 with --quick).
     #[arg(long)]
     pub(crate) preemption_repetitions: Option<usize>,
+    /// Drains of the real node per preemption_trace phase and repetition,
+    /// after its preemptions (3; 1 with --quick).
+    #[arg(long)]
+    pub(crate) preemption_drains: Option<usize>,
     /// Real pods in the API server when a webhook starts, for its start-to-ready
     /// time and memory (150,000, Kubernetes' documented per-cluster limit;
     /// 1,000 with --quick).

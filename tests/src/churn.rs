@@ -54,6 +54,8 @@ const HIGH: &str = "churn-high";
 pub const APP_JOB: &str = "churn-job";
 pub const APP_PREEMPTOR: &str = "churn-preemptor";
 pub const APP_VICTIM: &str = "churn-victim";
+/// A preemption victim's name starts so (`low-<phase>-<i>`).
+pub const VICTIM_PREFIX: &str = "low-";
 pub const APP_EXECUTOR: &str = "churn-executor";
 /// Every kind, as the report names them: (report key, `app` label).
 pub const KINDS: [(&str, &str); 5] = [
@@ -726,7 +728,7 @@ async fn preempt(
     deadline: Instant,
 ) {
     let now = DeleteParams::default().grace_period(0);
-    let (low, high) = (format!("low-{id}"), format!("high-{id}"));
+    let (low, high) = (format!("{VICTIM_PREFIX}{id}"), format!("high-{id}"));
     tally(t, |t| t.preemptions_tried += 1);
     let made = async {
         pods.create(&PostParams::default(), &priority_pod(&low, node, LOW)?)

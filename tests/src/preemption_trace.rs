@@ -47,6 +47,8 @@ pub struct Trace {
     pub victim_gone_ms: Option<f64>,
     pub preemptor_bound_ms: Option<f64>,
     pub preemptor_running_ms: f64,
+    /// The victim's Create sent → it ran: a pod's startup on this node.
+    pub victim_startup_ms: f64,
     /// Every version of the victim from the preemptor's Create to its end.
     pub victim_versions: Vec<VictimVersion>,
 }
@@ -171,9 +173,11 @@ pub async fn preempt_once(
 ) -> Result<Trace> {
     let victim = format!("victim-{i}");
     let preemptor = format!("preemptor-{i}");
+    let created = Instant::now();
     let out = pods::create(api, &kubelets.schedulable_pod(&victim, 30, LOW, cpu)).await?;
     ensure!(out == CreateOutcome::Created, "creating {victim}: {out:?}");
     pods::wait_running(api, &victim).await?;
+    let victim_startup_ms = created.elapsed().as_secs_f64() * 1000.0;
     let victim_uid = api
         .get(&victim)
         .await?
@@ -204,6 +208,7 @@ pub async fn preempt_once(
             p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
         })),
         preemptor_running_ms: running.as_secs_f64() * 1000.0,
+        victim_startup_ms,
         victim_versions: timeline.versions(&victim, &victim_uid),
         victim,
         preemptor: preemptor.clone(),
@@ -215,4 +220,62 @@ pub async fn preempt_once(
     // which the next victim's scheduling does not wait for.
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(trace)
+}
+
+/// Drains `node` as `kubectl drain` does, after putting `count` pods of
+/// `cpu` each on it (low priority, named `drained-<i>-<k>`): cordons the
+/// node, evicts each pod through the Eviction API and waits until every one
+/// is gone, then uncordons it. Returns the cordon → node empty time (ms).
+/// `admin` cordons and evicts; `api` (the phase's namespace) creates.
+pub async fn drain_once(
+    admin: &Client,
+    api: &Api<Pod>,
+    kubelets: &Kubelets<'_>,
+    node: &str,
+    (i, count): (usize, usize),
+    cpu: &str,
+) -> Result<f64> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{EvictParams, Patch, PatchParams};
+    let names: Vec<String> = (0..count).map(|k| format!("drained-{i}-{k}")).collect();
+    for name in &names {
+        let out = pods::create(api, &kubelets.schedulable_pod(name, 30, LOW, cpu)).await?;
+        ensure!(out == CreateOutcome::Created, "creating {name}: {out:?}");
+    }
+    let mut uids = Vec::new();
+    for name in &names {
+        pods::wait_running(api, name).await?;
+        uids.push(
+            api.get(name)
+                .await?
+                .uid()
+                .context("a drained pod has no uid")?,
+        );
+    }
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let as_admin: Api<Pod> = Api::namespaced(admin.clone(), api.namespace().unwrap_or("default"));
+    let cordon = |on: bool| Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}}));
+    let started = Instant::now();
+    nodes
+        .patch(node, &PatchParams::default(), &cordon(true))
+        .await
+        .with_context(|| format!("cordoning {node}"))?;
+    let drained = async {
+        for name in &names {
+            as_admin
+                .evict(name, &EvictParams::default())
+                .await
+                .with_context(|| format!("evicting {name}"))?;
+        }
+        for (name, uid) in names.iter().zip(&uids) {
+            pods::wait_gone(api, name, uid).await?;
+        }
+        Ok::<_, anyhow::Error>(started.elapsed().as_secs_f64() * 1000.0)
+    }
+    .await;
+    nodes
+        .patch(node, &PatchParams::default(), &cordon(false))
+        .await
+        .with_context(|| format!("uncordoning {node}"))?;
+    drained
 }

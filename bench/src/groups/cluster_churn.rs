@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::prelude::{emit, table, Args, BaselineServer};
+use crate::report::{median, per_run, LATENCY_RATIO_TARGET};
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -37,8 +38,6 @@ use testbed::{TestBed, TestBedOptions};
 
 /// The phases, in the order of the first repetition.
 pub const PHASES: [&str; 3] = ["none", "noop", "graceguard"];
-/// graceguard ÷ no-op at p99 (median over the repetitions) may be at most this.
-pub const LATENCY_RATIO_TARGET: f64 = 1.1;
 const NOOP_LABEL: &str = "bench.graceguard.io/noop";
 const IGNORE_LABEL: &str = "graceguard.io/ignore";
 const RELEASE: &str = "gg";
@@ -87,9 +86,10 @@ pub struct Options {
     /// Runs the API server with its audit log (the workload namespace's pod
     /// requests at Metadata, nothing else; written before each answer, which
     /// adds the same cost to every phase) and
-    /// reports each phase's pod DELETEs by client from it, timed to the
-    /// microsecond (`pod_delete_by_client`): the histograms' 5 ms bucket
-    /// cannot tell which deletes a phase slowed. An experiment, off by
+    /// reports each phase's pod DELETEs and status patches by client from
+    /// it, timed to the microsecond (`pod_delete_by_client`,
+    /// `pod_patch_status_by_client`): the histograms' buckets cannot tell
+    /// which requests a phase slowed. An experiment, off by
     /// default (`GRACEGUARD_CHURN_API_AUDIT=1`).
     pub api_audit: bool,
 }
@@ -257,7 +257,9 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             if let Some(log) = &api_audit {
                 let (events, next) = log.events_from(audit_offset)?;
                 audit_offset = next;
-                row["pod_delete_by_client"] = deletes_by_client(&events, churn::NS);
+                row["pod_delete_by_client"] = requests_by_client(&events, churn::NS, "delete", "");
+                row["pod_patch_status_by_client"] =
+                    requests_by_client(&events, churn::NS, "patch", "status");
             }
             log(line(&row));
             rows.push(row);
@@ -426,7 +428,8 @@ fn put_split(
     row["graceguard_confirmation_gets_per_s"] = json!(round3(made / wall.max(1e-9)));
 }
 
-/// Who sent a pod DELETE, as `pod_delete_by_client` groups them.
+/// Who sent a pod request, as `pod_delete_by_client` and
+/// `pod_patch_status_by_client` group them.
 fn client_of(username: &str) -> &str {
     match username {
         u if u.starts_with("system:node:") => "kubelet",
@@ -437,23 +440,39 @@ fn client_of(username: &str) -> &str {
     }
 }
 
-/// The workload namespace's pod DELETEs by client, from the API server's
-/// audit events: count, how many were not answered 200, p50 and p99 from
-/// the events' own timestamps (received → response complete, to the
-/// microsecond) and the share done within 5 ms (the first bucket of
-/// `apiserver_request_duration_seconds`, where a p50 is interpolated).
-fn deletes_by_client(events: &[AuditEvent], ns: &str) -> Value {
+/// The workload namespace's pod requests of `verb` on `subresource` by
+/// client, from the API server's audit events: count, how many were not
+/// answered 200, p50 and p99 from the events' own timestamps (received →
+/// response complete, to the microsecond) and the share done within 5 ms
+/// (the first bucket of `apiserver_request_duration_seconds`, where a p50
+/// is interpolated). The same requests on preemption victims are counted
+/// again as `on_victims`.
+fn requests_by_client(events: &[AuditEvent], ns: &str, verb: &str, subresource: &str) -> Value {
     let mut by: BTreeMap<&str, (Vec<f64>, u64)> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.is("delete", "pods", ns)) {
+    for e in events
+        .iter()
+        .filter(|e| e.is_on(verb, "pods", subresource, ns))
+    {
         let (Some(a), Some(b)) = (e.received_us(), e.completed_us()) else {
             continue;
         };
-        let entry = by.entry(client_of(&e.user.username)).or_default();
-        entry.0.push((b - a) as f64 / 1000.0);
-        if e.response_status.as_ref().is_some_and(|s| s.code != 200) {
-            entry.1 += 1;
+        let not_ok = e.response_status.as_ref().is_some_and(|s| s.code != 200);
+        let ms = (b - a) as f64 / 1000.0;
+        let victim = e
+            .object_ref
+            .as_ref()
+            .is_some_and(|o| o.name.starts_with(churn::VICTIM_PREFIX));
+        let on_victims = victim.then_some("on_victims");
+        for key in [Some(client_of(&e.user.username)), on_victims]
+            .into_iter()
+            .flatten()
+        {
+            let entry = by.entry(key).or_default();
+            entry.0.push(ms);
+            entry.1 += u64::from(not_ok);
         }
     }
+    let on_victims = by.remove("on_victims");
     let mut all: Vec<f64> = by.values().flat_map(|(v, _)| v.iter().copied()).collect();
     let mut out = serde_json::Map::new();
     let mut put = |name: &str, v: &mut Vec<f64>, not_ok: u64| {
@@ -467,7 +486,7 @@ fn deletes_by_client(events: &[AuditEvent], ns: &str) -> Value {
     };
     let not_ok = by.values().map(|(_, n)| n).sum();
     put("all", &mut all, not_ok);
-    for (name, (mut v, n)) in by {
+    for (name, (mut v, n)) in by.into_iter().chain(on_victims.map(|v| ("on_victims", v))) {
         put(name, &mut v, n);
     }
     Value::Object(out)
@@ -576,19 +595,6 @@ pub const TARGETED: [&str; 3] = [
     "pod_patch_status_p99_ms",
 ];
 
-fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    })
-}
-
 /// The summary row: each figure's median, min and max per phase over the
 /// repetitions; graceguard ÷ no-op and no-op ÷ none of the medians; and the
 /// targets (each latency ratio at p99 ≤ 1.1; pod startup p99 unchanged
@@ -649,45 +655,14 @@ pub fn summarize(rows: &[Value], opts: &Options) -> Value {
         _ => None,
     };
     met.insert("pod_startup_p99_within_noise".into(), json!(within_noise));
-    let (gg_per_run, every_run_met) = per_run(rows, "graceguard", "noop");
+    let (gg_per_run, every_run_met) = per_run(rows, &EVERY_RUN_TARGETED, "graceguard", "noop");
     // The same figures between the two phases graceguard is not in: how far
     // apart runs that differ only in noise are, beside the ratios judged.
-    let (noise_per_run, _) = per_run(rows, "noop", "none");
+    let (noise_per_run, _) = per_run(rows, &EVERY_RUN_TARGETED, "noop", "none");
     json!({"group": "cluster_churn", "summary": true, "hollow_nodes": opts.hollow_nodes, "repetitions": opts.repetitions,
         "seconds": opts.seconds, "phases": phases, "ratios_graceguard_over_noop": gg_noop, "ratios_noop_over_none": noop_none,
         "ratios_graceguard_over_noop_per_run": gg_per_run, "ratios_noop_over_none_per_run": noise_per_run,
         "targets": {"latency_p99_ratio_max": LATENCY_RATIO_TARGET, "met": met, "every_run_met": every_run_met}})
-}
-
-/// For each of [`EVERY_RUN_TARGETED`]: `a` ÷ `b` per repetition (paired by
-/// repetition), and whether every repetition is within the target (none
-/// when a run lacks the figure).
-fn per_run(rows: &[Value], a: &str, b: &str) -> (Value, Value) {
-    let of = |phase: &str, rep: &Value, key: &str| {
-        rows.iter()
-            .find(|r| r["phase"] == phase && &r["repetition"] == rep)
-            .and_then(|r| r[key].as_f64())
-    };
-    let reps: Vec<&Value> = rows
-        .iter()
-        .filter(|r| r["phase"] == a)
-        .map(|r| &r["repetition"])
-        .collect();
-    let (mut ratios, mut met) = (serde_json::Map::new(), serde_json::Map::new());
-    for key in EVERY_RUN_TARGETED {
-        let each: Vec<Option<f64>> = reps
-            .iter()
-            .map(|rep| match (of(a, rep, key), of(b, rep, key)) {
-                (Some(x), Some(y)) if y > 0.0 => Some(round3(x / y)),
-                _ => None,
-            })
-            .collect();
-        let all = (!each.is_empty() && each.iter().all(Option::is_some))
-            .then(|| each.iter().flatten().all(|r| *r <= LATENCY_RATIO_TARGET));
-        ratios.insert(key.into(), json!(each));
-        met.insert(key.into(), json!(all));
-    }
-    (Value::Object(ratios), Value::Object(met))
 }
 
 fn line(r: &Value) -> String {
@@ -823,7 +798,7 @@ mod tests {
             delete_event("system:node:hollow-2", "churn", &at(0), &at(4_000), 404),
             delete_event("admin", "elsewhere", &at(0), &at(100_000), 200),
         ];
-        let v = deletes_by_client(&events, "churn");
+        let v = requests_by_client(&events, "churn", "delete", "");
         assert_eq!(v["all"]["count"], json!(4));
         assert_eq!(v["all"]["within_5ms"], json!(0.75));
         assert_eq!(v["all"]["not_200"], json!(1));

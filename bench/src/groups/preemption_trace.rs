@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 
 use crate::prelude::{emit, table, Args, BaselineServer};
+use crate::report::{median, per_run, LATENCY_RATIO_TARGET};
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PostParams;
@@ -25,7 +26,7 @@ use kube::Api;
 use serde_json::{json, Value};
 
 use scenarios::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
-use scenarios::preemption_trace::{preempt_once, Timeline, Trace};
+use scenarios::preemption_trace::{drain_once, preempt_once, Timeline, Trace};
 use testbed::load::stats::{percentile_f64, round3};
 use testbed::webhook::{register_noop_like, WebhookProcess, OPT_OUT_LABEL, REGISTERED_LABEL};
 use testbed::{TestBed, TestBedOptions};
@@ -36,9 +37,26 @@ pub const PHASES: [&str; 4] = ["none", "noop", "noop_tagging", "graceguard"];
 const NOOP_LABEL: &str = "bench.graceguard.io/noop";
 const TAGGING_LABEL: &str = "bench.graceguard.io/noop-tagging";
 
+/// What graceguard must not slow on a real node (#40), graceguard ÷ no-op
+/// of the same repetition at most [`LATENCY_RATIO_TARGET`] in every one.
+pub const EVERY_RUN_TARGETED: [&str; 6] = [
+    "preemption_p50_ms",
+    "preemption_p99_ms",
+    "drain_ms",
+    "deletion_to_gone_p50_ms",
+    "deletion_to_gone_p99_ms",
+    "pod_startup_p99_ms",
+];
+
+/// Pods on the node when it is drained, and the CPU each asks for.
+const DRAIN_PODS: usize = 4;
+const DRAIN_POD_CPU: &str = "50m";
+
 pub struct Options {
     /// Preemptions per phase and repetition.
     pub preemptions: usize,
+    /// Drains of the node per phase and repetition (after its preemptions).
+    pub drains: usize,
     pub repetitions: usize,
     /// The no-op floor's and the tagging floor's `https://HOST:PORT`, both
     /// serving a certificate `ca_pem` signs.
@@ -116,6 +134,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     };
     let alice = bed.client_as("alice").await?;
     let mut traces: BTreeMap<&str, Vec<Trace>> = BTreeMap::new();
+    let mut drains: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut rows = Vec::new();
     let mut n = 0;
     for rep in 0..opts.repetitions {
@@ -128,16 +147,26 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 these.push(preempt_once(&api, &timeline, &kubelets, n, &cpu).await?);
                 n += 1;
             }
-            let mut row = summarize(phase, &these);
+            let mut drained = Vec::new();
+            for _ in 0..opts.drains {
+                let node = testbed::pods::NODE;
+                let at = (n, DRAIN_PODS);
+                drained
+                    .push(drain_once(&bed.client, &api, &kubelets, node, at, DRAIN_POD_CPU).await?);
+                n += 1;
+            }
+            let mut row = summarize(phase, &these, &drained);
             row["repetition"] = json!(rep);
             log(line(&row));
             rows.push(row);
             traces.entry(phase).or_default().extend(these);
+            drains.entry(phase).or_default().extend(drained);
         }
     }
     let mut by_phase = BTreeMap::new();
     for (phase, t) in &traces {
-        by_phase.insert(*phase, summarize(phase, t));
+        let d = drains.get(phase).map_or(&[][..], Vec::as_slice);
+        by_phase.insert(*phase, summarize(phase, t, d));
     }
     let ratio = |a: &str, key: &str| -> Value {
         let num = by_phase.get(a).and_then(|r| r[key].as_f64());
@@ -149,9 +178,13 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     };
     let keys = [
         "preemption_p50_ms",
+        "preemption_p99_ms",
         "preemption_max_ms",
         "deletion_to_gone_p50_ms",
+        "deletion_to_gone_p99_ms",
         "disruption_to_deletion_p50_ms",
+        "drain_ms",
+        "pod_startup_p99_ms",
     ];
     let ratios = |a: &str| -> Value {
         keys.iter()
@@ -159,12 +192,18 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             .collect::<serde_json::Map<_, _>>()
             .into()
     };
+    let (gg_per_run, every_run_met) = per_run(&rows, &EVERY_RUN_TARGETED, "graceguard", "noop");
+    let (noise_per_run, _) = per_run(&rows, &EVERY_RUN_TARGETED, "noop", "none");
     let summary = json!({"group": "preemption_trace", "summary": true,
         "preemptions_per_phase": opts.preemptions * opts.repetitions,
+        "drains_per_phase": opts.drains * opts.repetitions,
+        "ratios_graceguard_over_noop_per_run": gg_per_run,
+        "ratios_noop_over_none_per_run": noise_per_run,
+        "targets": {"ratio_max": LATENCY_RATIO_TARGET, "every_run_met": every_run_met},
         "phases": by_phase.values().cloned().collect::<Vec<_>>(),
         "ratios_graceguard_over_noop": ratios("graceguard"),
         "ratios_noop_tagging_over_noop": ratios("noop_tagging"),
-        "note": "one real node (kubelet, containerd, runc); one preemption at a time; times from a watch of the namespace, from the preemptor's Create; noop_tagging is the no-op floor answering the tagger with the tags in admission (graceguard's behaviour before the fix)"});
+        "note": "one real node (kubelet, containerd, runc); one preemption at a time; times from a watch of the namespace, from the preemptor's Create; drain_ms: cordon -> the node's 4 evicted pods gone, the median of a run's drains; pod startup: the victims' Create -> Running; noop_tagging is the no-op floor answering the tagger with the tags in admission (graceguard's behaviour before the fix)"});
     log(summary_line(&summary));
     rows.push(summary);
     Ok(rows)
@@ -178,8 +217,8 @@ fn p(v: &[f64], q: f64) -> Value {
     json!(round3(percentile_f64(&mut v, q)))
 }
 
-/// A phase's figures over `traces`.
-pub fn summarize(phase: &str, traces: &[Trace]) -> Value {
+/// A phase's figures over `traces` and the node's drains (ms each).
+pub fn summarize(phase: &str, traces: &[Trace], drains: &[f64]) -> Value {
     let of =
         |f: &dyn Fn(&Trace) -> Option<f64>| -> Vec<f64> { traces.iter().filter_map(f).collect() };
     let preemption = of(&|t| Some(t.preemptor_running_ms));
@@ -188,11 +227,17 @@ pub fn summarize(phase: &str, traces: &[Trace]) -> Value {
     let del_to_gone = of(&|t| t.deletion_to_gone_ms());
     let gone_to_bound = of(&|t| Some(t.preemptor_bound_ms? - t.victim_gone_ms?));
     let bound_to_running = of(&|t| Some(t.preemptor_running_ms - t.preemptor_bound_ms?));
+    let startup = of(&|t| Some(t.victim_startup_ms));
     json!({"group": "preemption_trace", "phase": phase, "preemptions": traces.len(),
-        "preemption_p50_ms": p(&preemption, 50.0), "preemption_max_ms": p(&preemption, 100.0),
+        "preemption_p50_ms": p(&preemption, 50.0), "preemption_p99_ms": p(&preemption, 99.0),
+        "preemption_max_ms": p(&preemption, 100.0),
+        "pod_startup_p50_ms": p(&startup, 50.0), "pod_startup_p99_ms": p(&startup, 99.0),
+        "drains": drains.len(), "drain_ms": median(&mut drains.to_vec()).map(round3),
+        "drain_max_ms": p(drains, 100.0),
         "created_to_disruption_target_p50_ms": p(&to_dt, 50.0),
         "disruption_to_deletion_p50_ms": p(&dt_to_del, 50.0),
-        "deletion_to_gone_p50_ms": p(&del_to_gone, 50.0), "deletion_to_gone_max_ms": p(&del_to_gone, 100.0),
+        "deletion_to_gone_p50_ms": p(&del_to_gone, 50.0), "deletion_to_gone_p99_ms": p(&del_to_gone, 99.0),
+        "deletion_to_gone_max_ms": p(&del_to_gone, 100.0),
         "gone_to_bound_p50_ms": p(&gone_to_bound, 50.0),
         "bound_to_running_p50_ms": p(&bound_to_running, 50.0),
         "victims_changed_while_running": traces.iter().filter(|t| !t.tagged_while_running().is_empty()).count(),
@@ -205,13 +250,16 @@ fn ms(v: &Value) -> String {
 
 fn line(r: &Value) -> String {
     format!(
-        "preemption_trace {:<12} rep {}: {} preemptions, created->Running p50 {} ms (max {}), victim deletion->gone p50 {} ms, DisruptionTarget->deletion p50 {} ms; changed while running {}, tagged {}",
+        "preemption_trace {:<12} rep {}: {} preemptions, created->Running p50/p99 {}/{} ms, victim deletion->gone p50/p99 {}/{} ms, drain {} ms, pod startup p99 {} ms, DisruptionTarget->deletion p50 {} ms; changed while running {}, tagged {}",
         r["phase"].as_str().unwrap_or("?"),
         r["repetition"],
         r["preemptions"],
         ms(&r["preemption_p50_ms"]),
-        ms(&r["preemption_max_ms"]),
+        ms(&r["preemption_p99_ms"]),
         ms(&r["deletion_to_gone_p50_ms"]),
+        ms(&r["deletion_to_gone_p99_ms"]),
+        ms(&r["drain_ms"]),
+        ms(&r["pod_startup_p99_ms"]),
         ms(&r["disruption_to_deletion_p50_ms"]),
         r["victims_changed_while_running"],
         r["victims_tagged_before_gone"],
@@ -222,13 +270,18 @@ fn summary_line(s: &Value) -> String {
     let g = &s["ratios_graceguard_over_noop"];
     let t = &s["ratios_noop_tagging_over_noop"];
     format!(
-        "preemption_trace summary ({} per phase): graceguard/noop preemption p50 {} max {} deletion->gone {}; noop_tagging/noop preemption p50 {} deletion->gone {}",
+        "preemption_trace summary ({} per phase): graceguard/noop preemption p50 {} max {} deletion->gone {} drain {}; noop_tagging/noop preemption p50 {} deletion->gone {}; per run graceguard/noop {} (<= {} in every run: {}); noop/none {}",
         s["preemptions_per_phase"],
         g["preemption_p50_ms"],
         g["preemption_max_ms"],
         g["deletion_to_gone_p50_ms"],
+        g["drain_ms"],
         t["preemption_p50_ms"],
         t["deletion_to_gone_p50_ms"],
+        s["ratios_graceguard_over_noop_per_run"],
+        LATENCY_RATIO_TARGET,
+        s["targets"]["every_run_met"],
+        s["ratios_noop_over_none_per_run"],
     )
 }
 
@@ -243,6 +296,7 @@ pub(crate) async fn preemption_trace(args: &Args) -> Result<()> {
     let tagging = BaselineServer::spawn(&cert, &key, true).await?;
     let opts = Options {
         preemptions: args.preemptions.unwrap_or(if q { 1 } else { 8 }).max(1),
+        drains: args.preemption_drains.unwrap_or(if q { 1 } else { 3 }),
         repetitions: args
             .preemption_repetitions
             .unwrap_or(if q { 1 } else { 3 })
@@ -278,6 +332,7 @@ mod tests {
             victim_gone_ms: Some(gone),
             preemptor_bound_ms: Some(gone + 5.0),
             preemptor_running_ms: running,
+            victim_startup_ms: 700.0,
             victim_versions: vec![v(tagged_running, false), v(true, true)],
         }
     }
@@ -296,7 +351,12 @@ mod tests {
                 trace(900.0, 20.0, 820.0, false),
                 trace(2000.0, 20.0, 1820.0, true),
             ],
+            &[3000.0, 1000.0, 2000.0],
         );
+        assert_eq!(r["drains"], 3);
+        assert_eq!(r["drain_ms"], 2000.0);
+        assert_eq!(r["drain_max_ms"], 3000.0);
+        assert_eq!(r["pod_startup_p99_ms"], 700.0);
         assert_eq!(r["preemptions"], 2);
         assert_eq!(r["preemption_max_ms"], 2000.0);
         assert_eq!(r["deletion_to_gone_max_ms"], 1800.0);

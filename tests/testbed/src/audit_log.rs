@@ -57,9 +57,14 @@ pub struct ResponseStatus {
 impl AuditEvent {
     /// True when this is a `verb` on `resource` (no subresource) in `namespace`.
     pub fn is(&self, verb: &str, resource: &str, namespace: &str) -> bool {
+        self.is_on(verb, resource, "", namespace)
+    }
+
+    /// [`Self::is`] for a subresource (`""`: the object itself).
+    pub fn is_on(&self, verb: &str, resource: &str, subresource: &str, namespace: &str) -> bool {
         self.verb == verb
             && self.object_ref.as_ref().is_some_and(|o| {
-                o.resource == resource && o.namespace == namespace && o.subresource.is_empty()
+                o.resource == resource && o.namespace == namespace && o.subresource == subresource
             })
     }
 
