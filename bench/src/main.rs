@@ -50,10 +50,11 @@ pub(crate) struct Args {
     /// Times each cluster_churn phase runs (3; 1 with --quick).
     #[arg(long)]
     pub(crate) churn_repetitions: Option<usize>,
-    /// Preemptions per phase and repetition of preemption_trace (8; 1 with --quick).
+    /// Preemptions per phase and repetition of preemption_trace, one per
+    /// phase a round, the phases interleaved (12; 1 with --quick).
     #[arg(long)]
     pub(crate) preemptions: Option<usize>,
-    /// Times each preemption_trace phase runs (3; 1 with --quick).
+    /// Repetitions of preemption_trace, each judged on its own (3; 1 with --quick).
     #[arg(long)]
     pub(crate) preemption_repetitions: Option<usize>,
     /// Drains of the real node per preemption_trace phase and repetition,

@@ -84,13 +84,13 @@ pub struct Options {
     pub noop_url: String,
     pub noop_ca_pem: String,
     /// Runs the API server with its audit log (the workload namespace's pod
-    /// requests at Metadata, nothing else; written before each answer, which
-    /// adds the same cost to every phase) and
-    /// reports each phase's pod DELETEs and status patches by client from
-    /// it, timed to the microsecond (`pod_delete_by_client`,
+    /// requests and status writes at Metadata, nothing else; written before
+    /// each answer, which adds the same cost to every phase) and reports
+    /// each phase's pod DELETEs and status patches by client from it, timed
+    /// to the microsecond (`pod_delete_by_client`,
     /// `pod_patch_status_by_client`): the histograms' buckets cannot tell
-    /// which requests a phase slowed. An experiment, off by
-    /// default (`GRACEGUARD_CHURN_API_AUDIT=1`).
+    /// which requests a phase slowed. An experiment, off by default
+    /// (`GRACEGUARD_CHURN_API_AUDIT=1`).
     pub api_audit: bool,
 }
 

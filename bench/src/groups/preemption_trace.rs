@@ -11,9 +11,13 @@
 //!   changing running pods: the experiment that isolates that one patch;
 //! * `graceguard`: graceguard registered as the chart registers it.
 //!
-//! The phases run in a rotated order, `repetitions` times; each reports the
-//! medians and the slowest preemption of every interval, and the ratios
-//! of graceguard (and of the tagging floor) over the no-op floor.
+//! The phases are interleaved: each round of a repetition preempts (and
+//! drains) once in every phase, in an order rotated every round, so that
+//! all four share the same moments of a busy machine and a repetition's
+//! ratios compare like with like. Each repetition reports, per phase, the
+//! medians, p99s and the slowest of every interval, and the summary the
+//! ratios of graceguard (and of the tagging floor) over the no-op floor,
+//! pooled and per repetition.
 
 use std::collections::BTreeMap;
 
@@ -65,10 +69,10 @@ pub struct Options {
     pub ca_pem: String,
 }
 
-/// Phase `p`'s position in repetition `rep`: each phase leads one repetition.
-fn order(rep: usize) -> Vec<&'static str> {
+/// The phases' order in round `k`: each phase leads every fourth round.
+fn order(k: usize) -> Vec<&'static str> {
     let mut o = PHASES.to_vec();
-    o.rotate_left(rep % PHASES.len());
+    o.rotate_left(k % PHASES.len());
     o
 }
 
@@ -137,30 +141,47 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let mut drains: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut rows = Vec::new();
     let mut n = 0;
+    // One watch per phase's namespace for the whole run.
+    let timelines: BTreeMap<&str, Timeline> = PHASES
+        .iter()
+        .map(|&phase| {
+            (
+                phase,
+                Timeline::start(bed.client.clone(), &namespace(phase)),
+            )
+        })
+        .collect();
     for rep in 0..opts.repetitions {
-        for phase in order(rep) {
-            let ns = namespace(phase);
-            let api: Api<Pod> = Api::namespaced(alice.clone(), &ns);
-            let timeline = Timeline::start(bed.client.clone(), &ns);
-            let mut these = Vec::new();
-            for _ in 0..opts.preemptions {
-                these.push(preempt_once(&api, &timeline, &kubelets, n, &cpu).await?);
-                n += 1;
+        let mut these: BTreeMap<&str, Vec<Trace>> = BTreeMap::new();
+        let mut drained: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for round in 0..opts.preemptions.max(opts.drains) {
+            for phase in order(rep + round) {
+                let api: Api<Pod> = Api::namespaced(alice.clone(), &namespace(phase));
+                if round < opts.preemptions {
+                    let timeline = timelines.get(phase).context("a phase without its watch")?;
+                    let t = preempt_once(&api, timeline, &kubelets, n, &cpu).await?;
+                    these.entry(phase).or_default().push(t);
+                    n += 1;
+                }
+                if round < opts.drains {
+                    let at = (n, DRAIN_PODS);
+                    let node = testbed::pods::NODE;
+                    let ms =
+                        drain_once(&bed.client, &api, &kubelets, node, at, DRAIN_POD_CPU).await?;
+                    drained.entry(phase).or_default().push(ms);
+                    n += 1;
+                }
             }
-            let mut drained = Vec::new();
-            for _ in 0..opts.drains {
-                let node = testbed::pods::NODE;
-                let at = (n, DRAIN_PODS);
-                drained
-                    .push(drain_once(&bed.client, &api, &kubelets, node, at, DRAIN_POD_CPU).await?);
-                n += 1;
-            }
-            let mut row = summarize(phase, &these, &drained);
+        }
+        for phase in PHASES {
+            let t = these.remove(phase).unwrap_or_default();
+            let d = drained.remove(phase).unwrap_or_default();
+            let mut row = summarize(phase, &t, &d);
             row["repetition"] = json!(rep);
             log(line(&row));
             rows.push(row);
-            traces.entry(phase).or_default().extend(these);
-            drains.entry(phase).or_default().extend(drained);
+            traces.entry(phase).or_default().extend(t);
+            drains.entry(phase).or_default().extend(d);
         }
     }
     let mut by_phase = BTreeMap::new();
@@ -203,7 +224,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
         "phases": by_phase.values().cloned().collect::<Vec<_>>(),
         "ratios_graceguard_over_noop": ratios("graceguard"),
         "ratios_noop_tagging_over_noop": ratios("noop_tagging"),
-        "note": "one real node (kubelet, containerd, runc); one preemption at a time; times from a watch of the namespace, from the preemptor's Create; drain_ms: cordon -> the node's 4 evicted pods gone, the median of a run's drains; pod startup: the victims' Create -> Running; noop_tagging is the no-op floor answering the tagger with the tags in admission (graceguard's behaviour before the fix)"});
+        "note": "one real node (kubelet, containerd, runc); one preemption at a time, the phases interleaved (one preemption and drain of each phase per round, the order rotated every round); times from a watch of the namespace, from the preemptor's Create; drain_ms: cordon -> the node's 4 evicted pods gone, the median of a run's drains; pod startup: the victims' Create -> Running; noop_tagging is the no-op floor answering the tagger with the tags in admission (graceguard's behaviour before the fix)"});
     log(summary_line(&summary));
     rows.push(summary);
     Ok(rows)
@@ -295,7 +316,7 @@ pub(crate) async fn preemption_trace(args: &Args) -> Result<()> {
     let noop = BaselineServer::spawn(&cert, &key, false).await?;
     let tagging = BaselineServer::spawn(&cert, &key, true).await?;
     let opts = Options {
-        preemptions: args.preemptions.unwrap_or(if q { 1 } else { 8 }).max(1),
+        preemptions: args.preemptions.unwrap_or(if q { 1 } else { 12 }).max(1),
         drains: args.preemption_drains.unwrap_or(if q { 1 } else { 3 }),
         repetitions: args
             .preemption_repetitions
@@ -338,7 +359,7 @@ mod tests {
     }
 
     #[test]
-    fn every_phase_leads_one_repetition() {
+    fn every_phase_leads_one_round_in_four() {
         let leads: Vec<&str> = (0..4).map(|r| order(r)[0]).collect();
         assert_eq!(leads, PHASES.to_vec());
     }

@@ -517,7 +517,7 @@ impl TestBed {
             if opts.audit {
                 let rules = match &opts.audit_namespace {
                     Some(ns) => format!(
-                        "- level: Metadata\n  namespaces: [\"{ns}\"]\n  resources: [{{group: \"\", resources: [\"pods\"]}}]\n- level: None\n"
+                        "- level: Metadata\n  namespaces: [\"{ns}\"]\n  resources: [{{group: \"\", resources: [\"pods\", \"pods/status\"]}}]\n- level: None\n"
                     ),
                     None => "- level: Metadata\n".to_string(),
                 };
