@@ -71,6 +71,9 @@ impl App {
 
     /// The mode for `namespace`: its label, else the install's.
     pub(crate) fn mode_for(&self, namespace: &str) -> Mode {
-        self.namespaces.get("", namespace).unwrap_or(self.mode)
+        self.namespaces
+            .get("", namespace)
+            .and_then(|s| s.mode)
+            .unwrap_or(self.mode)
     }
 }

@@ -477,11 +477,13 @@ pub async fn serve(
     };
     limits.check()?;
     let (metrics, registry) = Metrics::new();
+    let namespaces = Arc::new(MetaIndex::new("namespaces"));
     let follow_up = if args.follow_up_tagging {
         FollowUp::spawn(
             client.clone(),
             metrics.follow_up.clone(),
             follow_up::Settings::default(),
+            Arc::clone(&namespaces),
         )
     } else {
         FollowUp::disabled()
@@ -494,7 +496,7 @@ pub async fn serve(
     let _sweeper = evictions.spawn_sweeper();
     let app = Arc::new(App {
         pods: Arc::new(MetaIndex::new("pods")),
-        namespaces: Arc::new(MetaIndex::new("namespaces")),
+        namespaces,
         confirmer: Confirmer::live(
             client.clone(),
             args.confirm_timeout,

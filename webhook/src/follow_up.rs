@@ -28,6 +28,12 @@
 //! an admission request's path: asking never waits, and a full queue drops the
 //! request (counted) rather than slow admission down. Each follow-up writes
 //! one audit record with its outcome and the delay from request to tag.
+//!
+//! A pod or namespace labelled `graceguard.io/ignore=true` is never tagged:
+//! the audits, which see every deletion and eviction whatever its labels,
+//! ask for follow-ups too, and an opted-out pod must get no write from
+//! graceguard (counted as `opted_out`; a namespace's label is read from the
+//! namespace index before anything is queued, a pod's own once it is read).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,6 +46,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 
 use crate::audit::AuditRecord;
+use crate::pod_index::{opts_out, NamespaceModes};
 use crate::tagger::TagMetrics;
 use crate::{disruption, tagger};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -170,6 +177,8 @@ struct Inner {
     /// per pod; what is left here at shutdown is recorded as dropped.
     pending: Mutex<HashMap<(String, String), Job>>,
     metrics: FollowUpMetrics,
+    /// The namespaces' settings: an opted-out namespace's pods are not tagged.
+    namespaces: Arc<NamespaceModes>,
 }
 
 /// What one follow-up ended with.
@@ -188,12 +197,15 @@ pub enum Outcome {
     GaveUp,
     /// graceguard stopped before the follow-up ended.
     Dropped,
+    /// The pod or its namespace carries `graceguard.io/ignore=true`: left
+    /// as it is.
+    OptedOut,
 }
 
 impl Outcome {
     /// Every outcome, each exported from the start at 0: an alert on
     /// `increase()` then sees the first give-up, not only the second.
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Tagged,
         Outcome::AlreadyTagged,
         Outcome::Gone,
@@ -201,6 +213,7 @@ impl Outcome {
         Outcome::StillRunning,
         Outcome::GaveUp,
         Outcome::Dropped,
+        Outcome::OptedOut,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -212,6 +225,7 @@ impl Outcome {
             Outcome::StillRunning => "still_running",
             Outcome::GaveUp => "gave_up",
             Outcome::Dropped => "dropped",
+            Outcome::OptedOut => "opted_out",
         }
     }
 }
@@ -222,13 +236,20 @@ impl FollowUp {
         Self { inner: None }
     }
 
-    /// Starts the worker, which tags through `client`.
-    pub fn spawn(client: Client, metrics: FollowUpMetrics, settings: Settings) -> Self {
+    /// Starts the worker, which tags through `client` the pods of
+    /// namespaces `namespaces` does not show opted out.
+    pub fn spawn(
+        client: Client,
+        metrics: FollowUpMetrics,
+        settings: Settings,
+        namespaces: Arc<NamespaceModes>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(settings.queue.max(1));
         let inner = Arc::new(Inner {
             tx,
             pending: Mutex::new(HashMap::new()),
             metrics,
+            namespaces,
         });
         tokio::spawn(worker(rx, client, Arc::downgrade(&inner), settings));
         Self { inner: Some(inner) }
@@ -282,11 +303,26 @@ impl FollowUp {
 
     /// Asks for `namespace/name` (`uid` when known) to be tagged shortly.
     /// Never waits; returns whether the request was queued (false: disabled,
-    /// one already pending for that pod, or the queue is full).
+    /// the namespace opted out, one already pending for that pod, or the
+    /// queue is full).
     pub fn request(&self, namespace: &str, name: &str, uid: Option<&str>, source: Source) -> bool {
         let Some(inner) = &self.inner else {
             return false;
         };
+        if inner
+            .namespaces
+            .get("", namespace)
+            .is_some_and(|s| s.opted_out)
+        {
+            inner
+                .metrics
+                .follow_ups
+                .get_or_create(&FollowUpLabels {
+                    outcome: Outcome::OptedOut.as_str(),
+                })
+                .inc();
+            return false;
+        }
         let key = (namespace.to_string(), name.to_string());
         let job = Job {
             namespace: key.0.clone(),
@@ -467,6 +503,9 @@ async fn attempt(
     if job.uid.as_ref().is_some_and(|want| *want != uid) {
         return Ok(Step::Done(Outcome::Gone, None));
     }
+    if opts_out(pod.metadata.labels.as_ref()) {
+        return Ok(Step::Done(Outcome::OptedOut, None));
+    }
     let Some(lean) = crate::review::lean(&pod) else {
         return Err(failed(AttemptCause::NotAPod));
     };
@@ -570,6 +609,7 @@ pub(crate) mod tests {
                 tx,
                 pending: Mutex::new(HashMap::new()),
                 metrics: metrics.clone(),
+                namespaces: Arc::new(NamespaceModes::new("namespaces")),
             })),
         };
         assert!(f.request("ns", "a", Some("u"), Source::Eviction));
@@ -579,5 +619,52 @@ pub(crate) mod tests {
         assert!(!f.request("ns", "b", None, Source::Eviction));
         assert_eq!(metrics.follow_ups_dropped.get(), 1);
         assert!(!FollowUp::disabled().request("ns", "c", None, Source::Eviction));
+    }
+
+    #[test]
+    fn a_pod_of_an_opted_out_namespace_is_never_queued() {
+        use kube::runtime::watcher::Event;
+        let metrics = FollowUpMetrics::default();
+        let (tx, mut rx) = mpsc::channel(8);
+        let namespaces = Arc::new(NamespaceModes::new("namespaces"));
+        let ns = |name: &str, ignore: Option<&str>| kube::core::ObjectMeta {
+            name: Some(name.into()),
+            labels: ignore
+                .map(|v| [(crate::pod_index::OPT_OUT_LABEL.to_string(), v.to_string())].into()),
+            ..Default::default()
+        };
+        namespaces.apply(Event::Init, crate::pod_index::namespace_settings);
+        for (name, ignore) in [
+            ("quiet", Some("true")),
+            ("other", Some("false")),
+            ("plain", None),
+        ] {
+            namespaces.apply(
+                Event::InitApply(&ns(name, ignore)),
+                crate::pod_index::namespace_settings,
+            );
+        }
+        namespaces.apply(Event::InitDone, crate::pod_index::namespace_settings);
+        let f = FollowUp {
+            inner: Some(Arc::new(Inner {
+                tx,
+                pending: Mutex::new(HashMap::new()),
+                metrics: metrics.clone(),
+                namespaces,
+            })),
+        };
+        // The deletion audit and the eviction audit ask for every namespace.
+        assert!(!f.request("quiet", "a", Some("u"), Source::Deletion));
+        assert!(!f.request("quiet", "b", Some("u"), Source::Eviction));
+        assert!(f.request("other", "a", Some("u"), Source::Deletion));
+        assert!(f.request("plain", "a", Some("u"), Source::Deletion));
+        let queued: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|j| j.namespace)
+            .collect();
+        assert_eq!(queued, ["other", "plain"]);
+        let opted_out = metrics.follow_ups.get_or_create(&FollowUpLabels {
+            outcome: Outcome::OptedOut.as_str(),
+        });
+        assert_eq!(opted_out.get(), 2);
     }
 }

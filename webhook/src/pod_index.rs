@@ -79,8 +79,39 @@ impl From<HeldPod> for Holder {
 /// Pod names, by namespace.
 pub type PodIndex = MetaIndex<HeldPod>;
 
-/// Namespaces that carry a valid `graceguard.io/mode` label.
-pub type NamespaceModes = MetaIndex<Mode>;
+/// The label that opts a namespace or a pod out: the chart's selectors keep
+/// the collision guard and the tagger away from it; the audits still see
+/// it (nobody may make a deletion unaudited by labelling), and graceguard
+/// writes nothing to it ([`crate::follow_up`]).
+pub const OPT_OUT_LABEL: &str = "graceguard.io/ignore";
+
+/// What graceguard reads from a namespace's labels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceSettings {
+    /// Its valid `graceguard.io/mode` label, if any.
+    pub mode: Option<Mode>,
+    /// It carries `graceguard.io/ignore=true`.
+    pub opted_out: bool,
+}
+
+/// Namespaces that carry a valid `graceguard.io/mode` label or opt out.
+pub type NamespaceModes = MetaIndex<NamespaceSettings>;
+
+/// Whether `labels` carry `graceguard.io/ignore=true`.
+pub fn opts_out(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    labels
+        .and_then(|l| l.get(OPT_OUT_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
+/// A namespace's settings, if it has any to keep.
+pub fn namespace_settings(m: &ObjectMeta) -> Option<NamespaceSettings> {
+    let s = NamespaceSettings {
+        mode: namespace_mode(m),
+        opted_out: opts_out(m.labels.as_ref()),
+    };
+    (s != NamespaceSettings::default()).then_some(s)
+}
 
 /// The mode a namespace's `graceguard.io/mode` label names, if valid.
 pub fn namespace_mode(m: &ObjectMeta) -> Option<Mode> {

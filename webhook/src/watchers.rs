@@ -39,7 +39,7 @@ impl PodIndexMetrics {
         m
     }
 }
-use crate::pod_index::{namespace_mode, HeldPod, NamespaceModes, PodIndex};
+use crate::pod_index::{namespace_settings, HeldPod, NamespaceModes, PodIndex};
 
 /// How the pod index makes its initial list (and every re-list).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,7 +140,7 @@ pub fn spawn_watchers(
         }
     });
     let ns_api: Api<PartialObjectMeta<Namespace>> = Api::all(client);
-    tokio::spawn(async move { namespaces.run(ns_api, namespace_mode, |_| {}).await });
+    tokio::spawn(async move { namespaces.run(ns_api, namespace_settings, |_| {}).await });
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The disruption tagger and the deletion audit against a real kube-apiserver,
 //! both registered by URL.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::Value;
@@ -268,7 +270,9 @@ async fn a_follow_up_tag_keeps_a_concurrent_writers_labels_and_never_tags_a_repl
 /// The opt-out label cannot hide a deletion: a pod labelled
 /// `graceguard.io/ignore=true`, in a namespace labelled the same, is still
 /// audited when it is deleted and when it is evicted, while the collision
-/// guard honours the label (its Creates never reach graceguard).
+/// guard honours the label (its Creates never reach graceguard) and nothing
+/// is written to such a pod: an evicted one, still terminating on its node,
+/// gets no follow-up tag though the audits saw its disruption.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_opt_out_label_never_hides_a_deletion_from_the_audit() -> R {
     use k8s_openapi::api::core::v1::Namespace;
@@ -282,8 +286,11 @@ async fn the_opt_out_label_never_hides_a_deletion_from_the_audit() -> R {
         .patch(&ns, &PatchParams::default(), &Patch::Merge(&opt_out))
         .await?;
     let api: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
-    for name in ["deleted", "evicted"] {
-        let mut pod = pods::task_pod_on(name, 30, None);
+    for name in ["deleted", "evicted", "disrupted"] {
+        // "disrupted" is bound to the node: it stays terminating after its
+        // eviction (no kubelet confirms it), where a follow-up would tag it.
+        let node = (name == "disrupted").then_some(pods::NODE);
+        let mut pod = pods::task_pod_on(name, 30, node);
         if let Some(labels) = pod.metadata.labels.as_mut() {
             labels.insert("graceguard.io/ignore".into(), "true".into());
         }
@@ -319,10 +326,39 @@ async fn the_opt_out_label_never_hides_a_deletion_from_the_audit() -> R {
         1,
         "the labelled pod's eviction is audited: {evicted:?}"
     );
-    // The collision guard honours the label: neither Create reached it.
+    // The collision guard honours the label: no Create reached it.
     assert!(webhook
         .audit_records()?
         .iter()
         .all(|r| !(r["endpoint"] == "collision_guard" && r["namespace"] == ns.as_str())));
+    // The audits see the disrupted pod's eviction and deletion and would ask
+    // for its tag; the follow-up leaves an opted-out pod alone.
+    let opted_out = "graceguard_follow_up_tags_total{outcome=\"opted_out\"}";
+    let before = webhook.metric(opted_out)?.unwrap_or(0.0);
+    api.evict("disrupted", &Default::default()).await?;
+    webhook
+        .wait_records("eviction_audit", &ns, "disrupted", 1)
+        .await?;
+    webhook
+        .wait_metric(opted_out, before + 1.0, Duration::from_secs(30))
+        .await?;
+    let pod = api.get("disrupted").await?;
+    assert!(
+        pod.metadata.deletion_timestamp.is_some(),
+        "the evicted pod is still terminating on its node"
+    );
+    assert_eq!(
+        pods::disruption_label(&pod),
+        None,
+        "{:?}",
+        pod.metadata.labels
+    );
+    assert!(
+        webhook
+            .audit_records()?
+            .iter()
+            .all(|r| !(r["event"] == "follow_up" && r["namespace"] == ns.as_str())),
+        "no follow-up ran for the opted-out namespace"
+    );
     Ok(())
 }
