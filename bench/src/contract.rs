@@ -117,6 +117,9 @@ pub struct ClusterChurn {
     pub hollow_nodes: u64,
     #[serde(default)]
     pub phase: Option<String>,
+    /// An arm's row (a repetition's preemptions and drains in that arm).
+    #[serde(default)]
+    pub arm: Option<String>,
     #[serde(default)]
     pub summary: bool,
     #[serde(default)]
@@ -270,6 +273,16 @@ pub fn check(rows: &[Row]) -> Vec<String> {
             &format!("cluster_churn has no {phase} phase"),
         );
     }
+    for arm in ["none", "noop", "graceguard"] {
+        need(
+            churn.iter().any(|c| {
+                c.arm.as_deref() == Some(arm)
+                    && c.preemption_p50_ms.is_some()
+                    && c.drain_ms.is_some()
+            }),
+            &format!("cluster_churn has no {arm} arm with preemption_p50_ms and drain_ms"),
+        );
+    }
     let churn_has = |f: &dyn Fn(&ClusterChurn) -> bool, what: &str| {
         (
             churn.iter().any(|c| f(c)),
@@ -282,8 +295,6 @@ pub fn check(rows: &[Row]) -> Vec<String> {
             &|c| c.pod_patch_status_p99_ms.is_some(),
             "pod_patch_status_p99_ms",
         ),
-        churn_has(&|c| c.preemption_p50_ms.is_some(), "preemption_p50_ms"),
-        churn_has(&|c| c.drain_ms.is_some(), "drain_ms"),
         churn_has(
             &|c| c.graceguard_collision_guard_p99_ms.is_some(),
             "graceguard_collision_guard_p99_ms",
@@ -352,6 +363,14 @@ pub fn check(rows: &[Row]) -> Vec<String> {
         ),
         "preemption_trace's summary judges no run (targets.every_run_met)",
     );
+    for opted_out in ["none", "noop"] {
+        need(
+            phase(opted_out)
+                .iter()
+                .all(|t| t.victims_tagged_before_gone.unwrap_or(0) == 0),
+            &format!("preemption_trace: a victim in the {opted_out} phase was tagged, though its namespace opts out (graceguard.io/ignore=true): graceguard wrote to a pod it must leave alone"),
+        );
+    }
     let graceguard = phase("graceguard");
     need(
         !graceguard.is_empty()
@@ -395,13 +414,16 @@ mod tests {
             r#"{"group":"sidecar_scale","pod_watches":1}"#,
             r#"{"group":"sidecar_rss"}"#,
             r#"{"group":"executor_storm"}"#,
-            r#"{"group":"cluster_churn","hollow_nodes":3,"phase":"none","pod_startup_p99_ms":5.0,"pod_patch_status_p99_ms":2.0,"preemption_p50_ms":900.0,"drain_ms":3000.0,"webhook_collision_guard_p99_ms":null,"by_kind":{"preemptor":{}}}"#,
+            r#"{"group":"cluster_churn","hollow_nodes":3,"phase":"none","pod_startup_p99_ms":5.0,"pod_patch_status_p99_ms":2.0,"webhook_collision_guard_p99_ms":null,"by_kind":{"preemptor":{}}}"#,
+            r#"{"group":"cluster_churn","hollow_nodes":3,"arm":"none","preemption_p50_ms":900.0,"drain_ms":3000.0}"#,
+            r#"{"group":"cluster_churn","hollow_nodes":3,"arm":"noop","preemption_p50_ms":900.0,"drain_ms":3000.0}"#,
+            r#"{"group":"cluster_churn","hollow_nodes":3,"arm":"graceguard","preemption_p50_ms":900.0,"drain_ms":3000.0}"#,
             r#"{"group":"cluster_churn","hollow_nodes":3,"phase":"noop","webhook_collision_guard_p99_ms":3.0}"#,
             r#"{"group":"cluster_churn","hollow_nodes":3,"phase":"graceguard","graceguard_collision_guard_p99_ms":4.0}"#,
             r#"{"group":"cluster_churn","hollow_nodes":3,"summary":true,"ratios_graceguard_over_noop":{"drain_ms":1.0},"targets":{"every_run_met":{"drain_ms":true}}}"#,
             r#"{"group":"relaunch_delay","holder":"whole_grace","after_name_free_ms_median":-20}"#,
             r#"{"group":"relaunch_delay","holder":"early_exit","after_name_free_ms_median":null}"#,
-            r#"{"group":"preemption_trace","phase":"none","preemption_p50_ms":800.0,"drain_ms":2000.0}"#,
+            r#"{"group":"preemption_trace","phase":"none","preemption_p50_ms":800.0,"drain_ms":2000.0,"victims_tagged_before_gone":0}"#,
             r#"{"group":"preemption_trace","phase":"noop_tagging","victims_changed_while_running":1,"victims_tagged_before_gone":1}"#,
             r#"{"group":"preemption_trace","phase":"graceguard","victims_changed_while_running":0,"victims_tagged_before_gone":1}"#,
             r#"{"group":"preemption_trace","summary":true,"ratios_graceguard_over_noop":{"preemption_p50_ms":1.0},"targets":{"every_run_met":{"drain_ms":true}}}"#,
@@ -442,13 +464,25 @@ mod tests {
     }
 
     #[test]
+    fn a_tagged_victim_in_an_opted_out_namespace_breaks_the_contract() {
+        let text = complete().replace(
+            r#""drain_ms":2000.0,"victims_tagged_before_gone":0"#,
+            r#""drain_ms":2000.0,"victims_tagged_before_gone":1"#,
+        );
+        let rows = read(&text).unwrap_or_else(|e| panic!("{e:?}"));
+        let missing = check(&rows);
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(missing[0].contains("none phase was tagged"), "{missing:?}");
+    }
+
+    #[test]
     fn a_row_of_the_wrong_shape_or_group_is_an_error_with_its_line() {
         let text = complete()
             + "\n{\"group\":\"sidecar_scale\",\"pod_watches\":\"one\"}\n{\"group\":\"nonsense\"}";
         let problems = read(&text).err().unwrap_or_default();
         assert_eq!(problems.len(), 2, "{problems:?}");
-        assert!(problems[0].starts_with("line 28:"), "{problems:?}");
-        assert!(problems[1].starts_with("line 29:"), "{problems:?}");
+        assert!(problems[0].starts_with("line 31:"), "{problems:?}");
+        assert!(problems[1].starts_with("line 32:"), "{problems:?}");
     }
 
     #[test]

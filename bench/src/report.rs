@@ -64,18 +64,24 @@ pub(crate) fn median(v: &mut [f64]) -> Option<f64> {
     })
 }
 
-/// For each of `keys`: `a` ÷ `b` per repetition (paired by
-/// repetition), and whether every repetition is within the target (none
-/// when a run lacks the figure).
-pub(crate) fn per_run(rows: &[Value], keys: &[&str], a: &str, b: &str) -> (Value, Value) {
-    let of = |phase: &str, rep: &Value, key: &str| {
+/// For each of `keys`: row `a` ÷ row `b` per repetition (rows told apart
+/// by their `field`, paired by repetition), and whether every repetition
+/// is within the target (none when a run lacks the figure).
+pub(crate) fn per_run(
+    rows: &[Value],
+    field: &str,
+    keys: &[&str],
+    a: &str,
+    b: &str,
+) -> (Value, Value) {
+    let of = |which: &str, rep: &Value, key: &str| {
         rows.iter()
-            .find(|r| r["phase"] == phase && &r["repetition"] == rep)
+            .find(|r| r[field] == which && &r["repetition"] == rep)
             .and_then(|r| r[key].as_f64())
     };
     let reps: Vec<&Value> = rows
         .iter()
-        .filter(|r| r["phase"] == a)
+        .filter(|r| r[field] == a)
         .map(|r| &r["repetition"])
         .collect();
     let (mut ratios, mut met) = (serde_json::Map::new(), serde_json::Map::new());

@@ -27,7 +27,7 @@
 //! pulls) and the deletion-to-gone time (from the first event that shows
 //! its deletion begun to its removal).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Display;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -56,6 +56,50 @@ pub const APP_PREEMPTOR: &str = "churn-preemptor";
 pub const APP_VICTIM: &str = "churn-victim";
 /// A preemption victim's name starts so (`low-<phase>-<i>`).
 pub const VICTIM_PREFIX: &str = "low-";
+/// Pods put on a node for its drain.
+pub const APP_DRAINED: &str = "churn-drained";
+/// Pods of each arm a drain evicts.
+const DRAINED_PODS: usize = 3;
+
+/// The arms of the interleaved comparison, each a namespace of its own
+/// ([`arm_namespace`]) that admission treats as one phase does: no webhook,
+/// the no-op floor, graceguard. Preemptions and drains take the arms in
+/// turn, so that all three meet the same moments of a busy machine and a
+/// repetition's ratios compare like with like, whatever the phase.
+pub const ARMS: [&str; 3] = ["none", "noop", "graceguard"];
+
+/// Arm `arm`'s namespace.
+pub fn arm_namespace(arm: &str) -> String {
+    format!("{NS}-{arm}")
+}
+
+/// Which of `arms` takes the `i`-th preemption or drain of phase `phase`:
+/// in turn, the order rotated every round and every phase, so each arm
+/// takes each place in a round as often.
+pub fn arm_of(i: usize, phase: usize, arms: usize) -> usize {
+    let arms = arms.max(1);
+    (i % arms + i / arms + phase) % arms
+}
+
+/// One arm: its namespace's pods and the watch that times them.
+#[derive(Clone)]
+pub struct Arm {
+    pub name: &'static str,
+    pods: Api<Pod>,
+    pub watch: PodWatch,
+}
+
+impl Arm {
+    /// Watches arm `name`'s namespace (which must exist).
+    pub fn start(client: &Client, name: &'static str) -> Self {
+        let ns = arm_namespace(name);
+        Self {
+            name,
+            pods: Api::namespaced(client.clone(), &ns),
+            watch: PodWatch::start(client, &ns),
+        }
+    }
+}
 pub const APP_EXECUTOR: &str = "churn-executor";
 /// Every kind, as the report names them: (report key, `app` label).
 pub const KINDS: [(&str, &str); 5] = [
@@ -121,14 +165,15 @@ pub struct Tally {
     pub preemptions_tried: u64,
     /// A high-priority pod ran where the low one was, which was deleted.
     pub preemptions: u64,
-    /// Each completed preemption: the preemptor's Create sent → it ran (ms).
+    /// Each completed preemption by arm: the preemptor's Create sent → it
+    /// ran (ms).
     #[serde(skip)]
-    pub preemption_ms: Vec<f64>,
+    pub preemption_ms: BTreeMap<&'static str, Vec<f64>>,
     pub drains: u64,
-    /// Each drain that finished within the phase: cordon → no workload pod
-    /// left on the node (ms).
+    /// Each drain that finished within the phase, by arm: cordon → none of
+    /// the arm's pods left on the node (ms).
     #[serde(skip)]
-    pub drain_ms: Vec<f64>,
+    pub drain_ms: BTreeMap<&'static str, Vec<f64>>,
     pub evictions: u64,
     /// Graceful deletes of their pods by the executors (the schedule's count).
     pub executor_deletes: u64,
@@ -494,6 +539,7 @@ pub async fn set_up(client: &Client, shape: Shape, watch: &PodWatch) -> Result<(
 pub async fn run(
     client: &Client,
     watch: &PodWatch,
+    arms: &[Arm],
     hollow_nodes: &[String],
     shape: Shape,
     seconds: f64,
@@ -519,8 +565,7 @@ pub async fn run(
             phase,
         )),
         tokio::spawn(preemptions(
-            pods.clone(),
-            watch.clone(),
+            arms.to_vec(),
             t.clone(),
             preempt_on,
             schedule(seconds, shape.preempt_every, Duration::from_secs(15)),
@@ -529,11 +574,11 @@ pub async fn run(
         )),
         tokio::spawn(drains(
             client.clone(),
-            watch.clone(),
+            (watch.clone(), arms.to_vec()),
             t.clone(),
             drained,
             drain_starts(seconds, shape.drain_every),
-            deadline,
+            (deadline, phase),
         )),
     ];
     // Staggered: one executor's turn every executor_every / executors.
@@ -684,11 +729,11 @@ pub fn schedule(seconds: f64, every: Duration, room_max: Duration) -> Vec<Durati
     out
 }
 
-/// One preemption started at each of `starts`, on the nodes in turn; a node
-/// takes its next preemption only once its last one is cleaned up.
+/// One preemption started at each of `starts`, on the nodes in turn and in
+/// the arms in turn ([`arm_of`]); a node takes its next preemption only once
+/// its last one is cleaned up.
 async fn preemptions(
-    pods: Api<Pod>,
-    watch: PodWatch,
+    arms: Vec<Arm>,
     t: Shared,
     nodes: Vec<String>,
     starts: Vec<Duration>,
@@ -704,10 +749,13 @@ async fn preemptions(
             nodes[i % nodes.len()].clone(),
             locks[i % nodes.len()].clone(),
         );
-        let (pods, watch, t) = (pods.clone(), watch.clone(), t.clone());
+        let Some(arm) = arms.get(arm_of(i, phase, arms.len())).cloned() else {
+            return;
+        };
+        let t = t.clone();
         running.push(tokio::spawn(async move {
             let _node = lock.lock().await;
-            preempt(&pods, &watch, &t, &node, &format!("{phase}-{i}"), deadline).await;
+            preempt(&arm, &t, &node, &format!("{phase}-{i}"), deadline).await;
         }));
     }
     for r in running {
@@ -719,14 +767,8 @@ async fn preemptions(
 
 /// A victim on `node`, then a preemptor that fits only in its place: times
 /// the preemptor's Create → Running, then deletes both at once.
-async fn preempt(
-    pods: &Api<Pod>,
-    watch: &PodWatch,
-    t: &Shared,
-    node: &str,
-    id: &str,
-    deadline: Instant,
-) {
+async fn preempt(arm: &Arm, t: &Shared, node: &str, id: &str, deadline: Instant) {
+    let (pods, watch) = (&arm.pods, &arm.watch);
     let now = DeleteParams::default().grace_period(0);
     let (low, high) = (format!("{VICTIM_PREFIX}{id}"), format!("high-{id}"));
     tally(t, |t| t.preemptions_tried += 1);
@@ -748,7 +790,7 @@ async fn preempt(
             let ms = ran.saturating_duration_since(sent).as_secs_f64() * 1000.0;
             tally(t, |t| {
                 t.preemptions += 1;
-                t.preemption_ms.push(ms);
+                t.preemption_ms.entry(arm.name).or_default().push(ms);
             });
         }
         Ok(())
@@ -811,31 +853,77 @@ pub fn drain_starts(seconds: f64, every: Duration) -> Vec<Duration> {
 }
 
 /// The phase's drains, one after another: each of `nodes` in turn at its
-/// start in `starts` (a drain still running delays the next).
+/// start in `starts` (a drain still running delays the next), for the arms
+/// in turn ([`arm_of`]).
 async fn drains(
     client: Client,
-    watch: PodWatch,
+    (watch, arms): (PodWatch, Vec<Arm>),
     t: Shared,
     nodes: Vec<String>,
     starts: Vec<Duration>,
-    deadline: Instant,
+    (deadline, phase): (Instant, usize),
 ) {
     let t0 = Instant::now();
-    for (node, at) in nodes.into_iter().zip(starts) {
+    for (j, (node, at)) in nodes.into_iter().zip(starts).enumerate() {
+        let Some(arm) = arms.get(arm_of(j, phase, arms.len())) else {
+            return;
+        };
         tokio::time::sleep_until((t0 + at).into()).await;
         if Instant::now() >= deadline {
             break;
         }
-        drain(&client, &watch, &t, &node, deadline).await;
+        let id = format!("{phase}-{j}");
+        drain(&client, (&watch, arm), &t, (&node, &id), deadline).await;
     }
 }
 
-/// Cordons `node`, evicts every workload pod on it through the Eviction API,
-/// and times the cordon until none is left (`kubectl drain`'s work); the
-/// node is uncordoned after.
-async fn drain(client: &Client, watch: &PodWatch, t: &Shared, node: &str, deadline: Instant) {
+/// A drain of `node` for `arm`, as `kubectl drain` does it: puts
+/// [`DRAINED_PODS`] pods of the arm on the node and waits until they run,
+/// then cordons the node and evicts every pod on it through the Eviction
+/// API (the arm's, and the churn namespace's), and times the cordon until
+/// none of the arm's is left. The node is uncordoned after.
+async fn drain(
+    client: &Client,
+    (watch, arm): (&PodWatch, &Arm),
+    t: &Shared,
+    (node, id): (&str, &str),
+    deadline: Instant,
+) {
+    let names: Vec<String> = (0..DRAINED_PODS)
+        .map(|k| format!("drained-{id}-{k}"))
+        .collect();
+    for name in &names {
+        let pod = serde_json::from_value::<Pod>(json!({
+            "metadata": {"name": name, "labels": {"app": APP_DRAINED}},
+            "spec": hollow_spec(Some(node), json!({})),
+        }));
+        let made = match pod {
+            Ok(pod) => arm
+                .pods
+                .create(&PostParams::default(), &pod)
+                .await
+                .map(|_| ()),
+            Err(e) => {
+                failed(t, "building a pod to drain", e);
+                return;
+            }
+        };
+        if let Err(e) = made {
+            failed(t, "creating a pod to drain", e);
+            return;
+        }
+    }
+    for name in &names {
+        if !arm.watch.wait_running(name, within(deadline, 15)).await {
+            failed(
+                t,
+                "a pod to drain",
+                format!("{name} did not run on {node} within 15 s or the phase"),
+            );
+            return;
+        }
+    }
     let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let cordon = |on: bool| json!({"spec": {"unschedulable": on}});
     let started = Instant::now();
     if let Err(e) = nodes
@@ -845,32 +933,35 @@ async fn drain(client: &Client, watch: &PodWatch, t: &Shared, node: &str, deadli
         failed(t, "cordoning a node", e);
         return;
     }
-    let on_node: Vec<String> = watch
-        .snapshot()
+    let churn: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let on_node = |w: &PodWatch| -> Vec<String> {
+        w.snapshot()
+            .into_iter()
+            .filter(|(_, s)| s.node.as_deref() == Some(node) && !s.terminating)
+            .filter(|(_, s)| s.app != APP_PREEMPTOR && s.app != APP_VICTIM)
+            .map(|(n, _)| n)
+            .collect()
+    };
+    for (pods, name) in on_node(&arm.watch)
         .into_iter()
-        .filter(|(_, s)| s.node.as_deref() == Some(node) && !s.terminating)
-        .map(|(n, _)| n)
-        .collect();
-    for name in &on_node {
-        match pods.evict(name, &EvictParams::default()).await {
+        .map(|n| (&arm.pods, n))
+        .chain(on_node(watch).into_iter().map(|n| (&churn, n)))
+    {
+        match pods.evict(&name, &EvictParams::default()).await {
             Ok(_) => tally(t, |t| t.evictions += 1),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => failed(t, "evicting a pod", e),
         }
     }
-    // Drained: nothing of the workload left on the node (or the phase ends).
-    let on_it = || {
-        watch.snapshot().iter().any(|(_, s)| {
-            s.node.as_deref() == Some(node) && s.app != APP_PREEMPTOR && s.app != APP_VICTIM
-        })
-    };
-    while Instant::now() < deadline && on_it() {
+    // Drained: none of the arm's pods left on the node (or the phase ends).
+    let left = || !on_node_any(&arm.watch, node);
+    while Instant::now() < deadline && !left() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ms = (!on_it()).then(|| started.elapsed().as_secs_f64() * 1000.0);
+    let ms = left().then(|| started.elapsed().as_secs_f64() * 1000.0);
     tally(t, |t| {
         t.drains += 1;
-        t.drain_ms.extend(ms);
+        t.drain_ms.entry(arm.name).or_default().extend(ms);
     });
     if let Err(e) = nodes
         .patch(node, &PatchParams::default(), &Patch::Merge(cordon(false)))
@@ -878,6 +969,14 @@ async fn drain(client: &Client, watch: &PodWatch, t: &Shared, node: &str, deadli
     {
         failed(t, "uncordoning a node", e);
     }
+}
+
+/// Whether `watch` shows a pod to drain on `node` (leaving or not).
+fn on_node_any(watch: &PodWatch, node: &str) -> bool {
+    watch
+        .snapshot()
+        .iter()
+        .any(|(_, s)| s.node.as_deref() == Some(node) && s.app == APP_DRAINED)
 }
 
 fn executor_pod(name: &str) -> Result<Pod, serde_json::Error> {

@@ -162,8 +162,21 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     )
     .await?;
 
+    // The arms' namespaces, labelled once: admission treats each as its
+    // phase treats the workload's namespace.
+    for arm in churn::ARMS {
+        let ns: Namespace = serde_json::from_value(
+            json!({"metadata": {"name": churn::arm_namespace(arm), "labels": phase_labels(arm)}}),
+        )?;
+        ns_api.create(&PostParams::default(), &ns).await?;
+    }
+
     let shape = Shape::for_nodes(opts.hollow_nodes, opts.quick);
     let watch = PodWatch::start(&bed.client, churn::NS);
+    let arms: Vec<churn::Arm> = churn::ARMS
+        .iter()
+        .map(|&arm| churn::Arm::start(&bed.client, arm))
+        .collect();
     churn::set_up(&bed.client, shape, &watch).await?;
     log(format!(
         "cluster_churn: graceguard installed by the chart ({} replicas), {} Deployment pods running; {} phases of {} s, {} time(s) each",
@@ -177,6 +190,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let mut rows = Vec::new();
     let mut phase_no = 0;
     for rep in 0..opts.repetitions {
+        let mut pooled: BTreeMap<&str, ArmSamples> = BTreeMap::new();
         for phase in order(rep) {
             set_phase(&ns_api, phase).await?;
             churn::uncordon_all(&bed.client, &hollow_names).await?;
@@ -192,6 +206,9 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 procfs::reset_peak_rss(p)?;
             }
             watch.reset();
+            for arm in &arms {
+                arm.watch.reset();
+            }
             if let Some(log) = &api_audit {
                 audit_offset = log.events_from(audit_offset)?.1;
             }
@@ -199,6 +216,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             let tally = churn::run(
                 &bed.client,
                 &watch,
+                &arms,
                 &hollow_names,
                 shape,
                 opts.seconds,
@@ -261,9 +279,18 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 row["pod_patch_status_by_client"] =
                     requests_by_client(&events, churn::NS, "patch", "status");
             }
+            for arm in &arms {
+                pooled.entry(arm.name).or_default().add(arm, &tally);
+            }
             log(line(&row));
             rows.push(row);
             phase_no += 1;
+        }
+        for arm in churn::ARMS {
+            let mut row = pooled.remove(arm).unwrap_or_default().row(arm, rep + 1);
+            row["hollow_nodes"] = json!(opts.hollow_nodes);
+            log(arm_line(&row));
+            rows.push(row);
         }
     }
     set_phase(&ns_api, "none").await?;
@@ -271,6 +298,43 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     log(summary_line(&summary));
     rows.push(summary);
     Ok(rows)
+}
+
+/// One arm's samples over a repetition's phases: the figures #40 judges.
+#[derive(Default)]
+struct ArmSamples {
+    preemption_ms: Vec<f64>,
+    drain_ms: Vec<f64>,
+    victim_gone_ms: Vec<f64>,
+    startup_ms: Vec<f64>,
+}
+
+impl ArmSamples {
+    /// Adds `arm`'s samples of the phase that just ran.
+    fn add(&mut self, arm: &churn::Arm, tally: &churn::Tally) {
+        let of = |m: &BTreeMap<&str, Vec<f64>>| m.get(arm.name).cloned().unwrap_or_default();
+        self.preemption_ms.extend(of(&tally.preemption_ms));
+        self.drain_ms.extend(of(&tally.drain_ms));
+        self.victim_gone_ms
+            .extend(arm.watch.gone_ms_of(churn::APP_VICTIM));
+        self.startup_ms.extend(arm.watch.startup_ms());
+    }
+
+    /// The arm's row for repetition `rep`: preemption latency (the
+    /// preemptor's Create → Running) and victim deletion → gone at p50 and
+    /// p99, the median drain (cordon → none of the arm's pods left), and
+    /// the startup of its pods (victims, preemptors, pods drained).
+    fn row(mut self, arm: &str, rep: usize) -> Value {
+        let mut row = json!({"group": "cluster_churn", "arm": arm, "repetition": rep,
+            "preemptions": self.preemption_ms.len(), "drains_timed": self.drain_ms.len(),
+            "pods_started": self.startup_ms.len()});
+        put_quantiles(&mut row, "preemption", &mut self.preemption_ms);
+        put_quantiles(&mut row, "victim_gone", &mut self.victim_gone_ms);
+        put_quantiles(&mut row, "pod_startup", &mut self.startup_ms);
+        row["drain_max_ms"] = json!(self.drain_ms.iter().copied().reduce(f64::max).map(round3));
+        row["drain_ms"] = json!(median(&mut self.drain_ms).map(round3));
+        row
+    }
 }
 
 /// p50 and p99 of `v` as `<key>_p50_ms` and `<key>_p99_ms` (none when empty:
@@ -281,18 +345,10 @@ fn put_quantiles(row: &mut Value, key: &str, v: &mut [f64]) {
     }
 }
 
-/// The workload's own timings: preemption latency (the preemptor's Create →
-/// Running), the drain's duration, the victims' deletion → gone, the
-/// executors' delete → new pod Running, and per kind of pod its startup and
-/// deletion-to-gone p50/p99 and counts.
+/// The workload namespace's own timings: the executors' delete → new pod
+/// Running, and per kind of pod its startup and deletion-to-gone p50/p99
+/// and counts (the preemptions and drains are the arms', [`ArmSamples`]).
 fn put_workload(row: &mut Value, tally: &churn::Tally, watch: &PodWatch) {
-    put_quantiles(row, "preemption", &mut tally.preemption_ms.clone());
-    // The median of the phase's drains, each a node of its own.
-    let mut drains = tally.drain_ms.clone();
-    row["drains_timed"] = json!(drains.len());
-    row["drain_max_ms"] = json!(drains.iter().copied().reduce(f64::max).map(round3));
-    row["drain_ms"] = json!(median(&mut drains).map(round3));
-    put_quantiles(row, "victim_gone", &mut watch.gone_ms_of(churn::APP_VICTIM));
     put_quantiles(
         row,
         "executor_relaunch",
@@ -311,13 +367,20 @@ fn put_workload(row: &mut Value, tally: &churn::Tally, watch: &PodWatch) {
     row["by_kind"] = Value::Object(kinds);
 }
 
-/// Labels the workload's namespace for `phase`.
-async fn set_phase(ns_api: &Api<Namespace>, phase: &str) -> Result<()> {
+/// A namespace's labels for `phase` (or arm): no webhook is called for
+/// `none`, the no-op floor's for `noop`, graceguard's for `graceguard`
+/// (a null removes a label in a merge patch).
+fn phase_labels(phase: &str) -> Value {
     let on = |yes: bool| if yes { json!("true") } else { Value::Null };
-    let labels = json!({"metadata": {"labels": {
+    json!({
         IGNORE_LABEL: on(phase != "graceguard"),
         NOOP_LABEL: on(phase == "noop"),
-    }}});
+    })
+}
+
+/// Labels the workload's namespace for `phase`.
+async fn set_phase(ns_api: &Api<Namespace>, phase: &str) -> Result<()> {
+    let labels = json!({"metadata": {"labels": phase_labels(phase)}});
     ns_api
         .patch(churn::NS, &PatchParams::default(), &Patch::Merge(&labels))
         .await
@@ -542,12 +605,7 @@ fn calls_per_s(m0: &str, m1: &str, wall: f64) -> Value {
 }
 
 /// The figures a summary compares: latencies (ms) where lower is better.
-pub const COMPARED: [&str; 21] = [
-    "preemption_p50_ms",
-    "preemption_p99_ms",
-    "drain_ms",
-    "victim_gone_p50_ms",
-    "victim_gone_p99_ms",
+pub const COMPARED: [&str; 16] = [
     "executor_relaunch_p50_ms",
     "executor_relaunch_p99_ms",
     "pod_create_p50_ms",
@@ -578,7 +636,7 @@ pub const SPLIT: [&str; 5] = [
 
 /// What graceguard must not slow, as the cluster's users see it: graceguard
 /// ÷ no-op at most [`LATENCY_RATIO_TARGET`] in every repetition, each
-/// repetition's graceguard run against the same repetition's no-op run.
+/// repetition's graceguard arm against the same repetition's no-op arm.
 pub const EVERY_RUN_TARGETED: [&str; 6] = [
     "preemption_p50_ms",
     "preemption_p99_ms",
@@ -655,10 +713,11 @@ pub fn summarize(rows: &[Value], opts: &Options) -> Value {
         _ => None,
     };
     met.insert("pod_startup_p99_within_noise".into(), json!(within_noise));
-    let (gg_per_run, every_run_met) = per_run(rows, &EVERY_RUN_TARGETED, "graceguard", "noop");
-    // The same figures between the two phases graceguard is not in: how far
+    let (gg_per_run, every_run_met) =
+        per_run(rows, "arm", &EVERY_RUN_TARGETED, "graceguard", "noop");
+    // The same figures between the two arms graceguard is not in: how far
     // apart runs that differ only in noise are, beside the ratios judged.
-    let (noise_per_run, _) = per_run(rows, &EVERY_RUN_TARGETED, "noop", "none");
+    let (noise_per_run, _) = per_run(rows, "arm", &EVERY_RUN_TARGETED, "noop", "none");
     json!({"group": "cluster_churn", "summary": true, "hollow_nodes": opts.hollow_nodes, "repetitions": opts.repetitions,
         "seconds": opts.seconds, "phases": phases, "ratios_graceguard_over_noop": gg_noop, "ratios_noop_over_none": noop_none,
         "ratios_graceguard_over_noop_per_run": gg_per_run, "ratios_noop_over_none_per_run": noise_per_run,
@@ -682,19 +741,31 @@ fn line(r: &Value) -> String {
         })
         .unwrap_or_default();
     format!(
-        "cluster_churn  {:<10} run {}: preemptions {} of {}, p50/p99 ms {}/{}; drain {} ms; victim deletion->gone {}/{}; executor relaunch {}/{}; \
+        "cluster_churn  {:<10} run {}: preemptions {} of {}; executor relaunch {}/{}; \
          API p50/p99 ms create {}/{} delete {}/{} patch status {}/{} webhooks {}/{}; startup {}/{} ({} pods); graceguard {}; {} errors",
         r["phase"].as_str().unwrap_or(""),
         r["repetition"],
         r["workload"]["preemptions"], r["workload"]["preemptions_tried"],
-        f("preemption_p50_ms"), f("preemption_p99_ms"), f("drain_ms"),
-        f("victim_gone_p50_ms"), f("victim_gone_p99_ms"),
         f("executor_relaunch_p50_ms"), f("executor_relaunch_p99_ms"),
         f("pod_create_p50_ms"), f("pod_create_p99_ms"), f("pod_delete_p50_ms"), f("pod_delete_p99_ms"),
         f("pod_patch_status_p50_ms"), f("pod_patch_status_p99_ms"), f("webhook_admission_p50_ms"), f("webhook_admission_p99_ms"),
         f("pod_startup_p50_ms"), f("pod_startup_p99_ms"), r["pods_started"],
         gg.join(", "),
         r["workload"]["errors"]
+    )
+}
+
+fn arm_line(r: &Value) -> String {
+    let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.1}"));
+    format!(
+        "cluster_churn  arm {:<10} run {}: {} preemptions p50/p99 ms {}/{}; {} drains, median {} ms; victim deletion->gone {}/{}; pod startup {}/{} ({} pods)",
+        r["arm"].as_str().unwrap_or(""),
+        r["repetition"],
+        r["preemptions"],
+        f("preemption_p50_ms"), f("preemption_p99_ms"),
+        r["drains_timed"], f("drain_ms"),
+        f("victim_gone_p50_ms"), f("victim_gone_p99_ms"),
+        f("pod_startup_p50_ms"), f("pod_startup_p99_ms"), r["pods_started"],
     )
 }
 
@@ -898,7 +969,7 @@ mod tests {
 
     #[test]
     fn every_run_is_judged_against_the_same_runs_floor() {
-        let r = |phase: &str, rep: u32, drain: f64| json!({"phase": phase, "repetition": rep, "drain_ms": drain, "preemption_p50_ms": 100.0});
+        let r = |arm: &str, rep: u32, drain: f64| json!({"arm": arm, "repetition": rep, "drain_ms": drain, "preemption_p50_ms": 100.0});
         // run 2's graceguard drain is 1.2 × its floor's, though the medians
         // (1,050 against 1,000) are within 1.1.
         let rows = vec![
@@ -924,6 +995,24 @@ mod tests {
             s["targets"]["every_run_met"]["victim_gone_p50_ms"],
             Value::Null
         );
+        // phase rows (the API server's figures) are not the arms'
+        let phases = vec![
+            json!({"phase": "noop", "repetition": 1, "drain_ms": 1000.0}),
+            json!({"phase": "graceguard", "repetition": 1, "drain_ms": 5000.0}),
+        ];
+        let s = summarize(&phases, &opts());
+        assert_eq!(s["targets"]["every_run_met"]["drain_ms"], Value::Null);
+    }
+
+    #[test]
+    fn the_arms_take_every_place_in_a_round_in_turn() {
+        // 3 arms, 9 preemptions: each arm three times, once in each place
+        // of a round.
+        let arms: Vec<usize> = (0..9).map(|i| churn::arm_of(i, 0, 3)).collect();
+        assert_eq!(arms, [0, 1, 2, 1, 2, 0, 2, 0, 1]);
+        // a phase's one drain goes to another arm in each phase
+        let drains: Vec<usize> = (0..3).map(|p| churn::arm_of(0, p, 3)).collect();
+        assert_eq!(drains, [0, 1, 2]);
     }
 
     #[test]

@@ -213,8 +213,9 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             .collect::<serde_json::Map<_, _>>()
             .into()
     };
-    let (gg_per_run, every_run_met) = per_run(&rows, &EVERY_RUN_TARGETED, "graceguard", "noop");
-    let (noise_per_run, _) = per_run(&rows, &EVERY_RUN_TARGETED, "noop", "none");
+    let (gg_per_run, every_run_met) =
+        per_run(&rows, "phase", &EVERY_RUN_TARGETED, "graceguard", "noop");
+    let (noise_per_run, _) = per_run(&rows, "phase", &EVERY_RUN_TARGETED, "noop", "none");
     let summary = json!({"group": "preemption_trace", "summary": true,
         "preemptions_per_phase": opts.preemptions * opts.repetitions,
         "drains_per_phase": opts.drains * opts.repetitions,
