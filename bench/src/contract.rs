@@ -414,7 +414,7 @@ mod tests {
             r#"{"group":"sidecar_scale","pod_watches":1}"#,
             r#"{"group":"sidecar_rss"}"#,
             r#"{"group":"executor_storm"}"#,
-            r#"{"group":"cluster_churn","hollow_nodes":3,"phase":"none","pod_startup_p99_ms":5.0,"pod_patch_status_p99_ms":2.0,"webhook_collision_guard_p99_ms":null,"by_kind":{"preemptor":{}}}"#,
+            r#"{"group":"cluster_churn","hollow_nodes":3,"phase":"none","pod_startup_p99_ms":5.0,"pod_patch_status_p99_ms":2.0,"webhook_collision_guard_p99_ms":null,"by_kind":{"deployment":{}}}"#,
             r#"{"group":"cluster_churn","hollow_nodes":3,"arm":"none","preemption_p50_ms":900.0,"drain_ms":3000.0}"#,
             r#"{"group":"cluster_churn","hollow_nodes":3,"arm":"noop","preemption_p50_ms":900.0,"drain_ms":3000.0}"#,
             r#"{"group":"cluster_churn","hollow_nodes":3,"arm":"graceguard","preemption_p50_ms":900.0,"drain_ms":3000.0}"#,

@@ -11,14 +11,18 @@
 //!   on its own hollow node: a low-priority pod (the victim) fills the node's
 //!   CPU and a high-priority one (the preemptor) that fits only there
 //!   preempts it;
-//! * a drain a third into the phase: one hollow node cordoned and every
-//!   workload pod on it evicted through the Eviction API, timed until the
-//!   node is empty, then uncordoned;
+//! * [`Shape::drains`] drains a phase, each of a node of its own: pods put
+//!   on it, the node cordoned and every pod on it evicted through the
+//!   Eviction API, timed until the pods put there are gone, then
+//!   uncordoned;
 //! * executors re-creating names: each deletes its pod gracefully every
 //!   [`Shape::executor_every`] (staggered) and re-creates the same name at
 //!   once, retrying a 409 every 50 ms and a 429 after its `retryAfterSeconds`
 //!   as client-go does (Flyte's pattern, under whatever mode the chart's
 //!   defaults give graceguard).
+//!
+//! The preemptions and drains run in the [`ARMS`]' namespaces, in turn;
+//! the rest in [`NS`].
 //!
 //! Besides, it watches the namespace, per kind of pod (its `app` label: see
 //! [`KINDS`]), for the pod startup latency (from the watch event that first
@@ -101,12 +105,11 @@ impl Arm {
     }
 }
 pub const APP_EXECUTOR: &str = "churn-executor";
-/// Every kind, as the report names them: (report key, `app` label).
-pub const KINDS: [(&str, &str); 5] = [
+/// Every kind of pod in [`NS`], as the report names them: (report key,
+/// `app` label). The preemptions' and drains' pods are the arms'.
+pub const KINDS: [(&str, &str); 3] = [
     ("deployment", WEB),
     ("job", APP_JOB),
-    ("preemptor", APP_PREEMPTOR),
-    ("victim", APP_VICTIM),
     ("executor", APP_EXECUTOR),
 ];
 /// A hollow node has 1 CPU: two of these never fit together.
