@@ -125,6 +125,26 @@ impl Timeline {
         })
     }
 
+    /// Waits until [`Self::first`] finds `pred` held for `name`, at most
+    /// `limit`; whether it did.
+    async fn wait_for(
+        &self,
+        name: &str,
+        limit: Duration,
+        pred: impl Fn(&Seen, &Pod) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.first(name, &pred).is_some() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn versions(&self, name: &str, uid: &str) -> Vec<VictimVersion> {
         let Ok(events) = self.events.lock() else {
             return Vec::new();
@@ -192,6 +212,13 @@ pub async fn preempt_once(
     pods::wait_running(api, &preemptor).await?;
     let running = t0.elapsed();
     pods::wait_gone(api, &victim, &victim_uid).await?;
+    // That wait has a watch of its own: give the timeline's the moment it
+    // may lag behind, so the victim's removal is in the trace.
+    timeline
+        .wait_for(&victim, Duration::from_secs(5), |seen, pod| {
+            pod.uid().as_deref() == Some(victim_uid.as_str()) && matches!(seen, Seen::Deleted(_))
+        })
+        .await;
     let ms =
         |at: Option<Instant>| at.map(|at| at.saturating_duration_since(t0).as_secs_f64() * 1000.0);
     let uid = victim_uid.as_str();

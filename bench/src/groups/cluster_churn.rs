@@ -165,8 +165,13 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     // The arms' namespaces, labelled once: admission treats each as its
     // phase treats the workload's namespace.
     for arm in churn::ARMS {
+        // The labels set (a merge patch's nulls, which remove, left out).
+        let mut labels = phase_labels(arm);
+        if let Some(m) = labels.as_object_mut() {
+            m.retain(|_, v| !v.is_null());
+        }
         let ns: Namespace = serde_json::from_value(
-            json!({"metadata": {"name": churn::arm_namespace(arm), "labels": phase_labels(arm)}}),
+            json!({"metadata": {"name": churn::arm_namespace(arm), "labels": labels}}),
         )?;
         ns_api.create(&PostParams::default(), &ns).await?;
     }
