@@ -106,7 +106,12 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             .await
             .with_context(|| format!("creating namespace {}", namespace(phase)))?;
     }
-    let webhook = WebhookProcess::start(&bed, &[]).await?;
+    // graceguard's flags for an experiment
+    // (`GRACEGUARD_TRACE_WEBHOOK_ARGS="--follow-up-tagging=false"`); its
+    // defaults otherwise.
+    let extra = std::env::var("GRACEGUARD_TRACE_WEBHOOK_ARGS").unwrap_or_default();
+    let extra: Vec<&str> = extra.split_whitespace().collect();
+    let webhook = WebhookProcess::start(&bed, &extra).await?;
     webhook.register_as_the_chart_does(&bed).await?;
     let selector = format!("{}={}", REGISTERED_LABEL.0, REGISTERED_LABEL.1);
     for (prefix, url, label, phase) in [
