@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::groups::apiserver_overhead::FLOOR_MIN_MS;
+
 /// Declares the rows once: the enum the JSON lines read into (by their
 /// `group`), the list of groups `--quick` must print, and each row's
 /// group, so the three cannot disagree.
@@ -228,9 +230,13 @@ pub fn check(rows: &[Row]) -> Vec<String> {
         any(&|r| matches!(r, Row::WebhookFixedRate(t) if t.protocol == "h2")),
         "no webhook_fixed_rate row over h2",
     );
+    // A ratio, or a floor too small to divide by (the bench says so).
     need(
-        any(&|r| matches!(r, Row::ApiserverOverhead(a) if a.added_latency_ratio_vs_noop.is_some())),
-        "apiserver_overhead has no added_latency_ratio_vs_noop (the no-op floor's comparison)",
+        any(&|r| {
+            matches!(r, Row::ApiserverOverhead(a) if a.added_latency_ratio_vs_noop.is_some()
+                || a.added_ms_noop.is_some_and(|n| n <= FLOOR_MIN_MS))
+        }),
+        "apiserver_overhead has no added_latency_ratio_vs_noop (the no-op floor's comparison) though the floor added more than 10 us",
     );
     need(
         any(&|r| matches!(r, Row::ApiserverOverhead(a) if a.added_ms_noop.is_some())),
@@ -461,6 +467,26 @@ mod tests {
         let missing = check(&rows);
         assert_eq!(missing.len(), 1, "{missing:?}");
         assert!(missing[0].contains("graceguard changed a running preemption victim"));
+    }
+
+    #[test]
+    fn a_floor_too_small_to_divide_by_needs_no_ratio_but_a_measured_one_does() {
+        let without_ratio = |noop: f64| {
+            complete().replace(
+                r#""added_latency_ratio_vs_noop":1.1,"added_ms_noop":0.4"#,
+                &format!(r#""added_ms_noop":{noop}"#),
+            )
+        };
+        // a busy machine: the floor's median below the no-webhook one
+        let rows = read(&without_ratio(-5.13)).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(check(&rows), Vec::<String>::new());
+        let rows = read(&without_ratio(0.4)).unwrap_or_else(|e| panic!("{e:?}"));
+        let missing = check(&rows);
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(
+            missing[0].contains("added_latency_ratio_vs_noop"),
+            "{missing:?}"
+        );
     }
 
     #[test]

@@ -2,6 +2,11 @@
 
 use crate::prelude::*;
 
+/// What the no-op floor must add (ms) for a ratio against it: below 10 us
+/// (or below the no-webhook median, on a busy machine) the floor is noise
+/// and a ratio means nothing, so none is printed.
+pub const FLOOR_MIN_MS: f64 = 0.01;
+
 /// Create latency through the real API server on three sides, in
 /// interleaved batches so all see the same server state: no webhook (a
 /// namespace graceguard is told to skip), graceguard's collision guard, and
@@ -71,8 +76,7 @@ pub(crate) async fn apiserver_overhead(
     let p99: Vec<f64> = lat.iter_mut().map(|l| percentile_f64(l, 99.0)).collect();
     let (mo, mw, mn) = (med[0], med[1], med[2]);
     let (added_gg, added_noop) = (mw - mo, mn - mo);
-    // Below 10 us the floor is noise and a ratio against it means nothing.
-    let vs_noop = (added_noop > 0.01).then(|| round3(added_gg / added_noop));
+    let vs_noop = (added_noop > FLOOR_MIN_MS).then(|| round3(added_gg / added_noop));
     let ratio = mw / mo.max(1e-9);
     emit(
         json!({"group": "apiserver_overhead", "pods": s.api_pods, "median_ms_without": round3(mo), "median_ms_with": round3(mw),
