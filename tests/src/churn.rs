@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, EvictParams, PostParams, PropagationPolicy};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
@@ -58,8 +58,7 @@ const HIGH: &str = "churn-high";
 pub const APP_JOB: &str = "churn-job";
 pub const APP_PREEMPTOR: &str = "churn-preemptor";
 pub const APP_VICTIM: &str = "churn-victim";
-/// A preemption victim's name starts so (`low-<phase>-<i>`).
-pub const VICTIM_PREFIX: &str = "low-";
+pub const APP_EXECUTOR: &str = "churn-executor";
 /// Pods put on a node for its drain.
 pub const APP_DRAINED: &str = "churn-drained";
 /// Pods of each arm a drain evicts.
@@ -104,7 +103,7 @@ impl Arm {
         }
     }
 }
-pub const APP_EXECUTOR: &str = "churn-executor";
+
 /// Every kind of pod in [`NS`], as the report names them: (report key,
 /// `app` label). The preemptions' and drains' pods are the arms'.
 pub const KINDS: [(&str, &str); 3] = [
@@ -773,7 +772,7 @@ async fn preemptions(
 async fn preempt(arm: &Arm, t: &Shared, node: &str, id: &str, deadline: Instant) {
     let (pods, watch) = (&arm.pods, &arm.watch);
     let now = DeleteParams::default().grace_period(0);
-    let (low, high) = (format!("{VICTIM_PREFIX}{id}"), format!("high-{id}"));
+    let (low, high) = (format!("low-{id}"), format!("high-{id}"));
     tally(t, |t| t.preemptions_tried += 1);
     let made = async {
         pods.create(&PostParams::default(), &priority_pod(&low, node, LOW)?)
@@ -896,22 +895,12 @@ async fn drain(
         .map(|k| format!("drained-{id}-{k}"))
         .collect();
     for name in &names {
-        let pod = serde_json::from_value::<Pod>(json!({
-            "metadata": {"name": name, "labels": {"app": APP_DRAINED}},
-            "spec": hollow_spec(Some(node), json!({})),
-        }));
-        let made = match pod {
-            Ok(pod) => arm
-                .pods
-                .create(&PostParams::default(), &pod)
-                .await
-                .map(|_| ()),
-            Err(e) => {
-                failed(t, "building a pod to drain", e);
-                return;
-            }
+        let made = async {
+            let pod = drained_pod(name, node)?;
+            arm.pods.create(&PostParams::default(), &pod).await?;
+            anyhow::Ok(())
         };
-        if let Err(e) = made {
+        if let Err(e) = made.await {
             failed(t, "creating a pod to drain", e);
             return;
         }
@@ -926,13 +915,8 @@ async fn drain(
             return;
         }
     }
-    let nodes: Api<Node> = Api::all(client.clone());
-    let cordon = |on: bool| json!({"spec": {"unschedulable": on}});
     let started = Instant::now();
-    if let Err(e) = nodes
-        .patch(node, &PatchParams::default(), &Patch::Merge(cordon(true)))
-        .await
-    {
+    if let Err(e) = testbed::node::cordon(client, node, true).await {
         failed(t, "cordoning a node", e);
         return;
     }
@@ -956,8 +940,14 @@ async fn drain(
             Err(e) => failed(t, "evicting a pod", e),
         }
     }
-    // Drained: none of the arm's pods left on the node (or the phase ends).
-    let left = || !on_node_any(&arm.watch, node);
+    // Drained: none of the arm's pods left on the node, leaving or not (or
+    // the phase ends).
+    let left = || {
+        !arm.watch
+            .snapshot()
+            .iter()
+            .any(|(_, s)| s.node.as_deref() == Some(node) && s.app == APP_DRAINED)
+    };
     while Instant::now() < deadline && !left() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -966,20 +956,17 @@ async fn drain(
         t.drains += 1;
         t.drain_ms.entry(arm.name).or_default().extend(ms);
     });
-    if let Err(e) = nodes
-        .patch(node, &PatchParams::default(), &Patch::Merge(cordon(false)))
-        .await
-    {
+    if let Err(e) = testbed::node::cordon(client, node, false).await {
         failed(t, "uncordoning a node", e);
     }
 }
 
-/// Whether `watch` shows a pod to drain on `node` (leaving or not).
-fn on_node_any(watch: &PodWatch, node: &str) -> bool {
-    watch
-        .snapshot()
-        .iter()
-        .any(|(_, s)| s.node.as_deref() == Some(node) && s.app == APP_DRAINED)
+/// A pod put on `node` for its drain.
+fn drained_pod(name: &str, node: &str) -> Result<Pod, serde_json::Error> {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": APP_DRAINED}},
+        "spec": hollow_spec(Some(node), json!({})),
+    }))
 }
 
 fn executor_pod(name: &str) -> Result<Pod, serde_json::Error> {
@@ -1072,16 +1059,8 @@ async fn executor(
 
 /// Uncordons every hollow node (a drain cut short by the phase's end).
 pub async fn uncordon_all(client: &Client, hollow_nodes: &[String]) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
     for n in hollow_nodes {
-        nodes
-            .patch(
-                n,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"unschedulable": null}})),
-            )
-            .await
-            .with_context(|| format!("uncordoning {n}"))?;
+        testbed::node::cordon(client, n, false).await?;
     }
     Ok(())
 }

@@ -252,7 +252,7 @@ pub async fn preempt_once(
 /// Drains `node` as `kubectl drain` does, after putting `count` pods of
 /// `cpu` each on it (low priority, named `drained-<i>-<k>`): cordons the
 /// node, evicts each pod through the Eviction API and waits until every one
-/// is gone, then uncordons it. Returns the cordon → node empty time (ms).
+/// is gone, then uncordons it. Returns the cordon → all gone time (ms).
 /// `admin` cordons and evicts; `api` (the phase's namespace) creates.
 pub async fn drain_once(
     admin: &Client,
@@ -262,8 +262,7 @@ pub async fn drain_once(
     (i, count): (usize, usize),
     cpu: &str,
 ) -> Result<f64> {
-    use k8s_openapi::api::core::v1::Node;
-    use kube::api::{EvictParams, Patch, PatchParams};
+    use kube::api::EvictParams;
     let names: Vec<String> = (0..count).map(|k| format!("drained-{i}-{k}")).collect();
     for name in &names {
         let out = pods::create(api, &kubelets.schedulable_pod(name, 30, LOW, cpu)).await?;
@@ -279,14 +278,12 @@ pub async fn drain_once(
                 .context("a drained pod has no uid")?,
         );
     }
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let as_admin: Api<Pod> = Api::namespaced(admin.clone(), api.namespace().unwrap_or("default"));
-    let cordon = |on: bool| Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}}));
+    let ns = api
+        .namespace()
+        .context("drain_once needs the phase's namespaced Api")?;
+    let as_admin: Api<Pod> = Api::namespaced(admin.clone(), ns);
     let started = Instant::now();
-    nodes
-        .patch(node, &PatchParams::default(), &cordon(true))
-        .await
-        .with_context(|| format!("cordoning {node}"))?;
+    testbed::node::cordon(admin, node, true).await?;
     let drained = async {
         for name in &names {
             as_admin
@@ -300,9 +297,6 @@ pub async fn drain_once(
         Ok::<_, anyhow::Error>(started.elapsed().as_secs_f64() * 1000.0)
     }
     .await;
-    nodes
-        .patch(node, &PatchParams::default(), &cordon(false))
-        .await
-        .with_context(|| format!("uncordoning {node}"))?;
+    testbed::node::cordon(admin, node, false).await?;
     drained
 }

@@ -165,15 +165,10 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     // The arms' namespaces, labelled once: admission treats each as its
     // phase treats the workload's namespace.
     for arm in churn::ARMS {
-        // The labels set (a merge patch's nulls, which remove, left out).
-        let mut labels = phase_labels(arm);
-        if let Some(m) = labels.as_object_mut() {
-            m.retain(|_, v| !v.is_null());
-        }
-        let ns: Namespace = serde_json::from_value(
-            json!({"metadata": {"name": churn::arm_namespace(arm), "labels": labels}}),
-        )?;
+        let name = churn::arm_namespace(arm);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
         ns_api.create(&PostParams::default(), &ns).await?;
+        set_phase(&ns_api, &name, arm).await?;
     }
 
     let shape = Shape::for_nodes(opts.hollow_nodes, opts.quick);
@@ -197,7 +192,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     for rep in 0..opts.repetitions {
         let mut pooled: BTreeMap<&str, ArmSamples> = BTreeMap::new();
         for phase in order(rep) {
-            set_phase(&ns_api, phase).await?;
+            set_phase(&ns_api, churn::NS, phase).await?;
             churn::uncordon_all(&bed.client, &hollow_names).await?;
             // The previous phase's deletions and re-creations done first, so
             // they are not measured under this phase's admission.
@@ -298,7 +293,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             rows.push(row);
         }
     }
-    set_phase(&ns_api, "none").await?;
+    set_phase(&ns_api, churn::NS, "none").await?;
     let summary = summarize(&rows, opts);
     log(summary_line(&summary));
     rows.push(summary);
@@ -372,24 +367,18 @@ fn put_workload(row: &mut Value, tally: &churn::Tally, watch: &PodWatch) {
     row["by_kind"] = Value::Object(kinds);
 }
 
-/// A namespace's labels for `phase` (or arm): no webhook is called for
-/// `none`, the no-op floor's for `noop`, graceguard's for `graceguard`
-/// (a null removes a label in a merge patch).
-fn phase_labels(phase: &str) -> Value {
+/// Labels namespace `ns` for `phase` (or arm): no webhook is called for
+/// `none`, the no-op floor's for `noop`, graceguard's for `graceguard`.
+async fn set_phase(ns_api: &Api<Namespace>, ns: &str, phase: &str) -> Result<()> {
     let on = |yes: bool| if yes { json!("true") } else { Value::Null };
-    json!({
+    let labels = json!({"metadata": {"labels": {
         IGNORE_LABEL: on(phase != "graceguard"),
         NOOP_LABEL: on(phase == "noop"),
-    })
-}
-
-/// Labels the workload's namespace for `phase`.
-async fn set_phase(ns_api: &Api<Namespace>, phase: &str) -> Result<()> {
-    let labels = json!({"metadata": {"labels": phase_labels(phase)}});
+    }}});
     ns_api
-        .patch(churn::NS, &PatchParams::default(), &Patch::Merge(&labels))
+        .patch(ns, &PatchParams::default(), &Patch::Merge(&labels))
         .await
-        .with_context(|| format!("labelling namespace {} for phase {phase}", churn::NS))?;
+        .with_context(|| format!("labelling namespace {ns} for phase {phase}"))?;
     Ok(())
 }
 
@@ -513,8 +502,8 @@ fn client_of(username: &str) -> &str {
 /// answered 200, p50 and p99 from the events' own timestamps (received →
 /// response complete, to the microsecond) and the share done within 5 ms
 /// (the first bucket of `apiserver_request_duration_seconds`, where a p50
-/// is interpolated). The same requests on preemption victims are counted
-/// again as `on_victims`.
+/// is interpolated). The audit log covers the workload namespace only,
+/// not the arms' preemptions and drains.
 fn requests_by_client(events: &[AuditEvent], ns: &str, verb: &str, subresource: &str) -> Value {
     let mut by: BTreeMap<&str, (Vec<f64>, u64)> = BTreeMap::new();
     for e in events
@@ -524,23 +513,12 @@ fn requests_by_client(events: &[AuditEvent], ns: &str, verb: &str, subresource: 
         let (Some(a), Some(b)) = (e.received_us(), e.completed_us()) else {
             continue;
         };
-        let not_ok = e.response_status.as_ref().is_some_and(|s| s.code != 200);
+        let not_ok = u64::from(e.response_status.as_ref().is_some_and(|s| s.code != 200));
         let ms = (b - a) as f64 / 1000.0;
-        let victim = e
-            .object_ref
-            .as_ref()
-            .is_some_and(|o| o.name.starts_with(churn::VICTIM_PREFIX));
-        let on_victims = victim.then_some("on_victims");
-        for key in [Some(client_of(&e.user.username)), on_victims]
-            .into_iter()
-            .flatten()
-        {
-            let entry = by.entry(key).or_default();
-            entry.0.push(ms);
-            entry.1 += u64::from(not_ok);
-        }
+        let entry = by.entry(client_of(&e.user.username)).or_default();
+        entry.0.push(ms);
+        entry.1 += not_ok;
     }
-    let on_victims = by.remove("on_victims");
     let mut all: Vec<f64> = by.values().flat_map(|(v, _)| v.iter().copied()).collect();
     let mut out = serde_json::Map::new();
     let mut put = |name: &str, v: &mut Vec<f64>, not_ok: u64| {
@@ -554,7 +532,7 @@ fn requests_by_client(events: &[AuditEvent], ns: &str, verb: &str, subresource: 
     };
     let not_ok = by.values().map(|(_, n)| n).sum();
     put("all", &mut all, not_ok);
-    for (name, (mut v, n)) in by.into_iter().chain(on_victims.map(|v| ("on_victims", v))) {
+    for (name, (mut v, n)) in by {
         put(name, &mut v, n);
     }
     Value::Object(out)

@@ -365,3 +365,27 @@ impl Drop for RealNodes {
         }
     }
 }
+
+/// Cordons `node` (`on`) or uncordons it, as `kubectl cordon`/`uncordon`
+/// do: a merge patch of `spec.unschedulable`.
+pub async fn cordon(client: &Client, node: &str, on: bool) -> Result<()> {
+    let unschedulable = if on {
+        serde_json::json!(true)
+    } else {
+        serde_json::Value::Null
+    };
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": unschedulable}})),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "{} node {node}",
+                if on { "cordoning" } else { "uncordoning" }
+            )
+        })?;
+    Ok(())
+}
