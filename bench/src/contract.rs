@@ -163,6 +163,15 @@ pub struct PreemptionTrace {
     pub victims_changed_while_running: Option<u64>,
     #[serde(default)]
     pub victims_tagged_before_gone: Option<u64>,
+    /// Victims whose termination the kubelet's log (`--v=4`) showed.
+    #[serde(default)]
+    pub kubelet_victims_read: Option<u64>,
+    /// Updates of the victims the kubelet acted on before their deletion.
+    #[serde(default)]
+    pub kubelet_updates_before_deletion: Option<u64>,
+    /// The most passes of a victim's pod worker after its deletion.
+    #[serde(default)]
+    pub kubelet_passes_max: Option<u64>,
     #[serde(default)]
     pub ratios_graceguard_over_noop: Option<BTreeMap<String, Value>>,
     /// The median of a phase run's drains of the real node.
@@ -337,6 +346,7 @@ pub fn check(rows: &[Row]) -> Vec<String> {
         any(&|r| matches!(r, Row::RelaunchDelay(d) if d.holder == "early_exit")),
         "relaunch_delay has no early_exit holder",
     );
+    const PHASES_READ: [&str; 4] = ["none", "noop", "noop_tagging", "graceguard"];
     let phase = |name: &str| -> Vec<&PreemptionTrace> {
         rows.iter()
             .filter_map(|r| match r {
@@ -386,6 +396,36 @@ pub fn check(rows: &[Row]) -> Vec<String> {
             }),
         "preemption_trace: graceguard changed a running preemption victim, or left one untagged (or measured none)",
     );
+    let passes = |name: &str| {
+        phase(name)
+            .iter()
+            .filter_map(|t| t.kubelet_passes_max)
+            .max()
+    };
+    need(
+        PHASES_READ
+            .iter()
+            .all(|name| phase(name).iter().all(|t| t.kubelet_victims_read.is_some_and(|n| n >= 1))),
+        "preemption_trace: a phase has no victim whose termination the kubelet's log showed (is it at --v=4?)",
+    );
+    need(
+        passes("graceguard").is_some() && passes("graceguard") <= passes("none"),
+        &format!(
+            "preemption_trace: the kubelet's pod worker made more passes to end a victim with graceguard ({:?}) than with no webhook ({:?}): a write of graceguard's made the kubelet work",
+            passes("graceguard"),
+            passes("none")
+        ),
+    );
+    need(
+        phase("graceguard").iter().all(|t| t.kubelet_updates_before_deletion == Some(0)),
+        "preemption_trace: the kubelet received an update of a running victim in graceguard's phase (a metadata write it syncs, which delays the termination by a relist)",
+    );
+    need(
+        phase("noop_tagging")
+            .iter()
+            .any(|t| t.kubelet_updates_before_deletion.is_some_and(|n| n >= 1)),
+        "preemption_trace: the kubelet's log shows no update of a running victim under the tagging floor (is the log read?)",
+    );
     need(
         phase("noop_tagging")
             .iter()
@@ -429,9 +469,9 @@ mod tests {
             r#"{"group":"cluster_churn","hollow_nodes":3,"summary":true,"ratios_graceguard_over_noop":{"drain_ms":1.0},"targets":{"every_run_met":{"drain_ms":true}}}"#,
             r#"{"group":"relaunch_delay","holder":"whole_grace","after_name_free_ms_median":-20}"#,
             r#"{"group":"relaunch_delay","holder":"early_exit","after_name_free_ms_median":null}"#,
-            r#"{"group":"preemption_trace","phase":"none","preemption_p50_ms":800.0,"drain_ms":2000.0,"victims_tagged_before_gone":0}"#,
-            r#"{"group":"preemption_trace","phase":"noop_tagging","victims_changed_while_running":1,"victims_tagged_before_gone":1}"#,
-            r#"{"group":"preemption_trace","phase":"graceguard","victims_changed_while_running":0,"victims_tagged_before_gone":1}"#,
+            r#"{"group":"preemption_trace","phase":"none","preemption_p50_ms":800.0,"drain_ms":2000.0,"victims_tagged_before_gone":0,"kubelet_victims_read":1,"kubelet_updates_before_deletion":0,"kubelet_passes_max":2}"#,
+            r#"{"group":"preemption_trace","phase":"noop_tagging","victims_changed_while_running":1,"victims_tagged_before_gone":1,"kubelet_victims_read":1,"kubelet_updates_before_deletion":1,"kubelet_passes_max":2}"#,
+            r#"{"group":"preemption_trace","phase":"graceguard","victims_changed_while_running":0,"victims_tagged_before_gone":1,"kubelet_victims_read":1,"kubelet_updates_before_deletion":0,"kubelet_passes_max":2}"#,
             r#"{"group":"preemption_trace","summary":true,"ratios_graceguard_over_noop":{"preemption_p50_ms":1.0},"targets":{"every_run_met":{"drain_ms":true}}}"#,
         ]
         .join("\n")
@@ -499,6 +539,29 @@ mod tests {
         let missing = check(&rows);
         assert_eq!(missing.len(), 1, "{missing:?}");
         assert!(missing[0].contains("none phase was tagged"), "{missing:?}");
+    }
+
+    #[test]
+    fn a_kubelet_update_or_pass_more_with_graceguard_or_an_unread_log_breaks_the_contract() {
+        let graceguard = r#""victims_changed_while_running":0,"victims_tagged_before_gone":1,"kubelet_victims_read":1,"kubelet_updates_before_deletion":0,"kubelet_passes_max":2"#;
+        let text = complete().replace(graceguard, &graceguard.replace("max\":2", "max\":3"));
+        let missing = check(&read(&text).unwrap_or_else(|e| panic!("{e:?}")));
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(missing[0].contains("more passes"), "{missing:?}");
+        let text = complete().replace(graceguard, &graceguard.replace("read\":1", "read\":0"));
+        let missing = check(&read(&text).unwrap_or_else(|e| panic!("{e:?}")));
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(missing[0].contains("--v=4"), "{missing:?}");
+        let text = complete().replace(
+            graceguard,
+            &graceguard.replace("deletion\":0", "deletion\":1"),
+        );
+        let missing = check(&read(&text).unwrap_or_else(|e| panic!("{e:?}")));
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(
+            missing[0].contains("update of a running victim"),
+            "{missing:?}"
+        );
     }
 
     #[test]

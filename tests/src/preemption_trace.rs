@@ -22,11 +22,14 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::disruptions::{Kubelets, HIGH, LOW};
+use testbed::node::kubelet_log::{KubeletLog, Termination};
 use testbed::pods::{self, CreateOutcome};
 
 /// One version of the victim, as the watch delivered it.
 #[derive(Clone, Debug, Serialize)]
 pub struct VictimVersion {
+    /// When the watch delivered it, in ms from the preemptor's Create.
+    pub at_ms: f64,
     pub resource_version: String,
     /// It carried `graceguard.io/disruption`.
     pub tagged: bool,
@@ -41,6 +44,8 @@ pub struct VictimVersion {
 #[derive(Clone, Debug, Serialize)]
 pub struct Trace {
     pub victim: String,
+    /// Its uid: the key of the kubelet's log lines about it.
+    pub victim_uid: String,
     pub preemptor: String,
     pub victim_disruption_target_ms: Option<f64>,
     pub victim_deletion_ms: Option<f64>,
@@ -51,9 +56,19 @@ pub struct Trace {
     pub victim_startup_ms: f64,
     /// Every version of the victim from the preemptor's Create to its end.
     pub victim_versions: Vec<VictimVersion>,
+    /// What the node's kubelet did to end the victim, from its log at
+    /// `--v=4` ([`Trace::read_kubelet`]); `None` until read, or if the log
+    /// does not show it.
+    pub victim_kubelet: Option<Termination>,
 }
 
 impl Trace {
+    /// Fills [`Trace::victim_kubelet`] from the victim's kubelet's log;
+    /// `namespace` is the victim's.
+    pub fn read_kubelet(&mut self, log: &KubeletLog<'_>, namespace: &str) {
+        self.victim_kubelet = log.termination(namespace, &self.victim, &self.victim_uid);
+    }
+
     /// From the victim's deletion to its removal: the kubelet's part.
     pub fn deletion_to_gone_ms(&self) -> Option<f64> {
         Some(self.victim_gone_ms? - self.victim_deletion_ms?)
@@ -145,15 +160,16 @@ impl Timeline {
         }
     }
 
-    fn versions(&self, name: &str, uid: &str) -> Vec<VictimVersion> {
+    fn versions(&self, name: &str, uid: &str, t0: Instant) -> Vec<VictimVersion> {
         let Ok(events) = self.events.lock() else {
             return Vec::new();
         };
         events
             .iter()
-            .map(|(_, seen)| seen.pod())
-            .filter(|p| p.name_any() == name && p.uid().as_deref() == Some(uid))
-            .map(|p| VictimVersion {
+            .map(|(at, seen)| (at, seen.pod()))
+            .filter(|(_, p)| p.name_any() == name && p.uid().as_deref() == Some(uid))
+            .map(|(at, p)| VictimVersion {
+                at_ms: at.saturating_duration_since(t0).as_secs_f64() * 1000.0,
                 resource_version: p.resource_version().unwrap_or_default(),
                 tagged: pods::disruption_label(p).is_some(),
                 deleting: p.metadata.deletion_timestamp.is_some(),
@@ -180,7 +196,10 @@ fn has_disruption_target(pod: &Pod) -> bool {
 }
 
 /// Preempts once on the bed's real node: creates `victim-<i>` (low
-/// priority, `cpu`), waits until it runs, creates `preemptor-<i>` (high
+/// priority, `cpu`), waits until it runs and then `settle` more (the
+/// kubelet's syncs after a start run on for up to a second, and a deletion
+/// that finds one running waits for it and for a relist after it: see
+/// [`testbed::node::kubelet_log`]), creates `preemptor-<i>` (high
 /// priority, `cpu`: the two never fit together), waits until the preemptor
 /// runs and the victim is gone, then deletes the preemptor at once to free
 /// the node for the next preemption. `timeline` must watch `api`'s namespace.
@@ -190,6 +209,7 @@ pub async fn preempt_once(
     kubelets: &Kubelets<'_>,
     i: usize,
     cpu: &str,
+    settle: Duration,
 ) -> Result<Trace> {
     let victim = format!("victim-{i}");
     let preemptor = format!("preemptor-{i}");
@@ -203,6 +223,7 @@ pub async fn preempt_once(
         .await?
         .uid()
         .context("the victim has no uid")?;
+    tokio::time::sleep(settle).await;
     let t0 = Instant::now();
     let out = pods::create(api, &kubelets.schedulable_pod(&preemptor, 30, HIGH, cpu)).await?;
     ensure!(
@@ -236,7 +257,9 @@ pub async fn preempt_once(
         })),
         preemptor_running_ms: running.as_secs_f64() * 1000.0,
         victim_startup_ms,
-        victim_versions: timeline.versions(&victim, &victim_uid),
+        victim_versions: timeline.versions(&victim, &victim_uid, t0),
+        victim_kubelet: None,
+        victim_uid,
         victim,
         preemptor: preemptor.clone(),
     };

@@ -32,6 +32,8 @@ use serde_json::{json, Value};
 use scenarios::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
 use scenarios::preemption_trace::{drain_once, preempt_once, Timeline, Trace};
 use testbed::load::stats::{percentile_f64, round3};
+use testbed::node::kubelet_log::KubeletLog;
+use testbed::node::kubelet_log::Termination;
 use testbed::webhook::{register_noop_like, WebhookProcess, OPT_OUT_LABEL, REGISTERED_LABEL};
 use testbed::{TestBed, TestBedOptions};
 
@@ -51,6 +53,12 @@ pub const EVERY_RUN_TARGETED: [&str; 6] = [
     "deletion_to_gone_p99_ms",
     "pod_startup_p99_ms",
 ];
+
+/// How long a victim runs before its preemptor comes: past the kubelet's
+/// syncs after its start, as a cluster's victims mostly are; a preemption
+/// landing in one costs a relist in every phase alike (up to 1 s more), the
+/// runs' slowest preemptions before this wait.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Pods on the node when it is drained, and the CPU each asks for.
 const DRAIN_PODS: usize = 4;
@@ -84,6 +92,8 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     let bed = TestBed::start_with(TestBedOptions {
         version: None,
         real_nodes: 1,
+        // Each step of the kubelet's pod workers, read per victim.
+        kubelet_verbosity: Some(4),
         ..Default::default()
     })
     .await?;
@@ -156,6 +166,12 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             )
         })
         .collect();
+    // Every trace (with its kubelet's steps) and the kubelet's log, kept
+    // for reading one slow preemption (`GRACEGUARD_TRACE_DETAIL=<dir>`).
+    let detail = std::env::var_os("GRACEGUARD_TRACE_DETAIL").map(std::path::PathBuf::from);
+    if let Some(dir) = &detail {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     for rep in 0..opts.repetitions {
         let mut these: BTreeMap<&str, Vec<Trace>> = BTreeMap::new();
         let mut drained: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -164,7 +180,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 let api: Api<Pod> = Api::namespaced(alice.clone(), &namespace(phase));
                 if round < opts.preemptions {
                     let timeline = timelines.get(phase).context("a phase without its watch")?;
-                    let t = preempt_once(&api, timeline, &kubelets, n, &cpu).await?;
+                    let t = preempt_once(&api, timeline, &kubelets, n, &cpu, SETTLE).await?;
                     these.entry(phase).or_default().push(t);
                     n += 1;
                 }
@@ -181,6 +197,17 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 }
             }
         }
+        let nodes = bed.nodes.as_ref().context("the bed has no real node")?;
+        let text = nodes.kubelet_log(testbed::pods::NODE)?;
+        let kubelet = KubeletLog::parse(&text);
+        for (phase, t) in &mut these {
+            for t in t.iter_mut() {
+                t.read_kubelet(&kubelet, &namespace(phase));
+            }
+        }
+        if let Some(dir) = &detail {
+            keep_traces(dir, rep, &these)?;
+        }
         for phase in PHASES {
             let t = these.remove(phase).unwrap_or_default();
             let d = drained.remove(phase).unwrap_or_default();
@@ -191,6 +218,12 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
             traces.entry(phase).or_default().extend(t);
             drains.entry(phase).or_default().extend(d);
         }
+    }
+    if let Some(dir) = &detail {
+        let to = dir.join("kubelet.log");
+        let nodes = bed.nodes.as_ref().context("the bed has no real node")?;
+        std::fs::write(&to, nodes.kubelet_log(testbed::pods::NODE)?)
+            .with_context(|| format!("writing {}", to.display()))?;
     }
     let mut by_phase = BTreeMap::new();
     for (phase, t) in &traces {
@@ -239,6 +272,28 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     Ok(rows)
 }
 
+/// Appends repetition `rep`'s traces to `dir/traces.jsonl`, one per line.
+fn keep_traces(
+    dir: &std::path::Path,
+    rep: usize,
+    these: &BTreeMap<&str, Vec<Trace>>,
+) -> Result<()> {
+    use std::io::Write;
+    let path = dir.join("traces.jsonl");
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    for (phase, traces) in these {
+        for t in traces {
+            let line = json!({"phase": phase, "repetition": rep, "trace": t});
+            writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn p(v: &[f64], q: f64) -> Value {
     if v.is_empty() {
         return Value::Null;
@@ -258,6 +313,13 @@ pub fn summarize(phase: &str, traces: &[Trace], drains: &[f64]) -> Value {
     let gone_to_bound = of(&|t| Some(t.preemptor_bound_ms? - t.victim_gone_ms?));
     let bound_to_running = of(&|t| Some(t.preemptor_running_ms - t.preemptor_bound_ms?));
     let startup = of(&|t| Some(t.victim_startup_ms));
+    let kubelet: Vec<&Termination> = traces
+        .iter()
+        .filter_map(|t| t.victim_kubelet.as_ref())
+        .collect();
+    let steps = |f: fn(&Termination) -> f64| -> Vec<f64> {
+        kubelet.iter().map(|k| f(k) * 1000.0).collect()
+    };
     json!({"group": "preemption_trace", "phase": phase, "preemptions": traces.len(),
         "preemption_p50_ms": p(&preemption, 50.0), "preemption_p99_ms": p(&preemption, 99.0),
         "preemption_max_ms": p(&preemption, 100.0),
@@ -271,7 +333,17 @@ pub fn summarize(phase: &str, traces: &[Trace], drains: &[f64]) -> Value {
         "gone_to_bound_p50_ms": p(&gone_to_bound, 50.0),
         "bound_to_running_p50_ms": p(&bound_to_running, 50.0),
         "victims_changed_while_running": traces.iter().filter(|t| !t.tagged_while_running().is_empty()).count(),
-        "victims_tagged_before_gone": traces.iter().filter(|t| t.tagged_before_gone()).count()})
+        "victims_tagged_before_gone": traces.iter().filter(|t| t.tagged_before_gone()).count(),
+        "kubelet_victims_read": kubelet.len(),
+        "kubelet_passes_max": kubelet.iter().map(|k| k.passes).max(),
+        "kubelet_updates_before_deletion": kubelet.iter().map(|k| k.updates_before_deletion).sum::<usize>(),
+        "kubelet_updates_during_termination": kubelet.iter().map(|k| k.updates).sum::<usize>(),
+        "kubelet_deleted_mid_pass": kubelet.iter().filter(|k| k.pass_busy_s > 0.1).count(),
+        "kubelet_pass_busy_max_ms": p(&steps(|k| k.pass_busy_s), 100.0),
+        "kubelet_wait_before_kill_p50_ms": p(&steps(|k| k.wait_before_kill_s), 50.0),
+        "kubelet_wait_before_kill_max_ms": p(&steps(|k| k.wait_before_kill_s), 100.0),
+        "kubelet_kill_p50_ms": p(&steps(|k| k.kill_s), 50.0),
+        "kubelet_wait_after_kill_p50_ms": p(&steps(|k| k.wait_after_kill_s), 50.0)})
 }
 
 fn ms(v: &Value) -> String {
@@ -280,7 +352,7 @@ fn ms(v: &Value) -> String {
 
 fn line(r: &Value) -> String {
     format!(
-        "preemption_trace {:<12} rep {}: {} preemptions, created->Running p50/p99 {}/{} ms, victim deletion->gone p50/p99 {}/{} ms, drain {} ms, pod startup p99 {} ms, DisruptionTarget->deletion p50 {} ms; changed while running {}, tagged {}",
+        "preemption_trace {:<12} rep {}: {} preemptions, created->Running p50/p99 {}/{} ms, victim deletion->gone p50/p99 {}/{} ms, drain {} ms, pod startup p99 {} ms, DisruptionTarget->deletion p50 {} ms; changed while running {}, tagged {}; kubelet: updates before deletion {}, passes max {}, updates while terminating {}, deleted mid-pass {}, wait before kill p50/max {}/{} ms, kill p50 {} ms, wait after kill p50 {} ms",
         r["phase"].as_str().unwrap_or("?"),
         r["repetition"],
         r["preemptions"],
@@ -293,6 +365,14 @@ fn line(r: &Value) -> String {
         ms(&r["disruption_to_deletion_p50_ms"]),
         r["victims_changed_while_running"],
         r["victims_tagged_before_gone"],
+        r["kubelet_updates_before_deletion"],
+        r["kubelet_passes_max"],
+        r["kubelet_updates_during_termination"],
+        r["kubelet_deleted_mid_pass"],
+        ms(&r["kubelet_wait_before_kill_p50_ms"]),
+        ms(&r["kubelet_wait_before_kill_max_ms"]),
+        ms(&r["kubelet_kill_p50_ms"]),
+        ms(&r["kubelet_wait_after_kill_p50_ms"]),
     )
 }
 
@@ -349,6 +429,7 @@ mod tests {
 
     fn trace(running: f64, deletion: f64, gone: f64, tagged_running: bool) -> Trace {
         let v = |tagged, deleting| VictimVersion {
+            at_ms: 0.0,
             resource_version: "1".into(),
             tagged,
             deleting,
@@ -364,6 +445,17 @@ mod tests {
             preemptor_running_ms: running,
             victim_startup_ms: 700.0,
             victim_versions: vec![v(tagged_running, false), v(true, true)],
+            victim_uid: "u".into(),
+            victim_kubelet: Some(Termination {
+                passes: 2,
+                updates_before_deletion: usize::from(tagged_running),
+                updates: usize::from(!tagged_running),
+                pass_busy_s: if tagged_running { 0.4 } else { 0.0 },
+                wait_before_kill_s: if tagged_running { 1.0 } else { 0.2 },
+                kill_s: 0.5,
+                wait_after_kill_s: 0.3,
+                removed_s: Some(1.0),
+            }),
         }
     }
 
@@ -393,5 +485,12 @@ mod tests {
         assert_eq!(r["disruption_to_deletion_p50_ms"], 10.0);
         assert_eq!(r["victims_changed_while_running"], 1);
         assert_eq!(r["victims_tagged_before_gone"], 2);
+        assert_eq!(r["kubelet_victims_read"], 2);
+        assert_eq!(r["kubelet_passes_max"], 2);
+        assert_eq!(r["kubelet_updates_during_termination"], 1);
+        assert_eq!(r["kubelet_updates_before_deletion"], 1);
+        assert_eq!(r["kubelet_deleted_mid_pass"], 1);
+        assert_eq!(r["kubelet_wait_before_kill_max_ms"], 1000.0);
+        assert_eq!(r["kubelet_kill_p50_ms"], 500.0);
     }
 }

@@ -219,6 +219,10 @@ pub struct TestBedOptions {
     /// Hollow nodes (`hollow-1…`, kubemark's hollow kubelet: see
     /// [`crate::node::hollow`]) beside the real ones; needs `real_nodes` ≥ 1.
     pub hollow_nodes: usize,
+    /// The real nodes' kubelet log level (klog `--v`), 1 when `None`; 4
+    /// logs each step of its pod workers, which
+    /// [`crate::node::kubelet_log`] reads.
+    pub kubelet_verbosity: Option<u8>,
 }
 
 pub use crate::pods::NODE;
@@ -591,6 +595,7 @@ impl TestBed {
                 &bed.client,
                 &bed.ca_file(),
                 &creds,
+                opts.kubelet_verbosity.unwrap_or(1),
             )
             .await?;
             if opts.pod_network {

@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use graceguard::FailureKind;
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -17,6 +18,7 @@ use scenarios::scenario::flyte_seed_naive;
 use scenarios::scenario::{guard_graceful_delete, Disruption};
 use testbed::audit_log::AuditEvent;
 use testbed::containers::{EndWatch, PhaseLog};
+use testbed::node::kubelet_log::KubeletLog;
 use testbed::pods::{self, CreateOutcome};
 use testbed::webhook::{Hook, WebhookProcess, ALL_HOOKS};
 use testbed::{TestBed, TestBedOptions};
@@ -428,7 +430,15 @@ async fn guard_chaos_on_a_real_node() -> R {
 async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion_begins() -> R {
     use scenarios::disruptions::{most_of_node_cpu, priority_classes};
     use scenarios::preemption_trace::{preempt_once, Timeline};
-    let (bed, ns) = bed("preempt-trace", 1).await?;
+    let bed = TestBed::start_with(TestBedOptions {
+        audit: true,
+        real_nodes: 1,
+        // The kubelet's pod worker steps, read below.
+        kubelet_verbosity: Some(4),
+        ..Default::default()
+    })
+    .await?;
+    let ns = bed.namespace("preempt-trace").await?;
     let webhook = WebhookProcess::start(&bed, &[]).await?;
     webhook.register_as_the_chart_does(&bed).await?;
     priority_classes(&bed).await?;
@@ -441,7 +451,9 @@ async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion
         terminate_seconds: 0,
     };
     for i in 0..2 {
-        let t = preempt_once(&api, &timeline, &kubelets, i, &cpu).await?;
+        // Preempted as soon as it runs, when the kubelet is likeliest to be
+        // busy with it.
+        let t = preempt_once(&api, &timeline, &kubelets, i, &cpu, Duration::ZERO).await?;
         assert!(
             t.tagged_while_running().is_empty(),
             "graceguard changed the running victim {}: {:?}",
@@ -477,6 +489,34 @@ async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion
             .collect();
         assert_eq!(tags.len(), 1, "{tags:?}");
         assert_eq!(tags[0]["event"], "follow_up", "{tags:?}");
+        // The kubelet ended it as it ends a pod nobody writes to: no update
+        // of the running pod to sync (the relist graceguard once cost each preemption), the
+        // deletion's two passes of the pod's worker (terminating,
+        // terminated) and none for graceguard's tag, which, written during
+        // the termination, joins the update the worker has pending.
+        let log = bed
+            .nodes
+            .as_ref()
+            .context("the bed has no real node")?
+            .kubelet_log(pods::NODE)?;
+        let k = KubeletLog::parse(&log)
+            .termination(&ns, &t.victim, &t.victim_uid)
+            .with_context(|| {
+                format!(
+                    "the kubelet's log (--v=4) shows no termination of {}",
+                    t.victim
+                )
+            })?;
+        assert_eq!(
+            k.updates_before_deletion, 0,
+            "the kubelet received an update of the running victim {} (a write it syncs, and the termination then waits a relist): {k:?}",
+            t.victim
+        );
+        assert_eq!(
+            k.passes, 2,
+            "the kubelet's pod worker ran {} passes to end {} (2 without any write): {k:?}",
+            k.passes, t.victim
+        );
     }
     Ok(())
 }

@@ -265,6 +265,7 @@ async fn serve(dir: &Path, nodes: u8, hollow_nodes: usize, ipv6: bool) -> Result
         ip_family: if ipv6 { Family::V6 } else { Family::V4 },
         hollow_nodes,
         audit_namespace: None,
+        kubelet_verbosity: None,
     })
     .await?;
     let n = bed

@@ -28,6 +28,8 @@ pub struct KubeletSpec<'a> {
     /// Taints it registers with (`key=value:Effect`).
     pub taints: &'a [String],
     pub labels: &'a [String],
+    /// Its `--v`.
+    pub verbosity: u8,
 }
 
 pub struct KubeletProc {
@@ -107,7 +109,7 @@ impl KubeletProc {
             format!("--node-ip={}", spec.node_ip),
             format!("--root-dir={}", dir.join("root").display()),
             format!("--cert-dir={}", dir.join("pki").display()),
-            "--v=1".to_string(),
+            format!("--v={}", spec.verbosity),
         ];
         if !spec.labels.is_empty() {
             args.push(format!("--node-labels={}", spec.labels.join(",")));

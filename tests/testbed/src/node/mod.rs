@@ -20,6 +20,7 @@ pub mod containerd;
 pub mod hollow;
 pub mod kube_proxy;
 pub mod kubelet;
+pub mod kubelet_log;
 pub mod mountns;
 pub mod network;
 pub mod slot;
@@ -72,6 +73,8 @@ pub struct RealNodes {
     pub bins: NodeBins,
     pub slot: Slot,
     pub dir: PathBuf,
+    /// Every kubelet's `--v`, a node that joins later's too.
+    kubelet_verbosity: u8,
 }
 
 impl RealNodes {
@@ -84,6 +87,7 @@ impl RealNodes {
         admin: &Client,
         client_ca: &Path,
         creds: &[NodeCredentials],
+        kubelet_verbosity: u8,
     ) -> Result<Self> {
         let bins = NodeBins::find(version)?;
         if creds.len() > usize::from(slot::MAX_NODES) {
@@ -108,6 +112,7 @@ impl RealNodes {
             bins,
             slot,
             dir: dir.to_path_buf(),
+            kubelet_verbosity,
         };
         for (i, c) in creds.iter().enumerate() {
             let k = u8::try_from(i + 1)?;
@@ -153,6 +158,7 @@ impl RealNodes {
             cgroup_root: &root,
             taints: &[],
             labels: &[],
+            verbosity: self.kubelet_verbosity,
         };
         let kubelet = KubeletProc::start(self.ns()?, &self.bins, &spec, &node_dir.join("kubelet"))?;
         self.nodes.push(RealNode {
@@ -278,8 +284,18 @@ impl RealNodes {
         self.wait_ready(admin).await
     }
 
-    /// Starts kube-proxy for the machine's network namespace (once per bed),
-    /// after waiting for any other bed's to stop ([`slot::ProxyLock`]).
+    /// The kubelet's log of node `name`, as it is now (the log of the
+    /// kubelet running, after an upgrade the new one's).
+    pub fn kubelet_log(&self, name: &str) -> Result<String> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .with_context(|| format!("the bed has no real node {name}"))?;
+        let path = &node.kubelet.proc.log;
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    }
+
     /// Every node pulls from the registry at `host` with the CA in
     /// `ca_file` (see [`Containerd::trust_registry`]).
     pub fn trust_registry(&self, host: &str, ca_file: &Path) -> Result<()> {
@@ -289,6 +305,8 @@ impl RealNodes {
         Ok(())
     }
 
+    /// Starts kube-proxy for the machine's network namespace (once per bed),
+    /// after waiting for any other bed's to stop ([`slot::ProxyLock`]).
     pub fn start_kube_proxy(&mut self, kubeconfig: &Path) -> Result<()> {
         self.proxy_lock = Some(slot::ProxyLock::acquire(Duration::from_secs(1200))?);
         let bin = self.bins.bin("kube-proxy")?;
