@@ -46,6 +46,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::disruptions::VICTIM_SETTLE;
 use testbed::node::hollow;
 
 /// The namespace the workload runs in.
@@ -767,7 +768,8 @@ async fn preemptions(
     }
 }
 
-/// A victim on `node`, then a preemptor that fits only in its place: times
+/// A victim on `node`, [`VICTIM_SETTLE`] later a preemptor that fits only
+/// in its place: times
 /// the preemptor's Create → Running, then deletes both at once.
 async fn preempt(arm: &Arm, t: &Shared, node: &str, id: &str, deadline: Instant) {
     let (pods, watch) = (&arm.pods, &arm.watch);
@@ -782,6 +784,7 @@ async fn preempt(arm: &Arm, t: &Shared, node: &str, id: &str, deadline: Instant)
                 "the low-priority pod {low} did not run on {node} within 15 s or the phase"
             );
         }
+        tokio::time::sleep(VICTIM_SETTLE).await;
         let sent = Instant::now();
         pods.create(&PostParams::default(), &priority_pod(&high, node, HIGH)?)
             .await?;
@@ -880,8 +883,8 @@ async fn drains(
 }
 
 /// A drain of `node` for `arm`, as `kubectl drain` does it: puts
-/// [`DRAINED_PODS`] pods of the arm on the node and waits until they run,
-/// then cordons the node and evicts every pod on it through the Eviction
+/// [`DRAINED_PODS`] pods of the arm on the node and waits until they run
+/// and [`VICTIM_SETTLE`] more, then cordons the node and evicts every pod on it through the Eviction
 /// API (the arm's, and the churn namespace's), and times the cordon until
 /// none of the arm's is left. The node is uncordoned after.
 async fn drain(
@@ -915,6 +918,7 @@ async fn drain(
             return;
         }
     }
+    tokio::time::sleep(VICTIM_SETTLE).await;
     let started = Instant::now();
     if let Err(e) = testbed::node::cordon(client, node, true).await {
         failed(t, "cordoning a node", e);

@@ -26,6 +26,15 @@ pub const LABEL: &str = "graceguard.io/disruption";
 pub const LOW: &str = "graceguard-test-low";
 pub const HIGH: &str = "graceguard-test-high";
 
+/// How long a preemption victim runs before its preemptor is created.
+/// The kubelet's syncs after a pod's start run on for up to a second, and a
+/// deletion that finds one running waits for it and then for a PLEG relist
+/// after it ([`testbed::node::kubelet_log`]): up to 1 s more in every
+/// phase alike, which decided the benches' slowest preemptions. A
+/// cluster's victims have mostly run for long; the benches' victims run
+/// this long.
+pub const VICTIM_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Creates [`LOW`] and [`HIGH`] unless they exist (cluster-scoped: once per bed).
 pub async fn priority_classes(bed: &TestBed) -> Result<()> {
     let api: Api<PriorityClass> = Api::all(bed.client.clone());

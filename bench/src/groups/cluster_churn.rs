@@ -790,7 +790,7 @@ pub(crate) async fn cluster_churn(args: &Args) -> Result<()> {
         BaselineServer::serving(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await?;
     let opts = Options {
         hollow_nodes: args.hollow_nodes.unwrap_or(if q { 3 } else { 50 }),
-        seconds: args.churn_seconds.unwrap_or(if q { 12.0 } else { 60.0 }),
+        seconds: args.churn_seconds.unwrap_or(if q { 14.0 } else { 60.0 }),
         repetitions: args
             .churn_repetitions
             .unwrap_or(if q { 1 } else { 3 })

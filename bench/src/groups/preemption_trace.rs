@@ -29,7 +29,7 @@ use kube::api::PostParams;
 use kube::Api;
 use serde_json::{json, Value};
 
-use scenarios::disruptions::{most_of_node_cpu, priority_classes, Kubelets};
+use scenarios::disruptions::{most_of_node_cpu, priority_classes, Kubelets, VICTIM_SETTLE};
 use scenarios::preemption_trace::{drain_once, preempt_once, Timeline, Trace};
 use testbed::load::stats::{percentile_f64, round3};
 use testbed::node::kubelet_log::KubeletLog;
@@ -53,12 +53,6 @@ pub const EVERY_RUN_TARGETED: [&str; 6] = [
     "deletion_to_gone_p99_ms",
     "pod_startup_p99_ms",
 ];
-
-/// How long a victim runs before its preemptor comes: past the kubelet's
-/// syncs after its start, as a cluster's victims mostly are; a preemption
-/// landing in one costs a relist in every phase alike (up to 1 s more), the
-/// runs' slowest preemptions before this wait.
-const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Pods on the node when it is drained, and the CPU each asks for.
 const DRAIN_PODS: usize = 4;
@@ -180,7 +174,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 let api: Api<Pod> = Api::namespaced(alice.clone(), &namespace(phase));
                 if round < opts.preemptions {
                     let timeline = timelines.get(phase).context("a phase without its watch")?;
-                    let t = preempt_once(&api, timeline, &kubelets, n, &cpu, SETTLE).await?;
+                    let t = preempt_once(&api, timeline, &kubelets, n, &cpu, VICTIM_SETTLE).await?;
                     these.entry(phase).or_default().push(t);
                     n += 1;
                 }
