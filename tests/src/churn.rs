@@ -46,7 +46,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::disruptions::VICTIM_SETTLE;
+use crate::disruptions::victim_settle;
 use testbed::node::hollow;
 
 /// The namespace the workload runs in.
@@ -758,7 +758,8 @@ async fn preemptions(
         let t = t.clone();
         running.push(tokio::spawn(async move {
             let _node = lock.lock().await;
-            preempt(&arm, &t, &node, &format!("{phase}-{i}"), deadline).await;
+            let settle = victim_settle(i);
+            preempt(&arm, &t, (&node, settle), &format!("{phase}-{i}"), deadline).await;
         }));
     }
     for r in running {
@@ -768,10 +769,16 @@ async fn preemptions(
     }
 }
 
-/// A victim on `node`, [`VICTIM_SETTLE`] later a preemptor that fits only
+/// A victim on `node`, [`victim_settle`] later a preemptor that fits only
 /// in its place: times
 /// the preemptor's Create → Running, then deletes both at once.
-async fn preempt(arm: &Arm, t: &Shared, node: &str, id: &str, deadline: Instant) {
+async fn preempt(
+    arm: &Arm,
+    t: &Shared,
+    (node, settle): (&str, Duration),
+    id: &str,
+    deadline: Instant,
+) {
     let (pods, watch) = (&arm.pods, &arm.watch);
     let now = DeleteParams::default().grace_period(0);
     let (low, high) = (format!("low-{id}"), format!("high-{id}"));
@@ -784,7 +791,7 @@ async fn preempt(arm: &Arm, t: &Shared, node: &str, id: &str, deadline: Instant)
                 "the low-priority pod {low} did not run on {node} within 15 s or the phase"
             );
         }
-        tokio::time::sleep(VICTIM_SETTLE).await;
+        tokio::time::sleep(settle).await;
         let sent = Instant::now();
         pods.create(&PostParams::default(), &priority_pod(&high, node, HIGH)?)
             .await?;
@@ -878,20 +885,21 @@ async fn drains(
             break;
         }
         let id = format!("{phase}-{j}");
-        drain(&client, (&watch, arm), &t, (&node, &id), deadline).await;
+        let settle = victim_settle(j);
+        drain(&client, (&watch, arm), &t, (&node, &id, settle), deadline).await;
     }
 }
 
 /// A drain of `node` for `arm`, as `kubectl drain` does it: puts
 /// [`DRAINED_PODS`] pods of the arm on the node and waits until they run
-/// and [`VICTIM_SETTLE`] more, then cordons the node and evicts every pod on it through the Eviction
+/// and `settle` more ([`victim_settle`]), then cordons the node and evicts every pod on it through the Eviction
 /// API (the arm's, and the churn namespace's), and times the cordon until
 /// none of the arm's is left. The node is uncordoned after.
 async fn drain(
     client: &Client,
     (watch, arm): (&PodWatch, &Arm),
     t: &Shared,
-    (node, id): (&str, &str),
+    (node, id, settle): (&str, &str, Duration),
     deadline: Instant,
 ) {
     let names: Vec<String> = (0..DRAINED_PODS)
@@ -918,7 +926,7 @@ async fn drain(
             return;
         }
     }
-    tokio::time::sleep(VICTIM_SETTLE).await;
+    tokio::time::sleep(settle).await;
     let started = Instant::now();
     if let Err(e) = testbed::node::cordon(client, node, true).await {
         failed(t, "cordoning a node", e);

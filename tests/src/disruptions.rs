@@ -26,14 +26,25 @@ pub const LABEL: &str = "graceguard.io/disruption";
 pub const LOW: &str = "graceguard-test-low";
 pub const HIGH: &str = "graceguard-test-high";
 
-/// How long a preemption victim runs before its preemptor is created.
-/// The kubelet's syncs after a pod's start run on for up to a second, and a
-/// deletion that finds one running waits for it and then for a PLEG relist
-/// after it ([`testbed::node::kubelet_log`]): up to 1 s more in every
-/// phase alike, which decided the benches' slowest preemptions. A
-/// cluster's victims have mostly run for long; the benches' victims run
-/// this long.
-pub const VICTIM_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long the `i`-th disrupted pod of a bench runs before it is preempted
+/// or evicted: 2 s and a fraction of a second that differs from one to the
+/// next.
+/// * 2 s: the kubelet's passes after a pod's start run on for up to a
+///   second, and a deletion that finds one queued waits for it and then
+///   for a PLEG relist after it ([`testbed::node::kubelet_log`]): up to 1 s
+///   more in every phase alike, which decided the benches' slowest
+///   preemptions. A cluster's victims have mostly run for long.
+/// * the fraction (0–1 s, evenly spread over any run of `i`s): the
+///   kubelet relists every second, and a schedule at a fixed offset from a
+///   pod's start (itself set by a relist) meets the relist at the same
+///   point every time, so a path a few milliseconds longer can cross one
+///   and wait up to a second more every time. Spread, every phase meets
+///   every point of the relist alike, as pods deleted at any moment do.
+pub fn victim_settle(i: usize) -> std::time::Duration {
+    // The golden ratio's fractional parts: evenly spread, never repeating.
+    let spread = (i as f64 * 0.618_033_988_749_895).fract();
+    std::time::Duration::from_secs(2) + std::time::Duration::from_secs_f64(spread)
+}
 
 /// Creates [`LOW`] and [`HIGH`] unless they exist (cluster-scoped: once per bed).
 pub async fn priority_classes(bed: &TestBed) -> Result<()> {
@@ -378,4 +389,25 @@ pub async fn node_cpu_milli(bed: &TestBed, node: &str) -> Result<u64> {
         Some(m) => m.parse::<u64>()?,
         None => cpu.0.parse::<u64>()? * 1000,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::victim_settle;
+    use std::time::Duration;
+
+    #[test]
+    fn settles_are_two_to_three_seconds_and_spread_over_every_tenth() {
+        let s: Vec<Duration> = (0..36).map(victim_settle).collect();
+        assert!(s
+            .iter()
+            .all(|d| *d >= Duration::from_secs(2) && *d < Duration::from_secs(3)));
+        for tenth in 0..10 {
+            let (lo, hi) = (2.0 + f64::from(tenth) / 10.0, 2.1 + f64::from(tenth) / 10.0);
+            assert!(
+                s.iter().any(|d| (lo..hi).contains(&d.as_secs_f64())),
+                "no settle in [{lo}, {hi}) s: {s:?}"
+            );
+        }
+    }
 }

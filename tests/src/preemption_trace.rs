@@ -274,7 +274,7 @@ pub async fn preempt_once(
 
 /// Drains `node` as `kubectl drain` does, after putting `count` pods of
 /// `cpu` each on it (low priority, named `drained-<i>-<k>`) and letting them
-/// run [`crate::disruptions::VICTIM_SETTLE`]: cordons the
+/// run [`crate::disruptions::victim_settle`]`(i)`: cordons the
 /// node, evicts each pod through the Eviction API and waits until every one
 /// is gone, then uncordons it. Returns the cordon → all gone time (ms).
 /// `admin` cordons and evicts; `api` (the phase's namespace) creates.
@@ -302,7 +302,7 @@ pub async fn drain_once(
                 .context("a drained pod has no uid")?,
         );
     }
-    tokio::time::sleep(crate::disruptions::VICTIM_SETTLE).await;
+    tokio::time::sleep(crate::disruptions::victim_settle(i)).await;
     let ns = api
         .namespace()
         .context("drain_once needs the phase's namespaced Api")?;

@@ -29,7 +29,7 @@ use kube::api::PostParams;
 use kube::Api;
 use serde_json::{json, Value};
 
-use scenarios::disruptions::{most_of_node_cpu, priority_classes, Kubelets, VICTIM_SETTLE};
+use scenarios::disruptions::{most_of_node_cpu, priority_classes, victim_settle, Kubelets};
 use scenarios::preemption_trace::{drain_once, preempt_once, Timeline, Trace};
 use testbed::load::stats::{percentile_f64, round3};
 use testbed::node::kubelet_log::KubeletLog;
@@ -174,7 +174,8 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 let api: Api<Pod> = Api::namespaced(alice.clone(), &namespace(phase));
                 if round < opts.preemptions {
                     let timeline = timelines.get(phase).context("a phase without its watch")?;
-                    let t = preempt_once(&api, timeline, &kubelets, n, &cpu, VICTIM_SETTLE).await?;
+                    let t =
+                        preempt_once(&api, timeline, &kubelets, n, &cpu, victim_settle(n)).await?;
                     these.entry(phase).or_default().push(t);
                     n += 1;
                 }
