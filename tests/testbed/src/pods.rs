@@ -49,15 +49,19 @@ pub fn run_in(pod: &mut Pod, image: &str, script: &str) {
 /// A container script that runs until SIGTERM, then exits with `code`
 /// after `seconds`: a task that takes that long to shut down (143 = 128 +
 /// SIGTERM is what a process that SIGTERM ended reports). A shell that is
-/// PID 1 ignores SIGTERM unless it traps it; this one does, first.
+/// PID 1 ignores SIGTERM unless it traps it; this one does, first. It
+/// waits on its `sleep` with `wait`, which a trapped signal interrupts, so
+/// the trap runs at once: a shell in `sleep 1` itself would act on SIGTERM
+/// only when that ends, up to a second later, which made a kill take 0–1 s
+/// by where the loop stood.
 pub fn graceful_script(seconds: u32, code: u8) -> String {
-    format!("trap 'echo got SIGTERM; sleep {seconds}; exit {code}' TERM; echo started; while true; do sleep 1; done")
+    format!("trap 'echo got SIGTERM; sleep {seconds}; exit {code}' TERM; echo started; while true; do sleep 1 & wait $!; done")
 }
 
 /// A task that runs `run_seconds`, then exits 0; on SIGTERM it exits 143
 /// after `terminate_seconds`, as [`graceful_script`].
 pub fn finite_task_script(run_seconds: u32, terminate_seconds: u32) -> String {
-    format!("trap 'echo got SIGTERM; sleep {terminate_seconds}; exit 143' TERM; echo started; i=0; while [ $i -lt {run_seconds} ]; do sleep 1; i=$((i+1)); done; echo done")
+    format!("trap 'echo got SIGTERM; sleep {terminate_seconds}; exit 143' TERM; echo started; i=0; while [ $i -lt {run_seconds} ]; do sleep 1 & wait $!; i=$((i+1)); done; echo done")
 }
 
 /// [`task_pod`] bound to `node`, or unbound (`None`) for the scheduler to place.
