@@ -177,7 +177,7 @@ pub struct PreemptionTrace {
     /// The median of a phase run's drains of the real node.
     #[serde(default)]
     pub drain_ms: Option<f64>,
-    /// The summary's per-run judgement of #40's figures.
+    /// The summary's per-run judgement of the latency figures.
     #[serde(default)]
     pub targets: Option<ChurnTargets>,
 }

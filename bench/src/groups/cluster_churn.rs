@@ -300,7 +300,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     Ok(rows)
 }
 
-/// One arm's samples over a repetition's phases: the figures #40 judges.
+/// One arm's samples over a repetition's phases: the figures judged per run.
 #[derive(Default)]
 struct ArmSamples {
     preemption_ms: Vec<f64>,

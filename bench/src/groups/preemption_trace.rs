@@ -43,7 +43,7 @@ pub const PHASES: [&str; 4] = ["none", "noop", "noop_tagging", "graceguard"];
 const NOOP_LABEL: &str = "bench.graceguard.io/noop";
 const TAGGING_LABEL: &str = "bench.graceguard.io/noop-tagging";
 
-/// What graceguard must not slow on a real node (#40), graceguard ÷ no-op
+/// What graceguard must not slow on a real node: graceguard ÷ no-op
 /// of the same repetition at most [`LATENCY_RATIO_TARGET`] in every one.
 pub const EVERY_RUN_TARGETED: [&str; 6] = [
     "preemption_p50_ms",
