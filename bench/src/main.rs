@@ -44,8 +44,9 @@ pub(crate) struct Args {
     /// Hollow nodes of cluster_churn (50; 3 with --quick).
     #[arg(long)]
     pub(crate) hollow_nodes: Option<usize>,
-    /// Seconds of each cluster_churn phase (60; 12 with --quick, so that each
-    /// arm's one drain ends within its phase on a loaded CI machine).
+    /// Seconds of each cluster_churn phase (60; 14 with --quick, so that each
+    /// arm's one drain, its pods settled first, ends within its phase on a
+    /// loaded CI machine).
     #[arg(long)]
     pub(crate) churn_seconds: Option<f64>,
     /// Times each cluster_churn phase runs (3; 1 with --quick).

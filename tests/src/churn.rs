@@ -770,8 +770,8 @@ async fn preemptions(
 }
 
 /// A victim on `node`, [`victim_settle`] later a preemptor that fits only
-/// in its place: times
-/// the preemptor's Create → Running, then deletes both at once.
+/// in its place: times the preemptor's Create → Running, then deletes both
+/// at once.
 async fn preempt(
     arm: &Arm,
     t: &Shared,
@@ -892,9 +892,10 @@ async fn drains(
 
 /// A drain of `node` for `arm`, as `kubectl drain` does it: puts
 /// [`DRAINED_PODS`] pods of the arm on the node and waits until they run
-/// and `settle` more ([`victim_settle`]), then cordons the node and evicts every pod on it through the Eviction
-/// API (the arm's, and the churn namespace's), and times the cordon until
-/// none of the arm's is left. The node is uncordoned after.
+/// and `settle` more ([`victim_settle`]), then cordons the node and evicts
+/// every pod on it through the Eviction API (the arm's, and the churn
+/// namespace's), and times the cordon until none of the arm's is left. The
+/// node is uncordoned after.
 async fn drain(
     client: &Client,
     (watch, arm): (&PodWatch, &Arm),

@@ -32,8 +32,7 @@ use serde_json::{json, Value};
 use scenarios::disruptions::{most_of_node_cpu, priority_classes, victim_settle, Kubelets};
 use scenarios::preemption_trace::{drain_once, preempt_once, Timeline, Trace};
 use testbed::load::stats::{percentile_f64, round3};
-use testbed::node::kubelet_log::KubeletLog;
-use testbed::node::kubelet_log::Termination;
+use testbed::node::kubelet_log::{KubeletLog, Termination};
 use testbed::webhook::{register_noop_like, WebhookProcess, OPT_OUT_LABEL, REGISTERED_LABEL};
 use testbed::{TestBed, TestBedOptions};
 
@@ -192,8 +191,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
                 }
             }
         }
-        let nodes = bed.nodes.as_ref().context("the bed has no real node")?;
-        let text = nodes.kubelet_log(testbed::pods::NODE)?;
+        let text = bed.kubelet_log(testbed::pods::NODE)?;
         let kubelet = KubeletLog::parse(&text);
         for (phase, t) in &mut these {
             for t in t.iter_mut() {
@@ -216,8 +214,7 @@ pub async fn run(opts: &Options, log: impl Fn(String)) -> Result<Vec<Value>> {
     }
     if let Some(dir) = &detail {
         let to = dir.join("kubelet.log");
-        let nodes = bed.nodes.as_ref().context("the bed has no real node")?;
-        std::fs::write(&to, nodes.kubelet_log(testbed::pods::NODE)?)
+        std::fs::write(&to, bed.kubelet_log(testbed::pods::NODE)?)
             .with_context(|| format!("writing {}", to.display()))?;
     }
     let mut by_phase = BTreeMap::new();

@@ -906,6 +906,17 @@ impl TestBed {
         }
     }
 
+    /// The log of real node `node`'s kubelet, as it is now (read with
+    /// [`crate::node::kubelet_log`]); fails on a bed without real nodes.
+    pub fn kubelet_log(&self, node: &str) -> Result<String> {
+        match &self.nodes {
+            Some(n) => n.kubelet_log(node),
+            None => bail!(
+                "this bed has no real nodes: start it with TestBedOptions {{ real_nodes: 1, .. }}"
+            ),
+        }
+    }
+
     /// A real node joins the running bed (`node-2`, `node-3`, … after those
     /// it started with): a certificate for its address from the bed's CA,
     /// its kubelet acting as `system:node:<name>`, its static pods

@@ -490,15 +490,12 @@ async fn graceguard_never_changes_a_running_victim_and_tags_it_once_its_deletion
         assert_eq!(tags.len(), 1, "{tags:?}");
         assert_eq!(tags[0]["event"], "follow_up", "{tags:?}");
         // The kubelet ended it as it ends a pod nobody writes to: no update
-        // of the running pod to sync (the relist graceguard once cost each preemption), the
-        // deletion's two passes of the pod's worker (terminating,
-        // terminated) and none for graceguard's tag, which, written during
-        // the termination, joins the update the worker has pending.
-        let log = bed
-            .nodes
-            .as_ref()
-            .context("the bed has no real node")?
-            .kubelet_log(pods::NODE)?;
+        // of the running pod to sync (the relist graceguard once cost each
+        // preemption), the deletion's two passes of the pod's worker
+        // (terminating, terminated) and none for graceguard's tag, which,
+        // written during the termination, joins the update the worker has
+        // pending.
+        let log = bed.kubelet_log(pods::NODE)?;
         let k = KubeletLog::parse(&log)
             .termination(&ns, &t.victim, &t.victim_uid)
             .with_context(|| {

@@ -6,10 +6,12 @@
 //! containers) and *terminated* (unmount, remove cgroups, final status),
 //! each of which first waits for a status cache entry newer than the end
 //! of the previous pass, i.e. for the next PLEG relist (1 s apart). A write
-//! to the pod that the kubelet acts on at the wrong moment adds a pass, or
-//! starts the terminating pass's wait later; both show here as steps, so a
-//! bench or a test can say which interval grew and why instead of
-//! inferring it from the API's timestamps.
+//! to the running pod that the kubelet acts on (a label or annotation
+//! change) runs a pass of its own just before the deletion, and the
+//! terminating pass then waits a whole relist; a write during the
+//! termination joins the update the worker has pending. Both show here,
+//! counted and timed, so a bench or a test can say which interval grew and
+//! why instead of inferring it from the API's timestamps.
 
 use std::collections::HashMap;
 
@@ -32,8 +34,9 @@ pub struct Termination {
     /// terminated it (after the deletion, before its worker finished): a
     /// write made to the pod during its termination.
     pub updates: usize,
-    /// Deletion → the terminating pass began: the pass the deletion found
-    /// running (a sync started just before) had to end first.
+    /// Deletion → the terminating pass began: a pass the deletion found
+    /// under way (a sync queued for its relist, or running) had to end
+    /// first.
     pub pass_busy_s: f64,
     /// Terminating pass began → the kill: its wait for a relist newer than
     /// the previous pass's end (about 1 s when a sync ran just before).
@@ -54,8 +57,10 @@ const STOPPED: &str = "Pod termination stopped all running containers";
 const UNMOUNTED: &str = "Pod termination unmounted volumes";
 const WORKER_DONE: &str = "Pod is complete and the worker can now stop";
 const REMOVED: &str = "Pod fully terminated and removed from etcd";
-const UPDATE: [&str; 2] = ["\"SyncLoop DELETE\"", "\"SyncLoop UPDATE\""];
-const UPDATE_RUNNING: &str = "\"SyncLoop UPDATE\"";
+/// The kubelet's dispatch of a changed pod: an update, or (once its
+/// deletion has begun) a graceful delete.
+const SYNC_UPDATE: &str = "\"SyncLoop UPDATE\"";
+const SYNC_DELETE: &str = "\"SyncLoop DELETE\"";
 
 /// Seconds of the day of a klog line (`I1207 13:49:43.461920 …`).
 fn seconds(line: &str) -> Option<f64> {
@@ -156,11 +161,11 @@ fn termination(lines: &[(f64, &str)], by_uid: &str) -> Option<Termination> {
     // The deletion's own update comes just before the marked line.
     let updates = after
         .iter()
-        .filter(|(t, l)| *t < done && UPDATE.iter().any(|u| l.contains(u)))
+        .filter(|(t, l)| *t < done && (l.contains(SYNC_UPDATE) || l.contains(SYNC_DELETE)))
         .count();
     let updates_before_deletion = lines[..start]
         .iter()
-        .filter(|(_, l)| l.contains(UPDATE_RUNNING))
+        .filter(|(_, l)| l.contains(SYNC_UPDATE))
         .count();
     Some(Termination {
         passes,
