@@ -743,6 +743,11 @@ impl<'a> Task<'a> {
                     self.s.pod = PodTrack::Unknown;
                 }
             }
+            // A read answered after the watch showed the pod (and it was
+            // adopted) is stale: the pod itself is the newer answer.
+            Input::Read(_) | Input::ReadFailed { .. } if self.s.pod != PodTrack::Reading => {
+                self.s.name_taken = false;
+            }
             Input::Read(existing) => self.on_existing(existing, now),
             Input::ReadFailed { retry_at_ms } => {
                 self.s.pod = PodTrack::Unknown;

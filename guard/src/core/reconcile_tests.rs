@@ -33,6 +33,16 @@ fn deleting(uid: &str, attempt: u32, disruption: Option<&str>, grace_end: i64) -
     }
 }
 
+/// The labels of attempt 0 of task "train" from instance "exec-1".
+fn ours_labels() -> std::collections::BTreeMap<String, String> {
+    [
+        (TASK_LABEL.to_string(), "train".to_string()),
+        (ATTEMPT_LABEL.to_string(), "0".to_string()),
+        (INSTANCE_LABEL.to_string(), "exec-1".to_string()),
+    ]
+    .into()
+}
+
 /// Drives one task, keeping every transition and action, like the executor.
 struct Run {
     spec: TaskSpec,
@@ -406,17 +416,12 @@ fn already_exists_on_a_foreign_pod_is_a_name_conflict_and_on_ours_adoption() {
     let o = r.outcome();
     assert!(o.reason.unwrap_or_default().starts_with("NameConflict"));
 
-    let labels = [
-        (TASK_LABEL.to_string(), "train".to_string()),
-        (ATTEMPT_LABEL.to_string(), "0".to_string()),
-        (INSTANCE_LABEL.to_string(), "exec-1".to_string()),
-    ];
     (ours, _) = apply(
         &r.spec,
         ours,
         Input::Read(Some(Existing {
             uid: "u0".into(),
-            labels: labels.into(),
+            labels: ours_labels(),
             deleting: false,
         })),
         &[],
@@ -446,6 +451,44 @@ fn an_unknown_create_outcome_reads_the_name_before_creating_again() {
     r.see(&[pod("u0", 0, "Pending")]);
     assert!(r.creates().is_empty());
     assert!(matches!(r.state.pod, PodTrack::Created { ref uid, seen: true, .. } if uid == "u0"));
+}
+
+#[test]
+fn a_read_answered_after_the_watch_showed_the_pod_changes_nothing() {
+    // The unknown outcome's read is in flight when the watch shows the pod
+    // running: the read's late answer (the same pod, or an error) is stale.
+    let late = [
+        Input::Read(Some(Existing {
+            uid: "u0".into(),
+            labels: ours_labels(),
+            deleting: false,
+        })),
+        Input::Read(None),
+        Input::ReadFailed {
+            retry_at_ms: T0 + 2_000,
+        },
+    ];
+    for answer in late {
+        let mut r = Run::new(spec(0, 3));
+        r.see(&[]);
+        assert_eq!(
+            r.give(Input::CreateUnknown).actions,
+            [Action::Read {
+                name: "train-0".into()
+            }]
+        );
+        r.see(&[pod("u0", 0, "Running")]);
+        let d = r
+            .give_seeing(answer.clone(), &[pod("u0", 0, "Running")])
+            .clone();
+        assert!(d.actions.is_empty(), "{answer:?}: {d:?}");
+        assert_eq!(r.phases, ["0:Queued", "0:Running"], "{answer:?}");
+        assert!(
+            matches!(r.state.pod, PodTrack::Created { ref uid, seen: true, .. } if uid == "u0"),
+            "{answer:?}: {:?}",
+            r.state.pod
+        );
+    }
 }
 
 #[test]
@@ -881,15 +924,10 @@ fn a_5xx_create_reads_the_name_after_its_backoff_instead_of_creating_blind() {
         }]
     );
     // The pod is there and ours: adopted, no second Create.
-    let labels = [
-        (TASK_LABEL.to_string(), "train".to_string()),
-        (ATTEMPT_LABEL.to_string(), "0".to_string()),
-        (INSTANCE_LABEL.to_string(), "exec-1".to_string()),
-    ];
     let d = r
         .give(Input::Read(Some(Existing {
             uid: "u0".into(),
-            labels: labels.into(),
+            labels: ours_labels(),
             deleting: false,
         })))
         .clone();
