@@ -718,15 +718,24 @@ async fn on_the_host_network_two_replicas_on_two_nodes_serve_the_same() -> R {
 }
 
 /// The peers of graceguard's audit records of a denied Create of `name`, from
-/// every webhook pod's log.
+/// every webhook pod's log. The audit record is written off the admission
+/// path, so it reaches the log a moment after the denial: read until one is
+/// there (at most 30 s).
 async fn denial_peers(bed: &TestBed, name: &str) -> Vec<String> {
-    webhook_records(bed, name)
-        .await
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|r| r["name"] == name && r["decision"] == "deny")
-        .map(|r| r["peer"].as_str().unwrap_or("(none)").to_string())
-        .collect()
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let peers: Vec<String> = webhook_records(bed, name)
+            .await
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["name"] == name && r["decision"] == "deny")
+            .map(|r| r["peer"].as_str().unwrap_or("(none)").to_string())
+            .collect();
+        if !peers.is_empty() || Instant::now() >= deadline {
+            return peers;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Every ready webhook pod has an IPv6 address (on its node's address when
