@@ -886,9 +886,26 @@ impl WebhookProcess {
         name: &str,
         n: usize,
     ) -> Result<Vec<Value>> {
+        self.wait_matching(n, |r| {
+            r["endpoint"] == endpoint && r["namespace"] == namespace && r["name"] == name
+        })
+        .await
+    }
+
+    /// Waits (up to 30 s) until at least `n` audit records match `pred`;
+    /// returns them (fewer if time ran out), for counts over many names.
+    pub async fn wait_matching(
+        &self,
+        n: usize,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Vec<Value>> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let recs = self.records_for(endpoint, namespace, name)?;
+            let recs: Vec<Value> = self
+                .audit_records()?
+                .into_iter()
+                .filter(|r| pred(r))
+                .collect();
             if recs.len() >= n || Instant::now() > deadline {
                 return Ok(recs);
             }

@@ -101,18 +101,11 @@ async fn the_api_servers_reviews_are_never_refused_by_a_per_address_cap() -> R {
     assert_eq!(share_refusals(&trusted)?, 0.0, "a trusted review refused");
     // Every Create was reviewed and audited, each record naming the sender
     // as the connection showed it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let records = loop {
-        let records: Vec<_> = trusted
-            .audit_records()?
-            .into_iter()
-            .filter(|r| r["namespace"] == ns.as_str() && r["endpoint"] == "collision_guard")
-            .collect();
-        if records.len() >= ROUNDS * BURST || std::time::Instant::now() > deadline {
-            break records;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let records = trusted
+        .wait_matching(ROUNDS * BURST, |r| {
+            r["namespace"] == ns.as_str() && r["endpoint"] == "collision_guard"
+        })
+        .await?;
     assert_eq!(records.len(), ROUNDS * BURST);
     assert!(
         records
@@ -188,11 +181,13 @@ async fn idle_and_old_connections_end_gracefully_and_no_review_is_lost() -> R {
         failed_open, 0.0,
         "the API server failed open on a call while connections ended"
     );
+    // Records are written off the admission path: wait for them to land.
     let reviewed = webhook
-        .audit_records()?
-        .into_iter()
-        .filter(|r| r["namespace"] == ns.as_str() && r["endpoint"] == "collision_guard")
-        .count();
+        .wait_matching(created, |r| {
+            r["namespace"] == ns.as_str() && r["endpoint"] == "collision_guard"
+        })
+        .await?
+        .len();
     assert_eq!(reviewed, created, "every Create reviewed once");
     Ok(())
 }
