@@ -917,6 +917,25 @@ impl TestBed {
         }
     }
 
+    /// Waits (up to 60 s) until every CustomResourceDefinition in `names` is
+    /// Established. Watched, not `kubectl wait`: that refuses a CRD whose
+    /// status has no conditions yet, the state right after its Create.
+    pub async fn crds_established(&self, names: &[&str]) -> Result<()> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::runtime::wait::{await_condition, conditions::is_crd_established};
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        for name in names {
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                await_condition(crds.clone(), name, is_crd_established()),
+            )
+            .await
+            .with_context(|| format!("CustomResourceDefinition {name} was not Established within 60 s; see the API server's log"))?
+            .with_context(|| format!("watching CustomResourceDefinition {name}"))?;
+        }
+        Ok(())
+    }
+
     /// A real node joins the running bed (`node-2`, `node-3`, … after those
     /// it started with): a certificate for its address from the bed's CA,
     /// its kubelet acting as `system:node:<name>`, its static pods

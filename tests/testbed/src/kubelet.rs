@@ -375,32 +375,63 @@ async fn run(client: Client, opts: KubeletOptions) {
             .and_then(|s| s.phase.as_deref())
             .unwrap_or("Pending");
         if opts.run_pods && phase == "Pending" {
-            let first = started.lock().map(|mut s| s.insert(uid)).unwrap_or(false);
+            let first = started
+                .lock()
+                .map(|mut s| s.insert(uid.clone()))
+                .unwrap_or(false);
             if first {
-                let rv = pod.resource_version().unwrap_or_default();
-                match api
-                    .patch_status(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Strategic(running_status(&rv)),
-                    )
-                    .await
-                {
-                    Ok(_) => {
-                        if let Some(after) = opts.end_after {
-                            tokio::spawn(end_later(api.clone(), pod.clone(), after));
+                let (started, end_after) = (started.clone(), opts.end_after);
+                tokio::spawn(async move {
+                    let rv = pod.resource_version().unwrap_or_default();
+                    let running = Patch::Strategic(running_status(&rv));
+                    let pp = PatchParams::default();
+                    let what = format!("marking {ns}/{name} Running");
+                    match until_answered(&what, || api.patch_status(&name, &pp, &running)).await {
+                        Ok(_) => {
+                            if let Some(after) = end_after {
+                                end_later(api, pod, after).await;
+                            }
+                        }
+                        // Changed meanwhile (a conflict) or gone: a kubelet
+                        // never resurrects a finished pod; the next event
+                        // decides (so does a write that never got through).
+                        Err(e) => {
+                            if !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+                            {
+                                eprintln!("simulated kubelet: {what}: {e}");
+                            }
+                            if let Ok(mut set) = started.lock() {
+                                set.remove(&uid);
+                            }
                         }
                     }
-                    // Changed meanwhile (a conflict) or gone: a kubelet never
-                    // resurrects a finished pod; the next event decides.
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
-                        if let Ok(mut set) = started.lock() {
-                            set.remove(&pod.uid().unwrap_or_default());
-                        }
-                    }
-                    Err(e) => eprintln!("simulated kubelet: marking {ns}/{name} Running: {e}"),
-                }
+                });
             }
+        }
+    }
+}
+
+/// How long the simulated kubelet keeps trying a write the API server did not
+/// answer (down, restarting): as long as a test's API server restart lasts.
+const UNANSWERED_RETRIES: u32 = 120;
+
+/// `call`, again every second while the API server gives no answer (a
+/// refused or reset connection), as a kubelet's status manager keeps trying;
+/// the API server's own answer (an error status included) is final.
+async fn until_answered<T, F, Fut>(what: &str, mut call: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match call().await {
+            Err(e) if !matches!(e, kube::Error::Api(_)) && tries < UNANSWERED_RETRIES => {
+                eprintln!("simulated kubelet: {what}: {e}; retrying");
+                tries += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            other => return other,
         }
     }
 }
@@ -414,19 +445,19 @@ async fn end_later(api: Api<Pod>, pod: Pod, after: Duration) {
     };
     tokio::time::sleep(after).await;
     let name = pod.name_any();
-    match api.get_opt(&name).await {
+    let what = format!("reading {name} to end it");
+    match until_answered(&what, || api.get_opt(&name)).await {
         Ok(Some(p)) if p.uid() == pod.uid() && p.metadata.deletion_timestamp.is_none() => {}
         Ok(_) => return,
         Err(e) => {
-            eprintln!("simulated kubelet: reading {name} to end it: {e}");
+            eprintln!("simulated kubelet: {what}: {e}");
             return;
         }
     }
-    let status = terminal_status(phase, None);
-    if let Err(e) = api
-        .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
-        .await
-    {
-        eprintln!("simulated kubelet: ending {name}: {e}");
+    let status = Patch::Strategic(terminal_status(phase, None));
+    let pp = PatchParams::default();
+    let what = format!("ending {name}");
+    if let Err(e) = until_answered(&what, || api.patch_status(&name, &pp, &status)).await {
+        eprintln!("simulated kubelet: {what}: {e}");
     }
 }

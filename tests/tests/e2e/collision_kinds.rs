@@ -203,12 +203,7 @@ async fn a_custom_resource_is_indexed_once_a_quota_counts_it_and_unindexed_when_
     }))?;
     let crds: Api<CustomResourceDefinition> = Api::all(bed.client.clone());
     crds.create(&PostParams::default(), &crd).await?;
-    let established = kube::runtime::wait::await_condition(
-        crds.clone(),
-        "widgets.graceguard.test",
-        kube::runtime::wait::conditions::is_crd_established(),
-    );
-    tokio::time::timeout(Duration::from_secs(60), established).await??;
+    bed.crds_established(&["widgets.graceguard.test"]).await?;
     let webhook = scenarios::objects::guarding_kinds(&bed).await?;
     let gvk = GroupVersionKind::gvk("graceguard.test", "v1", "Widget");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");

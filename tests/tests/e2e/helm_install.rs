@@ -854,17 +854,8 @@ async fn cert_manager_mode_is_accepted_by_cert_managers_crds() -> R {
     })?;
     let (ok, out, err) = bed.kubectl("admin", &["create", "-f", &crds])?;
     assert!(ok, "cert-manager's CRDs were not accepted: {out} {err}");
-    let (ok, out, err) = bed.kubectl(
-        "admin",
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/certificates.cert-manager.io",
-            "crd/issuers.cert-manager.io",
-        ],
-    )?;
-    assert!(ok, "cert-manager's CRDs were not established: {out} {err}");
+    bed.crds_established(&["certificates.cert-manager.io", "issuers.cert-manager.io"])
+        .await?;
 
     helm.ok(&[
         "install",
