@@ -347,7 +347,7 @@ async fn run(client: Client, opts: KubeletOptions) {
                         tokio::time::sleep(wait).await;
                         // As a kubelet does, it keeps trying until the pod is
                         // gone (an API server down a while included).
-                        for _ in 0..120 {
+                        for _ in 0..UNANSWERED_RETRIES {
                             // The pod as it is now: a test may have ended it meanwhile.
                             let current = match api.get_opt(&name).await {
                                 Ok(Some(p)) if p.uid().as_deref() == Some(uid.as_str()) => p,

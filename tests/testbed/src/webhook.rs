@@ -401,6 +401,11 @@ pub struct WebhookProcess {
     ca: Option<Arc<graceguard_certs::Ca>>,
 }
 
+/// Audit record `r` is `endpoint`'s, about `namespace/name`.
+fn is_about(r: &Value, endpoint: &str, namespace: &str, name: &str) -> bool {
+    r["endpoint"] == endpoint && r["namespace"] == namespace && r["name"] == name
+}
+
 impl WebhookProcess {
     /// Starts the webhook as user `graceguard` with extra `args` (e.g.
     /// `["--mode", "retry"]`) and waits until `/readyz` answers 200.
@@ -767,9 +772,7 @@ impl WebhookProcess {
         Ok(self
             .audit_records()?
             .into_iter()
-            .filter(|r| {
-                r["endpoint"] == endpoint && r["namespace"] == namespace && r["name"] == name
-            })
+            .filter(|r| is_about(r, endpoint, namespace, name))
             .collect())
     }
 
@@ -886,10 +889,8 @@ impl WebhookProcess {
         name: &str,
         n: usize,
     ) -> Result<Vec<Value>> {
-        self.wait_matching(n, |r| {
-            r["endpoint"] == endpoint && r["namespace"] == namespace && r["name"] == name
-        })
-        .await
+        self.wait_matching(n, |r| is_about(r, endpoint, namespace, name))
+            .await
     }
 
     /// Waits (up to 30 s) until at least `n` audit records match `pred`;
